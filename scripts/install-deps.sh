@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what keepwarm needs to build and test on Debian 12: compilers and libraries from Debian,
+# test clients from the npm registry, and the pinned llama.cpp (scripts/fetch-llama.sh).
+# Idempotent and quick when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debian_packages=(
+    build-essential cmake git pkg-config ca-certificates curl openssl
+    libboost-dev         # Boost.Beast/Asio: HTTP server and client
+    libcli11-dev         # command line parsing
+    libgtest-dev         # unit tests
+    nodejs npm           # end-to-end tests drive the server with the official npm clients
+)
+
+missing=()
+for p in "${debian_packages[@]}"; do
+    # nodejs/npm may come from elsewhere (e.g. NodeSource); an installed `node` is enough.
+    if [[ "$p" == nodejs || "$p" == npm ]] && command -v node >/dev/null && command -v npm >/dev/null; then
+        continue
+    fi
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "install-deps: apt-get install ${missing[*]}" >&2
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+# npm test clients, pinned by tests/e2e/package-lock.json.
+if [[ ! -d tests/e2e/node_modules ]] || [[ tests/e2e/package-lock.json -nt tests/e2e/node_modules ]]; then
+    (cd tests/e2e && npm ci --silent --no-audit --no-fund >&2)
+    touch tests/e2e/node_modules
+fi
+
+scripts/fetch-llama.sh >/dev/null

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Second command of the README: installs what is missing, builds if needed, and runs the whole test suite:
+# unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
+# tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+jobs="$(nproc)"
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -L unit -j"$jobs"
+ctest --test-dir build --output-on-failure -L e2e
+
+if [[ "${KEEPWARM_SKIP_SANITIZERS:-0}" != 1 ]]; then
+    cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DKEEPWARM_SANITIZE=ON >/dev/null
+    cmake --build build-sanitize -j"$jobs"
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        ctest --test-dir build-sanitize --output-on-failure -L unit -j"$jobs"
+fi
+echo "keepwarm: all tests passed"

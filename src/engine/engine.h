@@ -1,0 +1,102 @@
+// The inference engine: owns the model and the llama_context, and runs the decode loop on its own thread.
+// Requests from HTTP threads wait in a queue until a slot (one KV sequence) is free; all busy slots decode
+// together in one batch per step (continuous batching) on a unified KV cache.
+// Threading: public methods are safe from any thread; everything else runs on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/generation.h"
+#include "llama-cpp.h"
+
+namespace keepwarm {
+
+struct engine_options {
+    std::string model_path;
+    int context_size = 8192;  // total KV cells; each slot may use context_size / slots
+    int slots = 2;            // sequences decoded together (--parallel)
+    int batch_size = 2048;    // logical batch: tokens per llama_decode call
+    int ubatch_size = 512;    // physical batch
+    int threads = 0;          // 0: one per physical core (decode)
+    int threads_batch = 0;    // 0: same as threads (prefill)
+    ggml_type cache_type_k = GGML_TYPE_F16;
+    ggml_type cache_type_v = GGML_TYPE_F16;
+    int gpu_layers = -1;      // -1: all that fit (no effect on CPU-only machines)
+    bool verbose = false;
+};
+
+// Monotonic counters for /metrics. Read from any thread.
+struct engine_counters {
+    std::atomic<uint64_t> requests{0};
+    std::atomic<uint64_t> prompt_tokens{0};
+    std::atomic<uint64_t> reused_tokens{0};
+    std::atomic<uint64_t> computed_tokens{0};
+    std::atomic<uint64_t> generated_tokens{0};
+    std::atomic<uint64_t> prefill_us{0};
+    std::atomic<uint64_t> decode_us{0};
+    std::atomic<uint64_t> cancelled{0};
+    std::atomic<uint64_t> errors{0};
+};
+
+struct slot_status {
+    int id = 0;
+    bool busy = false;
+    int cached_tokens = 0;  // tokens whose KV this slot holds
+};
+
+class engine {
+public:
+    // Loads the model and creates the context. Throws std::runtime_error with the reason on failure.
+    explicit engine(engine_options options);
+    ~engine();  // stops the engine thread; pending requests end with an error
+    engine(const engine&) = delete;
+    engine& operator=(const engine&) = delete;
+
+    void start();
+    void stop();
+
+    // Queues a request; its events arrive on request->output. Never blocks on the engine.
+    void submit(std::shared_ptr<generation_request> request);
+
+    const llama_model* model() const { return model_.get(); }
+    const llama_vocab* vocab() const { return llama_model_get_vocab(model_.get()); }
+    const engine_options& options() const { return options_; }
+    int slot_context_size() const { return slot_context_size_; }  // max tokens (prompt + generated) per request
+    int queued() const;
+    std::vector<slot_status> slots() const;
+    const engine_counters& counters() const { return counters_; }
+
+private:
+    struct slot;
+    void run();
+    void admit_queued();
+    void finish(slot& s, finish_reason reason, const std::string& error = {});
+    bool step();
+
+    engine_options options_;
+    llama_model_ptr model_;
+    llama_context_ptr ctx_;
+    int slot_context_size_ = 0;
+    bool can_truncate_memory_ = true;  // false for recurrent/hybrid models: their state cannot be rolled back
+
+    std::vector<std::unique_ptr<slot>> slots_;  // engine thread only
+    llama_batch batch_{};                       // engine thread only
+
+    mutable std::mutex mu_;
+    std::condition_variable wake_;
+    std::deque<std::shared_ptr<generation_request>> queue_;  // guarded by mu_
+    bool stopping_ = false;                                  // guarded by mu_
+    std::vector<slot_status> slot_status_;                   // guarded by mu_, published by the engine thread
+
+    engine_counters counters_;
+    std::thread thread_;
+};
+
+}  // namespace keepwarm

@@ -1,0 +1,671 @@
+// Synchronous Boost.Beast server: one acceptor thread (poll on the listening socket and a wake pipe), one thread
+// per connection. stop() wakes the acceptor through the pipe and shuts down every open socket, so blocked reads
+// and writes return, then joins every thread.
+#include "http/http-server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace keepwarm::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+using error_code = boost::system::error_code;
+
+namespace {
+
+constexpr size_t header_limit_bytes = 64 * 1024;
+// Connections over max_connections are answered 503 on their own short-lived thread; beyond this many of those
+// at once, new connections are simply closed.
+constexpr int max_rejecting = 64;
+// After an error response that leaves request bytes unread, read and discard what the client still sends (up to
+// this long / this much) before closing, so the kernel does not reset the connection before the client has read
+// the response.
+constexpr auto linger_time = std::chrono::milliseconds(1000);
+constexpr size_t linger_max_bytes = 8u << 20;
+
+std::string lowercase(std::string_view s) {
+    std::string out(s);
+    for (char& ch : out) {
+        if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
+    }
+    return out;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+        char x = a[i], y = b[i];
+        if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+        if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+        if (x != y) return false;
+    }
+    return true;
+}
+
+std::string_view trim(std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    return s;
+}
+
+// Time independent of where the strings differ (the length of the expected key is not secret).
+bool constant_time_equals(std::string_view given, std::string_view expected) {
+    unsigned char diff = given.size() == expected.size() ? 0 : 1;
+    for (size_t i = 0; i < expected.size(); ++i) {
+        unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+        diff |= static_cast<unsigned char>(g ^ static_cast<unsigned char>(expected[i]));
+    }
+    return diff == 0;
+}
+
+std::string format_endpoint(const tcp::endpoint& ep) {
+    auto addr = ep.address();
+    if (addr.is_v6()) return "[" + addr.to_string() + "]:" + std::to_string(ep.port());
+    return addr.to_string() + ":" + std::to_string(ep.port());
+}
+
+const error_code& http_category_probe() {
+    static const error_code ec = bhttp::make_error_code(bhttp::error::bad_method);
+    return ec;
+}
+
+}  // namespace
+
+std::string request::header(const std::string& lowercase_name) const {
+    auto it = headers.find(lowercase_name);
+    return it == headers.end() ? std::string() : it->second;
+}
+
+std::string openai_error_body(int status, const std::string& type, const std::string& message) {
+    nlohmann::json body = {{"error", {{"message", message}, {"type", type}, {"code", status}}}};
+    // Messages can carry bytes from the request; replace invalid UTF-8 rather than throw.
+    return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+struct http_server::impl {
+    struct route {
+        handler fn;
+        route_options options;
+    };
+    struct connection {
+        explicit connection(net::io_context& ioc) : socket(ioc) {}
+        tcp::socket socket;
+        int fd = -1;
+        std::string remote;
+        bool rejected = false;
+        std::thread thread;
+        bool closed = false;    // guarded by impl::mutex; the fd may be reused once true
+        bool finished = false;  // guarded by impl::mutex; the thread is about to return
+    };
+
+    explicit impl(server_options o) : options(std::move(o)), acceptor(ioc) {}
+
+    server_options options;
+    // path -> method -> route; registered before start(), read-only afterwards.
+    std::map<std::string, std::map<std::string, route>> routes;
+
+    net::io_context ioc;
+    tcp::acceptor acceptor;
+    uint16_t bound_port = 0;
+    int wake_pipe[2] = {-1, -1};
+    std::thread accept_thread;
+    std::atomic<bool> stopping{false};
+    bool started = false;
+    std::mutex stop_mutex;  // serializes start()/stop()
+
+    std::mutex mutex;  // guards connections, counters and connection::closed/finished
+    std::list<std::shared_ptr<connection>> connections;
+    int active = 0;
+    int rejecting = 0;
+
+    void start();
+    void stop();
+    void accept_loop();
+    void admit(tcp::socket socket);
+    void reap_finished();
+    void serve(const std::shared_ptr<connection>& c);
+    void reject(const std::shared_ptr<connection>& c);
+    bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
+    void answer_read_error(connection& c, const error_code& ec, std::string_view target);
+    void linger(connection& c);
+    void finish(const std::shared_ptr<connection>& c);
+    const route_options* options_for_path(std::string_view path) const;
+};
+
+namespace {
+
+class conn_writer final : public response_writer {
+public:
+    conn_writer(tcp::socket& socket, int fd, const std::atomic<bool>& stopping, unsigned version, bool keep_alive)
+        : socket_(socket), fd_(fd), stopping_(stopping), version_(version), keep_alive_(keep_alive) {}
+
+    bool send(int status, std::string_view content_type, std::string_view body, const header_list& extra) override {
+        if (started_) throw std::logic_error("response already started");
+        started_ = true;
+        bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(status), version_};
+        set_common(res, content_type, extra);
+        res.body().assign(body.data(), body.size());
+        res.keep_alive(keep_alive_);
+        res.prepare_payload();
+        error_code ec;
+        bhttp::write(socket_, res, ec);
+        if (ec) failed_ = true;
+        complete_ = !failed_;
+        return !failed_;
+    }
+
+    bool begin_stream(int status, std::string_view content_type, const header_list& extra) override {
+        if (started_) throw std::logic_error("response already started");
+        started_ = true;
+        streaming_ = true;
+        bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(status), version_};
+        set_common(res, content_type, extra);
+        if (content_type.substr(0, 17) == "text/event-stream") {
+            res.set(bhttp::field::cache_control, "no-cache");
+            res.set("X-Accel-Buffering", "no");
+        }
+        res.erase(bhttp::field::content_length);
+        if (version_ >= 11) {
+            res.keep_alive(keep_alive_);
+            res.chunked(true);
+        } else {
+            // HTTP/1.0 has no chunked encoding: the body runs until the connection closes.
+            keep_alive_ = false;
+            res.keep_alive(false);
+        }
+        bhttp::response_serializer<bhttp::empty_body> sr{res};
+        error_code ec;
+        bhttp::write_header(socket_, sr, ec);
+        if (ec) failed_ = true;
+        return !failed_;
+    }
+
+    bool write_chunk(std::string_view data) override {
+        if (!streaming_ || ended_) throw std::logic_error("write_chunk outside a stream");
+        if (failed_) return false;
+        if (data.empty()) return true;  // an empty chunk would end the chunked body
+        error_code ec;
+        if (version_ >= 11) {
+            net::write(socket_, bhttp::make_chunk(net::const_buffer(data.data(), data.size())), ec);
+        } else {
+            net::write(socket_, net::const_buffer(data.data(), data.size()), ec);
+        }
+        if (ec) failed_ = true;
+        return !failed_;
+    }
+
+    void end_stream() override {
+        if (!streaming_ || ended_) return;
+        ended_ = true;
+        if (failed_) return;
+        if (version_ >= 11) {
+            error_code ec;
+            net::write(socket_, bhttp::make_chunk_last(), ec);
+            if (ec) failed_ = true;
+        }
+        complete_ = !failed_;
+    }
+
+    bool client_gone() override {
+        if (failed_ || stopping_.load(std::memory_order_relaxed)) return true;
+        pollfd p{};
+        p.fd = fd_;
+        p.events = POLLIN | POLLRDHUP;
+        int n = ::poll(&p, 1, 0);
+        if (n <= 0) return false;
+        if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+        if (p.revents & (POLLIN | POLLRDHUP)) {
+            char byte;
+            ssize_t r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (r == 0) return true;
+            if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+        }
+        return false;  // readable data (a pipelined request) is not a close
+    }
+
+    bool started() const override { return started_; }
+
+    bool streaming() const { return streaming_; }
+    bool ended() const { return ended_; }
+    bool failed() const { return failed_; }
+    // The whole response reached the socket, so the connection can carry another request.
+    bool reusable() const { return complete_ && keep_alive_; }
+
+private:
+    template <class Message>
+    void set_common(Message& res, std::string_view content_type, const header_list& extra) {
+        res.set(bhttp::field::server, "keepwarm");
+        res.set(bhttp::field::access_control_allow_origin, "*");
+        if (!content_type.empty()) res.set(bhttp::field::content_type, content_type);
+        for (const auto& [name, value] : extra) {
+            if (iequals(name, "content-length") || iequals(name, "transfer-encoding") || iequals(name, "connection"))
+                continue;  // framing is ours
+            res.set(name, value);
+        }
+    }
+
+    tcp::socket& socket_;
+    int fd_;
+    const std::atomic<bool>& stopping_;
+    unsigned version_;
+    bool keep_alive_;
+    bool started_ = false;
+    bool streaming_ = false;
+    bool ended_ = false;
+    bool failed_ = false;
+    bool complete_ = false;
+};
+
+}  // namespace
+
+void http_server::impl::start() {
+    std::lock_guard stop_lock(stop_mutex);
+    if (started) throw std::logic_error("http_server already started");
+
+    std::string where = (options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host) +
+                        ":" + std::to_string(options.port);
+    error_code ec;
+    tcp::resolver resolver(ioc);
+    auto results = resolver.resolve(options.host, std::to_string(options.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec) throw std::runtime_error("cannot listen on " + where + ": cannot resolve host: " + ec.message());
+    std::string reason = "no address";
+    bool bound = false;
+    for (const auto& entry : results) {
+        error_code e;
+        if (acceptor.is_open()) acceptor.close(e);
+        acceptor.open(entry.endpoint().protocol(), e);
+        if (!e) acceptor.set_option(tcp::acceptor::reuse_address(true), e);
+        if (!e) acceptor.bind(entry.endpoint(), e);
+        if (!e) acceptor.listen(net::socket_base::max_listen_connections, e);
+        if (!e) acceptor.non_blocking(true, e);
+        if (!e) {
+            bound = true;
+            break;
+        }
+        reason = e.message();
+    }
+    if (!bound) {
+        error_code ignored;
+        acceptor.close(ignored);
+        throw std::runtime_error("cannot listen on " + where + ": " + reason);
+    }
+    ::fcntl(acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
+    bound_port = acceptor.local_endpoint(ec).port();
+
+    if (::pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        error_code ignored;
+        acceptor.close(ignored);
+        throw std::runtime_error(std::string("cannot create wake pipe: ") + std::strerror(errno));
+    }
+    started = true;
+    accept_thread = std::thread([this] { accept_loop(); });
+}
+
+void http_server::impl::accept_loop() {
+    while (!stopping.load()) {
+        pollfd fds[2] = {};
+        fds[0].fd = acceptor.native_handle();
+        fds[0].events = POLLIN;
+        fds[1].fd = wake_pipe[0];
+        fds[1].events = POLLIN;
+        int n = ::poll(fds, 2, 1000);  // the timeout only paces reaping of finished connection threads
+        if (stopping.load()) break;
+        reap_finished();
+        if (n < 0) {
+            if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+        }
+        if (n == 0 || !(fds[0].revents & POLLIN)) continue;
+        for (int i = 0; i < 64 && !stopping.load(); ++i) {
+            tcp::socket socket(ioc);
+            error_code ec;
+            acceptor.accept(socket, ec);
+            if (ec == net::error::would_block || ec == net::error::try_again) break;
+            if (ec) {
+                // Out of descriptors and the like: back off instead of spinning on a readable listener.
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                break;
+            }
+            admit(std::move(socket));
+        }
+    }
+}
+
+void http_server::impl::admit(tcp::socket socket) {
+    error_code ec;
+    socket.non_blocking(false, ec);
+    socket.set_option(tcp::no_delay(true), ec);
+    ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+    auto remote = socket.remote_endpoint(ec);
+
+    auto c = std::make_shared<connection>(ioc);
+    c->socket = std::move(socket);
+    c->fd = c->socket.native_handle();
+    c->remote = ec ? std::string() : format_endpoint(remote);
+
+    std::lock_guard lock(mutex);
+    if (stopping.load()) return;  // the socket closes with c
+    if (active >= options.max_connections) {
+        if (rejecting >= max_rejecting) return;
+        c->rejected = true;
+    }
+    connections.push_back(c);
+    auto it = std::prev(connections.end());
+    try {
+        c->thread = std::thread([this, c] {
+            if (c->rejected) {
+                reject(c);
+            } else {
+                serve(c);
+            }
+            finish(c);
+        });
+    } catch (const std::system_error&) {
+        connections.erase(it);
+        return;
+    }
+    if (c->rejected) {
+        ++rejecting;
+    } else {
+        ++active;
+    }
+}
+
+void http_server::impl::finish(const std::shared_ptr<connection>& c) {
+    std::lock_guard lock(mutex);
+    error_code ec;
+    c->socket.shutdown(tcp::socket::shutdown_both, ec);
+    c->socket.close(ec);
+    c->closed = true;
+    c->finished = true;
+    if (c->rejected) {
+        --rejecting;
+    } else {
+        --active;
+    }
+}
+
+void http_server::impl::reap_finished() {
+    std::list<std::shared_ptr<connection>> done;
+    {
+        std::lock_guard lock(mutex);
+        for (auto it = connections.begin(); it != connections.end();) {
+            if ((*it)->finished) {
+                done.push_back(*it);
+                it = connections.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    for (auto& c : done) {
+        if (c->thread.joinable()) c->thread.join();
+    }
+}
+
+void http_server::impl::stop() {
+    std::lock_guard stop_lock(stop_mutex);
+    if (!started) return;
+    stopping.store(true);
+    if (wake_pipe[1] >= 0) {
+        char byte = 1;
+        [[maybe_unused]] ssize_t w = ::write(wake_pipe[1], &byte, 1);
+    }
+    if (accept_thread.joinable()) accept_thread.join();
+    error_code ec;
+    acceptor.close(ec);
+
+    std::list<std::shared_ptr<connection>> all;
+    {
+        std::lock_guard lock(mutex);
+        for (auto& c : connections) {
+            if (!c->closed) ::shutdown(c->fd, SHUT_RDWR);  // wakes blocked reads and writes
+        }
+        all.swap(connections);
+    }
+    for (auto& c : all) {
+        if (c->thread.joinable()) c->thread.join();
+    }
+    for (int& fd : wake_pipe) {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+    }
+    started = false;
+}
+
+void http_server::impl::linger(connection& c) {
+    ::shutdown(c.fd, SHUT_WR);
+    auto deadline = std::chrono::steady_clock::now() + linger_time;
+    size_t drained = 0;
+    char buf[16384];
+    while (drained < linger_max_bytes && !stopping.load()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        pollfd p{};
+        p.fd = c.fd;
+        p.events = POLLIN;
+        int n = ::poll(&p, 1, static_cast<int>(left.count()));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (r <= 0) break;
+        drained += static_cast<size_t>(r);
+    }
+}
+
+void http_server::impl::reject(const std::shared_ptr<connection>& c) {
+    conn_writer w(c->socket, c->fd, stopping, 11, false);
+    w.send(503, "application/json",
+           openai_error_body(503, "server_error",
+                             "too many connections (limit " + std::to_string(options.max_connections) + ")"),
+           {{"Retry-After", "1"}});
+    linger(*c);
+}
+
+const route_options* http_server::impl::options_for_path(std::string_view path) const {
+    auto it = routes.find(std::string(path));
+    if (it == routes.end() || it->second.empty()) return nullptr;
+    return &it->second.begin()->second.options;
+}
+
+void http_server::impl::answer_read_error(connection& c, const error_code& ec, std::string_view target) {
+    int status;
+    std::string message;
+    if (ec == bhttp::error::body_limit) {
+        status = 413;
+        message = "request body exceeds the " + std::to_string(options.max_body_bytes) + "-byte limit";
+    } else if (ec == bhttp::error::header_limit) {
+        status = 431;
+        message = "request headers exceed the " + std::to_string(header_limit_bytes) + "-byte limit";
+    } else {
+        status = 400;
+        message = "malformed HTTP request: " + ec.message();
+    }
+    error_formatter format = openai_error_body;
+    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    if (const route_options* ro = options_for_path(target); ro && ro->format_error) format = ro->format_error;
+    std::string body;
+    try {
+        body = format(status, "invalid_request_error", message);
+    } catch (const std::exception&) {
+        body = openai_error_body(status, "invalid_request_error", message);
+    }
+    conn_writer w(c.socket, c.fd, stopping, 11, false);
+    w.send(status, "application/json", body, {});
+    linger(c);
+}
+
+void http_server::impl::serve(const std::shared_ptr<connection>& c) {
+    beast::flat_buffer buffer;
+    while (!stopping.load()) {
+        bhttp::request_parser<bhttp::string_body> parser;
+        parser.header_limit(static_cast<std::uint32_t>(header_limit_bytes));
+        parser.body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
+        error_code ec;
+        bhttp::read_header(c->socket, buffer, parser, ec);
+        if (!ec) {
+            const auto& head = parser.get();
+            if (head.version() >= 11 && iequals(trim(head[bhttp::field::expect]), "100-continue") &&
+                !parser.is_done()) {
+                static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+                net::write(c->socket, net::const_buffer(cont.data(), cont.size()), ec);
+                if (ec) return;
+            }
+            bhttp::read(c->socket, buffer, parser, ec);
+        }
+        if (ec) {
+            if (ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message) return;
+            if (ec.category() == http_category_probe().category() && !stopping.load()) {
+                answer_read_error(*c, ec, parser.get().target());
+            }
+            return;  // network error, reset, or shutdown by stop()
+        }
+        if (!handle_request(*c, parser.release())) return;
+    }
+}
+
+bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::string_body>&& msg) {
+    request req;
+    req.method = std::string(msg.method_string());
+    std::string_view target = msg.target();
+    if (auto q = target.find('?'); q != std::string_view::npos) {
+        req.path = std::string(target.substr(0, q));
+        req.query = std::string(target.substr(q + 1));
+    } else {
+        req.path = std::string(target);
+    }
+    for (const auto& field : msg) {
+        std::string name = lowercase(field.name_string());
+        auto [it, inserted] = req.headers.emplace(name, std::string(field.value()));
+        if (!inserted) {
+            it->second += ", ";
+            it->second += field.value();
+        }
+    }
+    req.body = std::move(msg.body());
+    req.remote = c.remote;
+
+    conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load());
+    auto send_error = [&](const error_formatter& format, int status, const std::string& type,
+                          const std::string& message, const header_list& extra = {}) {
+        std::string body;
+        try {
+            body = format ? format(status, type, message) : openai_error_body(status, type, message);
+        } catch (const std::exception&) {
+            body = openai_error_body(status, type, message);
+        }
+        w.send(status, "application/json", body, extra);
+    };
+
+    auto path_it = routes.find(req.path);
+    if (path_it == routes.end()) {
+        send_error(openai_error_body, 404, "invalid_request_error",
+                   "Invalid URL (" + req.method + " " + req.path + ")");
+        return w.reusable();
+    }
+    auto& methods = path_it->second;
+    auto route_it = methods.find(req.method);
+    if (route_it == methods.end()) {
+        std::string allow;
+        for (const auto& [method, r] : methods) allow += (allow.empty() ? "" : ", ") + method;
+        if (req.method == "OPTIONS") {  // CORS preflight for a known path
+            std::string headers = req.header("access-control-request-headers");
+            w.send(204, "", "",
+                   {{"Allow", allow + ", OPTIONS"},
+                    {"Access-Control-Allow-Methods", allow + ", OPTIONS"},
+                    {"Access-Control-Allow-Headers", headers.empty() ? "*" : headers},
+                    {"Access-Control-Max-Age", "86400"}});
+            return w.reusable();
+        }
+        send_error(methods.begin()->second.options.format_error, 405, "invalid_request_error",
+                   "method " + req.method + " is not allowed for " + req.path + " (allowed: " + allow + ")",
+                   {{"Allow", allow}});
+        return w.reusable();
+    }
+    const route& r = route_it->second;
+
+    if (!options.api_key.empty() && r.options.requires_auth) {
+        std::string given;
+        bool present = false;
+        std::string authz = req.header("authorization");
+        std::string_view a = trim(authz);
+        if (a.size() > 7 && iequals(a.substr(0, 7), "bearer ")) {
+            given = std::string(trim(a.substr(7)));
+            present = true;
+        } else if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
+            given = std::string(trim(it->second));
+            present = true;
+        }
+        if (!present || !constant_time_equals(given, options.api_key)) {
+            send_error(r.options.format_error, 401, "authentication_error",
+                       present ? "invalid API key"
+                               : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                       {{"WWW-Authenticate", "Bearer"}});
+            return w.reusable();
+        }
+    }
+
+    // An exception after the handler had started answering cannot change the status: the connection closes (a
+    // stream then lacks its final chunk, so the client sees it incomplete).
+    bool threw_after_start = false;
+    try {
+        r.fn(req, w);
+    } catch (const http_error& e) {
+        threw_after_start = w.started();
+        if (!w.started()) send_error(r.options.format_error, e.status, e.type, e.what());
+    } catch (const std::exception& e) {
+        threw_after_start = w.started();
+        if (!w.started()) send_error(r.options.format_error, 500, "server_error", e.what());
+    } catch (...) {
+        threw_after_start = w.started();
+        if (!w.started()) send_error(r.options.format_error, 500, "server_error", "unknown error");
+    }
+    if (w.failed() || threw_after_start) return false;
+    if (!w.started()) {
+        send_error(r.options.format_error, 500, "server_error", "handler sent no response");
+        return w.reusable();
+    }
+    if (w.streaming() && !w.ended()) w.end_stream();  // the handler returned without ending its stream
+    return w.reusable();
+}
+
+http_server::http_server(server_options options) : impl_(std::make_unique<impl>(std::move(options))) {}
+
+http_server::~http_server() { stop(); }
+
+void http_server::add_route(const std::string& method, const std::string& path, handler h, route_options options) {
+    if (!options.format_error) options.format_error = openai_error_body;
+    impl_->routes[path][method] = impl::route{std::move(h), std::move(options)};
+}
+
+void http_server::start() { impl_->start(); }
+
+uint16_t http_server::port() const { return impl_->bound_port; }
+
+void http_server::stop() {
+    if (impl_) impl_->stop();
+}
+
+}  // namespace keepwarm::http

@@ -1,0 +1,104 @@
+// A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, chunked streaming, and
+// per-route error mapping. Threading: one acceptor thread; one thread per connection runs its handlers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace keepwarm::http {
+
+struct request {
+    std::string method;                          // "GET", "POST", ...
+    std::string path;                            // target without the query string
+    std::string query;                           // raw query string, without '?'
+    std::map<std::string, std::string> headers;  // names lowercased
+    std::string body;
+    std::string remote;  // "ip:port" of the peer
+
+    // Header value or empty string.
+    std::string header(const std::string& lowercase_name) const;
+};
+
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+// Lets a handler answer once, either whole or as a stream. Used only on the connection's own thread.
+class response_writer {
+public:
+    virtual ~response_writer() = default;
+
+    // Sends a complete response. Returns false if the client is gone.
+    virtual bool send(int status, std::string_view content_type, std::string_view body, const header_list& extra = {}) = 0;
+
+    // Starts a chunked response (e.g. text/event-stream). Returns false if the client is gone.
+    virtual bool begin_stream(int status, std::string_view content_type, const header_list& extra = {}) = 0;
+    // Writes one chunk and flushes it to the socket. Returns false if the client is gone.
+    virtual bool write_chunk(std::string_view data) = 0;
+    // Ends the chunked response.
+    virtual void end_stream() = 0;
+
+    // Non-blocking: true once the peer has closed or reset the connection. Handlers that wait on slow work
+    // (generation) poll this to cancel work nobody will read.
+    virtual bool client_gone() = 0;
+
+    // True once send() or begin_stream() was called.
+    virtual bool started() const = 0;
+};
+
+// Thrown by handlers for a bad request; mapped to `status` with the route's error body.
+struct http_error : std::runtime_error {
+    int status;
+    std::string type;  // API-specific error type, e.g. "invalid_request_error"
+    http_error(int status, std::string message, std::string type = "invalid_request_error")
+        : std::runtime_error(std::move(message)), status(status), type(std::move(type)) {}
+};
+
+using handler = std::function<void(const request&, response_writer&)>;
+// Builds the JSON error body for a route's API from (status, type, message).
+using error_formatter = std::function<std::string(int status, const std::string& type, const std::string& message)>;
+
+// OpenAI's error shape: {"error": {"message": ..., "type": ..., "code": status}}.
+std::string openai_error_body(int status, const std::string& type, const std::string& message);
+
+struct server_options {
+    std::string host = "127.0.0.1";
+    uint16_t port = 8080;            // 0 picks a free port; see http_server::port()
+    std::string api_key;             // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
+    size_t max_body_bytes = 64u << 20;
+    int max_connections = 256;       // beyond this, new connections get 503
+};
+
+struct route_options {
+    bool requires_auth = true;
+    error_formatter format_error = openai_error_body;
+};
+
+class http_server {
+public:
+    explicit http_server(server_options options);
+    ~http_server();  // stops and joins
+    http_server(const http_server&) = delete;
+    http_server& operator=(const http_server&) = delete;
+
+    // Register before start(). Exact path match; a path with a route but another method answers 405.
+    void add_route(const std::string& method, const std::string& path, handler h, route_options options = {});
+
+    // Binds and starts accepting. Throws std::runtime_error if the address cannot be bound.
+    void start();
+    // Actual bound port (useful with port 0). Valid after start().
+    uint16_t port() const;
+    // Stops accepting, closes open connections, joins all threads.
+    void stop();
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace keepwarm::http

@@ -1,0 +1,247 @@
+// See openai-routes.h. Each handler runs on its connection's thread: parse and validate the body, render the
+// chat template, tokenize, hand a generation_request to the engine, then relay its events to the client
+// (whole or as server-sent events), cancelling the generation if the client goes away.
+#include "server/openai-routes.h"
+
+#include <nlohmann/json.hpp>
+
+#include "api/chat-output-parser.h"
+#include "api/openai-api.h"
+#include "common.h"
+
+namespace keepwarm {
+
+namespace {
+using json = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+json parse_body(const http::request& req) {
+    if (req.body.empty()) throw http::http_error(400, "request body is empty; expected a JSON object");
+    json body;
+    try {
+        body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+        throw http::http_error(400, std::string("request body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw http::http_error(400, "request body must be a JSON object");
+    return body;
+}
+
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
+    auto tokens = common_tokenize(ctx.llm->vocab(), prompt, /*add_special=*/true, /*parse_special=*/true);
+    if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
+    const int limit = ctx.llm->slot_context_size();
+    if (static_cast<int>(tokens.size()) >= limit) {
+        throw http::http_error(400, "the prompt has " + std::to_string(tokens.size()) +
+                                        " tokens but the context holds " + std::to_string(limit) +
+                                        " tokens per request", "exceed_context_size_error");
+    }
+    return tokens;
+}
+
+api::usage_info usage_of(const generation_stats& st) {
+    return {.prompt_tokens = st.prompt_tokens, .completion_tokens = st.generated_tokens, .cached_tokens = st.reused_tokens};
+}
+
+api::timings_info timings_of(const generation_stats& st) {
+    return {.prompt_n = st.computed_tokens, .cache_n = st.reused_tokens, .prompt_ms = st.prompt_ms,
+            .predicted_n = st.generated_tokens, .predicted_ms = st.generation_ms};
+}
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Waits for the next event of a running generation, cancelling it when the client is gone.
+// Returns nullopt once the client is gone (the generation is told to stop).
+std::optional<generation_event> next_event(generation_request& gen, http::response_writer& w, server_context& ctx) {
+    for (;;) {
+        if (auto ev = gen.output.pop(50ms)) return ev;
+        if (w.client_gone()) {
+            gen.cancelled = true;
+            ctx.http.disconnects++;
+            return std::nullopt;
+        }
+    }
+}
+
+bool write_sse(http::response_writer& w, const json& data) {
+    return w.write_chunk("data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+}
+
+// Maps an engine error that happened before anything was sent to an HTTP error.
+[[noreturn]] void throw_generation_error(const generation_event& ev) {
+    throw http::http_error(500, ev.error.empty() ? "generation failed" : ev.error, "server_error");
+}
+
+void add_preserved_tokens(const server_context& ctx, const common_chat_params& params, generation_request& gen) {
+    for (const auto& text : params.preserved_tokens) {
+        auto ids = common_tokenize(ctx.llm->vocab(), text, false, true);
+        if (ids.size() == 1) {
+            gen.render_special.insert(ids[0]);
+            gen.sampling.preserved_tokens.insert(ids[0]);
+        }
+    }
+}
+
+void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w) {
+    ctx.http.chat_completions++;
+    const json body = parse_body(req);
+    const api::chat_request chat = api::parse_chat_request(body);
+    const api::chat_renderer::rendered rendered = ctx.renderer->render(chat);
+
+    auto gen = std::make_shared<generation_request>();
+    gen->prompt = tokenize_prompt(ctx, rendered.prompt);
+    gen->sampling = api::to_sampling_params(chat.sampling, common_params_sampling{});
+    ctx.renderer->apply_to_sampling(rendered, gen->sampling);
+    add_preserved_tokens(ctx, rendered.params, *gen);
+    gen->max_tokens = chat.max_tokens.value_or(-1);
+    gen->stop = chat.stop;
+    for (const auto& s : rendered.params.additional_stops) gen->stop.push_back(s);
+
+    api::chat_output_parser parser(ctx.renderer->parser_params(rendered, chat));
+    const std::string id = api::make_completion_id("chatcmpl-");
+    const int64_t created = unix_now();
+    ctx.llm->submit(gen);
+
+    if (!chat.stream) {
+        for (;;) {
+            auto ev = next_event(*gen, w, ctx);
+            if (!ev) return;
+            parser.push(ev->text);
+            if (!ev->done) continue;
+            if (ev->reason == finish_reason::error) throw_generation_error(*ev);
+            const common_chat_msg msg = parser.finish();
+            const std::string reason = finish_reason_name(ev->reason);
+            w.send(200, "application/json",
+                   api::chat_completion_json(id, ctx.model_id, created, msg, reason, usage_of(ev->stats),
+                                             timings_of(ev->stats))
+                       .dump(-1, ' ', false, json::error_handler_t::replace));
+            return;
+        }
+    }
+
+    if (!w.begin_stream(200, "text/event-stream")) {
+        gen->cancelled = true;
+        return;
+    }
+    bool first = true;
+    for (;;) {
+        auto ev = next_event(*gen, w, ctx);
+        if (!ev) return;
+        std::vector<common_chat_msg_diff> diffs = parser.push(ev->text);
+        if (ev->done && ev->reason != finish_reason::error) {
+            const auto final_diffs = parser.finish_diffs();
+            diffs.insert(diffs.end(), final_diffs.begin(), final_diffs.end());
+        }
+        if (!diffs.empty() || first) {
+            for (const json& chunk : api::chat_chunks_json(id, ctx.model_id, created, diffs, first)) {
+                if (!write_sse(w, chunk)) {
+                    gen->cancelled = true;
+                    ctx.http.disconnects++;
+                    return;
+                }
+            }
+            first = false;
+        }
+        if (!ev->done) continue;
+        if (ev->reason == finish_reason::error) {
+            write_sse(w, json::parse(http::openai_error_body(500, "server_error", ev->error)));
+        } else {
+            const std::string reason = parser.has_tool_calls() ? "tool_calls" : finish_reason_name(ev->reason);
+            write_sse(w, api::chat_final_chunk_json(id, ctx.model_id, created, reason, timings_of(ev->stats)));
+            if (chat.include_usage) {
+                write_sse(w, api::chat_usage_chunk_json(id, ctx.model_id, created, usage_of(ev->stats),
+                                                        timings_of(ev->stats)));
+            }
+        }
+        w.write_chunk("data: [DONE]\n\n");
+        w.end_stream();
+        return;
+    }
+}
+
+void handle_completion(server_context& ctx, const http::request& req, http::response_writer& w) {
+    ctx.http.completions++;
+    const json body = parse_body(req);
+    const api::completion_request comp = api::parse_completion_request(body);
+
+    auto gen = std::make_shared<generation_request>();
+    gen->prompt = tokenize_prompt(ctx, comp.prompt);
+    gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
+    gen->max_tokens = comp.max_tokens.value_or(-1);
+    gen->stop = comp.stop;
+    const std::string id = api::make_completion_id("cmpl-");
+    const int64_t created = unix_now();
+    ctx.llm->submit(gen);
+
+    std::string text;
+    if (!comp.stream) {
+        for (;;) {
+            auto ev = next_event(*gen, w, ctx);
+            if (!ev) return;
+            text += ev->text;
+            if (!ev->done) continue;
+            if (ev->reason == finish_reason::error) throw_generation_error(*ev);
+            w.send(200, "application/json",
+                   api::completion_json(id, ctx.model_id, created, text, finish_reason_name(ev->reason),
+                                        usage_of(ev->stats), timings_of(ev->stats))
+                       .dump(-1, ' ', false, json::error_handler_t::replace));
+            return;
+        }
+    }
+
+    if (!w.begin_stream(200, "text/event-stream")) {
+        gen->cancelled = true;
+        return;
+    }
+    for (;;) {
+        auto ev = next_event(*gen, w, ctx);
+        if (!ev) return;
+        if (!ev->text.empty() || ev->done) {
+            std::optional<std::string> reason;
+            if (ev->done && ev->reason != finish_reason::error) reason = finish_reason_name(ev->reason);
+            json chunk = api::completion_chunk_json(id, ctx.model_id, created, ev->text, reason);
+            if (ev->done && comp.include_usage) {
+                chunk["usage"] = api::usage_json(usage_of(ev->stats));
+                chunk["timings"] = api::timings_json(timings_of(ev->stats));
+            }
+            if (!write_sse(w, chunk)) {
+                gen->cancelled = true;
+                ctx.http.disconnects++;
+                return;
+            }
+        }
+        if (!ev->done) continue;
+        if (ev->reason == finish_reason::error) {
+            write_sse(w, json::parse(http::openai_error_body(500, "server_error", ev->error)));
+        }
+        w.write_chunk("data: [DONE]\n\n");
+        w.end_stream();
+        return;
+    }
+}
+
+// Counts 4xx answers for /metrics, then lets the HTTP layer format the error.
+template <typename Handler>
+http::handler counted(server_context& ctx, Handler h) {
+    return [&ctx, h](const http::request& req, http::response_writer& w) {
+        try {
+            h(ctx, req, w);
+        } catch (const http::http_error& e) {
+            if (e.status >= 400 && e.status < 500) ctx.http.client_errors++;
+            throw;
+        }
+    };
+}
+
+}  // namespace
+
+void register_openai_routes(http::http_server& server, server_context& ctx) {
+    server.add_route("POST", "/v1/chat/completions", counted(ctx, handle_chat));
+    server.add_route("POST", "/chat/completions", counted(ctx, handle_chat));
+    server.add_route("POST", "/v1/completions", counted(ctx, handle_completion));
+    server.add_route("POST", "/completions", counted(ctx, handle_completion));
+}
+
+}  // namespace keepwarm

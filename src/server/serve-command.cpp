@@ -1,0 +1,149 @@
+// See serve-command.h. Parses options, builds the server_context, registers the routes, and runs until
+// SIGINT/SIGTERM.
+#include "server/serve-command.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <pthread.h>
+
+#include "engine/llama-runtime.h"
+#include "http/http-server.h"
+#include "model/demo-model.h"
+#include "server/openai-routes.h"
+#include "server/server-context.h"
+#include "server/status-routes.h"
+
+namespace keepwarm {
+
+namespace {
+
+struct serve_options {
+    engine_options engine;
+    http::server_options http;
+    std::string cache_type_k = "f16";
+    std::string cache_type_v = "f16";
+    std::string model_alias;
+    std::string chat_template_file;
+};
+
+ggml_type parse_cache_type(const std::string& name) {
+    static const std::map<std::string, ggml_type> types = {
+        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0},
+    };
+    auto it = types.find(name);
+    if (it == types.end()) throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
+    return it->second;
+}
+
+std::string read_file(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw std::runtime_error("cannot read '" + path + "'");
+    std::string data;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+    std::fclose(f);
+    return data;
+}
+
+int run_serve(serve_options opts) {
+    // Signals go to the thread that waits for them; every other thread starts with them blocked.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    init_llama_runtime(opts.engine.verbose);
+    server_context ctx;
+    if (opts.engine.model_path.empty()) {
+        opts.engine.model_path = ensure_demo_model();
+    }
+    ctx.model_path = opts.engine.model_path;
+    ctx.random_weights = model_has_random_weights(ctx.model_path);
+    ctx.model_id = !opts.model_alias.empty() ? opts.model_alias
+                                             : std::filesystem::path(ctx.model_path).stem().string();
+    opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
+    opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
+
+    ctx.llm = std::make_unique<engine>(opts.engine);
+    const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
+    ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
+
+    http::http_server server(opts.http);
+    register_status_routes(server, ctx);
+    register_openai_routes(server, ctx);
+    ctx.llm->start();
+    server.start();
+
+    const auto& eo = ctx.llm->options();
+    std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << ctx.model_path << ")\n"
+              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of " << ctx.llm->slot_context_size()
+              << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v << ", " << eo.threads
+              << " threads\n";
+    if (ctx.random_weights) {
+        std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
+                  << "        Pass --model PATH.gguf to serve a real model.\n";
+    }
+    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cout << "keepwarm: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    server.stop();
+    ctx.llm->stop();
+    return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+    auto opts = std::make_shared<serve_options>();
+    CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+    auto& e = opts->engine;
+    auto& h = opts->http;
+    cmd->add_option("-m,--model", e.model_path, "GGUF model file (default: a generated demo model with random weights)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--alias", opts->model_alias, "Model name reported to clients (default: the file name)");
+    cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
+    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
+    cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
+    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
+    cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    cmd->add_option("-np,--parallel", e.slots, "Slots: requests decoded together")->capture_default_str()
+        ->check(CLI::Range(1, 256));
+    cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("-ub,--ubatch-size", e.ubatch_size, "Physical batch size")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
+    cmd->add_option("-tb,--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
+    cmd->add_option("-ngl,--gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1: all)")->capture_default_str();
+    cmd->add_option("-ctk,--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("-ctv,--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("--chat-template-file", opts->chat_template_file, "Jinja chat template to use instead of the model's")
+        ->check(CLI::ExistingFile);
+    cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
+    cmd->callback([opts] {
+        try {
+            const int rc = run_serve(*opts);
+            if (rc != 0) throw CLI::RuntimeError(rc);
+        } catch (const CLI::Error&) {
+            throw;
+        } catch (const std::exception& ex) {
+            std::cerr << "keepwarm serve: " << ex.what() << std::endl;
+            throw CLI::RuntimeError(1);
+        }
+    });
+}
+
+}  // namespace keepwarm

@@ -1,0 +1,32 @@
+// What every route handler needs: the engine, the chat renderer, the served model's name and settings.
+// Built once by `keepwarm serve`; read-only afterwards except for the atomic counters.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "api/chat-renderer.h"
+#include "engine/engine.h"
+
+namespace keepwarm {
+
+struct http_counters {
+    std::atomic<uint64_t> chat_completions{0};
+    std::atomic<uint64_t> completions{0};
+    std::atomic<uint64_t> client_errors{0};  // 4xx answered by the API routes
+    std::atomic<uint64_t> disconnects{0};    // clients gone before their answer was complete
+};
+
+struct server_context {
+    std::unique_ptr<engine> llm;
+    std::unique_ptr<api::chat_renderer> renderer;
+    std::string model_id;        // name reported by /v1/models and in responses
+    std::string model_path;
+    bool random_weights = false; // generated test model: output is noise
+    std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+    http_counters http;
+};
+
+}  // namespace keepwarm
