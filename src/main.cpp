@@ -2,8 +2,29 @@
 // This file only assembles the subcommands; each lives with the component it drives.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
 #include "model/model-commands.h"
 #include "server/serve-command.h"
+
+namespace {
+// llama-server's multi-letter single-dash flags, so its command lines work here too (CLI11 only knows -x and --xx).
+std::vector<std::string> llama_style_aliases(int argc, char** argv) {
+    static const std::map<std::string, std::string> aliases = {
+        {"-np", "--parallel"},       {"-ngl", "--gpu-layers"},    {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"},  {"-ub", "--ubatch-size"},    {"-tb", "--threads-batch"},
+    };
+    std::vector<std::string> args;
+    for (int i = 1; i < argc; ++i) {
+        auto it = aliases.find(argv[i]);
+        args.push_back(it != aliases.end() ? it->second : argv[i]);
+    }
+    return args;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"keepwarm: an LLM server that keeps the KV cache of agent prompts warm"};
@@ -15,7 +36,9 @@ int main(int argc, char** argv) {
     keepwarm::add_inspect_command(app);
 
     try {
-        app.parse(argc, argv);
+        std::vector<std::string> args = llama_style_aliases(argc, argv);
+        std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
+        app.parse(args);
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
     }

@@ -281,6 +281,7 @@ private:
 void http_server::impl::start() {
     std::lock_guard stop_lock(stop_mutex);
     if (started) throw std::logic_error("http_server already started");
+    stopping.store(false);  // a stopped server may be started again
 
     std::string where = (options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host) +
                         ":" + std::to_string(options.port);
@@ -607,18 +608,20 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     const route& r = route_it->second;
 
     if (!options.api_key.empty() && r.options.requires_auth) {
-        std::string given;
+        // Either credential may carry the key (OpenAI clients send a bearer token, Anthropic clients x-api-key).
         bool present = false;
+        bool valid = false;
         std::string authz = req.header("authorization");
         std::string_view a = trim(authz);
         if (a.size() > 7 && iequals(a.substr(0, 7), "bearer ")) {
-            given = std::string(trim(a.substr(7)));
             present = true;
-        } else if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
-            given = std::string(trim(it->second));
-            present = true;
+            valid |= constant_time_equals(trim(a.substr(7)), options.api_key);
         }
-        if (!present || !constant_time_equals(given, options.api_key)) {
+        if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
+            present = true;
+            valid |= constant_time_equals(trim(it->second), options.api_key);
+        }
+        if (!valid) {
             send_error(r.options.format_error, 401, "authentication_error",
                        present ? "invalid API key"
                                : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",

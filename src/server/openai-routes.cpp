@@ -9,6 +9,8 @@
 #include "api/openai-api.h"
 #include "common.h"
 
+#include <cmath>
+
 namespace keepwarm {
 
 namespace {
@@ -74,13 +76,16 @@ bool write_sse(http::response_writer& w, const json& data) {
     throw http::http_error(500, ev.error.empty() ? "generation failed" : ev.error, "server_error");
 }
 
-void add_preserved_tokens(const server_context& ctx, const common_chat_params& params, generation_request& gen) {
-    for (const auto& text : params.preserved_tokens) {
-        auto ids = common_tokenize(ctx.llm->vocab(), text, false, true);
-        if (ids.size() == 1) {
-            gen.render_special.insert(ids[0]);
-            gen.sampling.preserved_tokens.insert(ids[0]);
-        }
+// `ignore_eos` (llama-server's extension): end-of-generation tokens can never be sampled.
+void apply_ignore_eos(const json& body, const server_context& ctx, common_params_sampling& sampling) {
+    const auto it = body.find("ignore_eos");
+    if (it == body.end() || it->is_null()) return;
+    if (!it->is_boolean()) throw http::http_error(400, "'ignore_eos' must be a boolean");
+    if (!it->get<bool>()) return;
+    sampling.ignore_eos = true;
+    const llama_vocab* vocab = ctx.llm->vocab();
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+        if (llama_vocab_is_eog(vocab, t)) sampling.logit_bias.push_back({t, -INFINITY});
     }
 }
 
@@ -93,14 +98,14 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     auto gen = std::make_shared<generation_request>();
     gen->prompt = tokenize_prompt(ctx, rendered.prompt);
     gen->sampling = api::to_sampling_params(chat.sampling, common_params_sampling{});
-    ctx.renderer->apply_to_sampling(rendered, gen->sampling);
-    add_preserved_tokens(ctx, rendered.params, *gen);
+    api::chat_renderer::apply_to_sampling(rendered, gen->sampling, ctx.llm->vocab());
+    apply_ignore_eos(body, ctx, gen->sampling);
+    gen->render_special = gen->sampling.preserved_tokens;
     gen->max_tokens = chat.max_tokens.value_or(-1);
-    gen->stop = chat.stop;
-    for (const auto& s : rendered.params.additional_stops) gen->stop.push_back(s);
+    gen->stop = rendered.stop;
 
     api::chat_output_parser parser(ctx.renderer->parser_params(rendered, chat));
-    const std::string id = api::make_completion_id("chatcmpl-");
+    const std::string id = api::gen_chat_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
 
@@ -112,7 +117,7 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
             if (!ev->done) continue;
             if (ev->reason == finish_reason::error) throw_generation_error(*ev);
             const common_chat_msg msg = parser.finish();
-            const std::string reason = finish_reason_name(ev->reason);
+            const std::string reason = api::chat_finish_reason(msg, ev->reason == finish_reason::length);
             w.send(200, "application/json",
                    api::chat_completion_json(id, ctx.model_id, created, msg, reason, usage_of(ev->stats),
                                              timings_of(ev->stats))
@@ -131,11 +136,12 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
         if (!ev) return;
         std::vector<common_chat_msg_diff> diffs = parser.push(ev->text);
         if (ev->done && ev->reason != finish_reason::error) {
-            const auto final_diffs = parser.finish_diffs();
+            std::vector<common_chat_msg_diff> final_diffs;
+            parser.finish(&final_diffs);
             diffs.insert(diffs.end(), final_diffs.begin(), final_diffs.end());
         }
         if (!diffs.empty() || first) {
-            for (const json& chunk : api::chat_chunks_json(id, ctx.model_id, created, diffs, first)) {
+            for (const json& chunk : api::chat_chunk_json(id, ctx.model_id, created, diffs, first)) {
                 if (!write_sse(w, chunk)) {
                     gen->cancelled = true;
                     ctx.http.disconnects++;
@@ -148,8 +154,9 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
         if (ev->reason == finish_reason::error) {
             write_sse(w, json::parse(http::openai_error_body(500, "server_error", ev->error)));
         } else {
-            const std::string reason = parser.has_tool_calls() ? "tool_calls" : finish_reason_name(ev->reason);
-            write_sse(w, api::chat_final_chunk_json(id, ctx.model_id, created, reason, timings_of(ev->stats)));
+            const std::string reason = api::chat_finish_reason(parser.message(), ev->reason == finish_reason::length);
+            write_sse(w, api::chat_final_chunk_json(id, ctx.model_id, created, parser.message(), reason,
+                                                    timings_of(ev->stats)));
             if (chat.include_usage) {
                 write_sse(w, api::chat_usage_chunk_json(id, ctx.model_id, created, usage_of(ev->stats),
                                                         timings_of(ev->stats)));
@@ -169,9 +176,10 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
     auto gen = std::make_shared<generation_request>();
     gen->prompt = tokenize_prompt(ctx, comp.prompt);
     gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
+    apply_ignore_eos(body, ctx, gen->sampling);
     gen->max_tokens = comp.max_tokens.value_or(-1);
     gen->stop = comp.stop;
-    const std::string id = api::make_completion_id("cmpl-");
+    const std::string id = api::gen_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
 
@@ -200,13 +208,12 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
         if (!ev) return;
         if (!ev->text.empty() || ev->done) {
             std::optional<std::string> reason;
-            if (ev->done && ev->reason != finish_reason::error) reason = finish_reason_name(ev->reason);
-            json chunk = api::completion_chunk_json(id, ctx.model_id, created, ev->text, reason);
-            if (ev->done && comp.include_usage) {
-                chunk["usage"] = api::usage_json(usage_of(ev->stats));
-                chunk["timings"] = api::timings_json(timings_of(ev->stats));
+            std::optional<api::timings_info> timings;
+            if (ev->done && ev->reason != finish_reason::error) {
+                reason = finish_reason_name(ev->reason);
+                timings = timings_of(ev->stats);
             }
-            if (!write_sse(w, chunk)) {
+            if (!write_sse(w, api::completion_chunk_json(id, ctx.model_id, created, ev->text, reason, timings))) {
                 gen->cancelled = true;
                 ctx.http.disconnects++;
                 return;
@@ -215,6 +222,9 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
         if (!ev->done) continue;
         if (ev->reason == finish_reason::error) {
             write_sse(w, json::parse(http::openai_error_body(500, "server_error", ev->error)));
+        } else if (comp.include_usage) {
+            write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(ev->stats),
+                                                          timings_of(ev->stats)));
         }
         w.write_chunk("data: [DONE]\n\n");
         w.end_stream();

@@ -117,18 +117,18 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
     cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
         ->capture_default_str()->check(CLI::PositiveNumber);
-    cmd->add_option("-np,--parallel", e.slots, "Slots: requests decoded together")->capture_default_str()
+    cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")->capture_default_str()
         ->check(CLI::Range(1, 256));
     cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("-ub,--ubatch-size", e.ubatch_size, "Physical batch size")->capture_default_str()
+    cmd->add_option("--ubatch-size", e.ubatch_size, "Physical batch size")->capture_default_str()
         ->check(CLI::PositiveNumber);
     cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
-    cmd->add_option("-tb,--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
-    cmd->add_option("-ngl,--gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1: all)")->capture_default_str();
-    cmd->add_option("-ctk,--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
+    cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
+    cmd->add_option("--gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1: all)")->capture_default_str();
+    cmd->add_option("--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
         ->capture_default_str();
-    cmd->add_option("-ctv,--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
+    cmd->add_option("--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
         ->capture_default_str();
     cmd->add_option("--chat-template-file", opts->chat_template_file, "Jinja chat template to use instead of the model's")
         ->check(CLI::ExistingFile);

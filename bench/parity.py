@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Side-by-side throughput of keepwarm and the pinned llama-bench on the same llama.cpp libraries.
+
+Run through bench/parity.sh, which builds llama-bench (bench/build-llama-bench.sh), finds keepwarm and
+generates the model. Python standard library only.
+
+Both sides get the same model, threads, KV cache types, n_batch 2048, n_ubatch 512 and flash attention
+"auto" (llama-bench's defaults, passed explicitly to both). Runs alternate (llama-bench rep 1, keepwarm rep 1,
+llama-bench rep 2, ...) so that drift in machine load hits both sides alike; each rep gives a ratio.
+
+  prefill: llama-bench pp<P> (one batch of P random tokens into an empty KV cache) vs keepwarm
+           POST /v1/completions with a P-token prompt, max_tokens 1: timings.prompt_per_second. Each request
+           starts with a different word so that nothing is reused from the slot's cached prefix (checked:
+           cache_n must be 0 and prompt_n must be P).
+  decode:  llama-bench tg<N> (N single-token decodes) vs keepwarm with a short prompt, max_tokens N,
+           ignore_eos: timings.predicted_per_second (= predicted_n / predicted_ms). keepwarm's predicted_ms
+           runs from the first generated token to the last, which spans predicted_n - 1 decodes, so the
+           results also give decode steps/s = (predicted_n - 1) / predicted_ms, the like-for-like number.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+# Distinct first words: a request never shares its first token with an earlier one, so keepwarm's prefix
+# cache cannot skip any of its prompt.
+LEAD_WORDS = """Apple Bridge Candle Desert Engine Forest Garden Harbor Island Jungle Kettle Ladder Meadow Needle
+Orchard Pepper Quarry River Saddle Tunnel Valley Window Yellow Zephyr Anchor Basket Castle Dragon Empire Falcon
+Glacier Hammer Insect Jacket Kitten Lantern Marble Napkin Oyster Pirate Rabbit Silver Thunder Umbrella Violin
+Walnut Bottle Canyon Dolphin Feather Goblet Helmet Igloo Jigsaw Koala Lemon Mirror Nectar Otter Parrot Quiver
+Rocket Sunset Tiger Unicorn Vessel Wizard Yogurt Zebra""".split()
+FILLER = """the quick brown fox jumps over the lazy dog while a small bird sings in the tall green tree near
+the old stone house by the river and the children play in the warm summer light until the sun goes down
+behind the distant hills""".split()
+
+
+def log(msg):
+    print(f"parity: {msg}", file=sys.stderr, flush=True)
+
+
+def physical_cores():
+    """Physical cores, like llama.cpp's default thread count (common_cpu_get_num_math)."""
+    try:
+        pairs, phys, core = set(), None, None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                elif not line.strip():
+                    if core is not None:
+                        pairs.add((phys, core))
+                    phys = core = None
+        if core is not None:
+            pairs.add((phys, core))
+        if pairs:
+            return len(pairs)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def loadavg():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# llama-bench
+
+
+def run_llama_bench(args, kv):
+    cmd = [args.llama_bench, "-m", args.model, "-p", str(args.n_prompt), "-n", str(args.n_gen),
+           "-t", str(args.threads), "-ctk", kv, "-ctv", kv, "-b", str(args.batch), "-ub", str(args.ubatch),
+           "-fa", "auto", "-r", "1", "-o", "json"]
+    t0 = time.time()
+    # cwd=/ : ggml's loader also scans the cwd for backends; keep it to the binary's own lib/ directory.
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-4000:]}")
+    rows = json.loads(p.stdout)
+    out = {"cmd": cmd, "wall_s": round(time.time() - t0, 2),
+           "backend": next((l.split(" from ")[-1] for l in p.stderr.splitlines() if "loaded CPU backend" in l), None)}
+    for r in rows:
+        if r["n_prompt"] > 0 and r["n_gen"] == 0:
+            out["pp"] = r["avg_ts"]
+        elif r["n_gen"] > 0 and r["n_prompt"] == 0:
+            out["tg"] = r["avg_ts"]
+        out["build_commit"] = r.get("build_commit")
+        out["model_type"] = r.get("model_type")
+        out["flash_attn"] = r.get("flash_attn")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# keepwarm
+
+
+class KeepwarmServer:
+    def __init__(self, args, kv):
+        self.cmd = [args.keepwarm, "serve", "-m", args.model, "--host", "127.0.0.1", "--port", "0",
+                    "-t", str(args.threads), "-c", str(args.ctx), "-np", "1", "-b", str(args.batch),
+                    "-ub", str(args.ubatch), "-ctk", kv, "-ctv", kv]
+        self.proc = None
+        self.url = None
+        self.banner = []
+
+    def __enter__(self):
+        log("starting: " + " ".join(self.cmd))
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     cwd="/")
+        deadline = time.time() + 300
+        found = threading.Event()
+
+        def pump():
+            for line in self.proc.stdout:
+                if not found.is_set():
+                    self.banner.append(line.rstrip())
+                    m = re.search(r"listening on (http://\S+)", line)
+                    if m:
+                        self.url = m.group(1).rstrip("/")
+                        found.set()
+            found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        while not found.wait(0.2):
+            if time.time() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError("keepwarm serve did not print 'listening on' within 300 s")
+        if not self.url:
+            self.proc.wait(timeout=10)
+            raise RuntimeError(f"keepwarm serve exited ({self.proc.returncode}):\n" + "\n".join(self.banner[-30:]))
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def post(self, path, body, timeout=600):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"POST {path} -> HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}") from None
+
+
+def rate(n, ms):
+    return n * 1000.0 / ms if ms and ms > 0 else None
+
+
+class KeepwarmBench:
+    def __init__(self, server, args):
+        self.s = server
+        self.args = args
+        self.lead = 0
+        self.n_filler = args.n_prompt  # words; corrected after each request from the prompt's token count
+        self.ignore_eos = True
+        self.warnings = []
+
+    def next_lead(self):
+        w = LEAD_WORDS[self.lead % len(LEAD_WORDS)] + ("" if self.lead < len(LEAD_WORDS) else str(self.lead))
+        self.lead += 1
+        return w
+
+    def prompt(self, n_words):
+        return self.next_lead() + " " + " ".join(FILLER[i % len(FILLER)] for i in range(n_words))
+
+    def complete(self, prompt, max_tokens, ignore_eos=False):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        if ignore_eos and self.ignore_eos:
+            body["ignore_eos"] = True
+        t0 = time.time()
+        try:
+            r = self.s.post("/v1/completions", body)
+        except RuntimeError as e:
+            if "ignore_eos" in body and "ignore_eos" in str(e):
+                self.ignore_eos = False
+                self.warnings.append(f"server rejected ignore_eos ({e}); decoding without it")
+                log(self.warnings[-1])
+                return self.complete(prompt, max_tokens)
+            raise
+        wall_ms = (time.time() - t0) * 1000
+        t = r.get("timings")
+        if not t:
+            raise RuntimeError(f"response has no 'timings' object: {json.dumps(r)[:500]}")
+        return r, t, wall_ms
+
+    def prefill(self, attempts=6):
+        """One measured prefill of exactly n_prompt new tokens (retries with a corrected length)."""
+        target = self.args.n_prompt
+        for _ in range(attempts):
+            r, t, wall_ms = self.complete(self.prompt(self.n_filler), 1)
+            n = t.get("prompt_n", 0)
+            cache_n = t.get("cache_n", 0)
+            total = n + cache_n
+            if total != target:  # filler words are one token each with most vocabularies: fix the count
+                self.n_filler = max(1, self.n_filler + (target - total))
+            if n == target and cache_n == 0:
+                return {"prompt_n": n, "cache_n": cache_n, "prompt_ms": t.get("prompt_ms"),
+                        "tps": t.get("prompt_per_second") or rate(n, t.get("prompt_ms")),
+                        "wall_ms": round(wall_ms, 1)}
+            log(f"prefill prompt gave prompt_n={n} cache_n={cache_n} (want {target}, 0); adjusting and retrying")
+        raise RuntimeError(f"could not make a prompt of exactly {target} new tokens (last: prompt_n={n}, "
+                           f"cache_n={cache_n})")
+
+    def decode(self):
+        target = self.args.n_gen
+        r, t, wall_ms = self.complete(self.next_lead() + " once upon a time", target, ignore_eos=True)
+        n, ms = t.get("predicted_n", 0), t.get("predicted_ms")
+        if n < target:
+            self.warnings.append(f"decode stopped after {n} of {target} tokens "
+                                 f"(finish_reason {r.get('choices', [{}])[0].get('finish_reason')})")
+            log(self.warnings[-1])
+        return {"predicted_n": n, "predicted_ms": ms,
+                "tps": t.get("predicted_per_second") or rate(n, ms),
+                "steps_tps": rate(n - 1, ms) if n > 1 else None,
+                "wall_ms": round(wall_ms, 1)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def summarize(lb, kw):
+    med = lambda xs: statistics.median(xs) if xs else None
+    ratios = [k / l for l, k in zip(lb, kw) if l and k]
+    return {"llama_bench": med(lb), "keepwarm": med(kw), "ratio_median_of_pairs": med(ratios),
+            "ratio_pairs": [round(x, 4) for x in ratios],
+            "llama_bench_samples": [round(x, 2) for x in lb], "keepwarm_samples": [round(x, 2) for x in kw]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--keepwarm", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--threads", type=int, default=physical_cores())
+    ap.add_argument("--kv", default="f16,q8_0", help="KV cache types to compare, comma separated (K and V alike)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=2048, help="n_batch (llama-bench default 2048)")
+    ap.add_argument("--ubatch", type=int, default=512, help="n_ubatch (llama-bench default 512)")
+    ap.add_argument("--ctx", type=int, default=4096, help="keepwarm --ctx-size")
+    ap.add_argument("--out", required=True, help="JSON results file (a .md table is written next to it)")
+    args = ap.parse_args()
+    args.llama_bench = os.path.abspath(args.llama_bench)
+    args.keepwarm = os.path.abspath(args.keepwarm)
+    args.model = os.path.abspath(args.model)
+
+    results = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "physical_cores": physical_cores(),
+                    "loadavg_start": loadavg()},
+        "model": args.model, "model_bytes": os.path.getsize(args.model),
+        "settings": {"threads": args.threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen, "n_batch": args.batch,
+                     "n_ubatch": args.ubatch, "flash_attn": "auto", "reps": args.reps, "keepwarm_ctx": args.ctx,
+                     "keepwarm_parallel": 1},
+        "runs": [],
+        "warnings": [],
+    }
+    rows = []
+    for kv in [k.strip() for k in args.kv.split(",") if k.strip()]:
+        run = {"kv": kv, "reps": []}
+        with KeepwarmServer(args, kv) as server:
+            run["keepwarm_cmd"] = server.cmd
+            run["keepwarm_banner"] = server.banner
+            kb = KeepwarmBench(server, args)
+            # Warm-up (llama-bench warms up inside each run too); also finds the prompt length in words.
+            log(f"[{kv}] keepwarm warm-up")
+            kb.prefill()
+            kb.decode()
+            for rep in range(args.reps):
+                log(f"[{kv}] rep {rep + 1}/{args.reps}: llama-bench")
+                lb = run_llama_bench(args, kv)
+                log(f"[{kv}] rep {rep + 1}/{args.reps}: keepwarm "
+                    f"(llama-bench pp {lb.get('pp', 0):.1f} t/s, tg {lb.get('tg', 0):.1f} t/s)")
+                pp = kb.prefill()
+                tg = kb.decode()
+                log(f"[{kv}] rep {rep + 1}/{args.reps}: keepwarm pp {pp['tps']:.1f} t/s, tg {tg['tps']:.1f} t/s")
+                run["reps"].append({"llama_bench": lb, "keepwarm_prefill": pp, "keepwarm_decode": tg,
+                                    "loadavg": loadavg()})
+            results["warnings"] += [f"[{kv}] {w}" for w in kb.warnings]
+        reps = run["reps"]
+        run["llama_bench_cmd"] = reps[0]["llama_bench"]["cmd"] if reps else None
+        run["pp"] = summarize([r["llama_bench"].get("pp") for r in reps], [r["keepwarm_prefill"]["tps"] for r in reps])
+        run["tg"] = summarize([r["llama_bench"].get("tg") for r in reps], [r["keepwarm_decode"]["tps"] for r in reps])
+        run["tg_steps"] = summarize([r["llama_bench"].get("tg") for r in reps],
+                                    [r["keepwarm_decode"]["steps_tps"] for r in reps])
+        results["runs"].append(run)
+        P, N = args.n_prompt, args.n_gen
+        rows.append((f"pp{P}", kv, run["pp"]))
+        rows.append((f"tg{N}", kv, run["tg"]))
+        rows.append((f"tg{N} steps", kv, run["tg_steps"]))
+    results["machine"]["loadavg_end"] = loadavg()
+    first = results["runs"][0]["reps"][0]["llama_bench"] if results["runs"] and results["runs"][0]["reps"] else {}
+    results["llama_bench_build"] = first.get("build_commit")
+    results["cpu_backend"] = first.get("backend")
+    results["model_type"] = first.get("model_type")
+
+    def f(x, d=1):
+        return "-" if x is None else f"{x:.{d}f}"
+
+    head = f"| test | KV | llama-bench t/s | keepwarm t/s | keepwarm / llama-bench | per-rep ratios |"
+    lines = [head, "| --- | --- | ---: | ---: | ---: | --- |"]
+    for test, kv, s in rows:
+        lines.append(f"| {test} | {kv} | {f(s['llama_bench'])} | {f(s['keepwarm'])} | "
+                     f"{f(s['ratio_median_of_pairs'], 3)} | {', '.join(f'{x:.3f}' for x in s['ratio_pairs'])} |")
+    st = results["settings"]
+    notes = [
+        f"Model {os.path.basename(args.model)} ({results.get('model_type')}), {st['threads']} threads, "
+        f"n_batch {st['n_batch']}, n_ubatch {st['n_ubatch']}, flash attention auto, {st['reps']} alternating reps "
+        f"(medians; ratio = median of per-rep keepwarm/llama-bench).",
+        f"Machine: {results['machine']['cpu']}, {results['machine']['logical_cpus']} CPUs, load average "
+        f"{results['machine']['loadavg_start']} -> {results['machine']['loadavg_end']}; CPU backend "
+        f"{os.path.basename(results.get('cpu_backend') or '?')}; llama.cpp build {results.get('llama_bench_build')}.",
+        "keepwarm tg = timings.predicted_per_second (predicted_n / predicted_ms); 'tg steps' = (predicted_n - 1) / "
+        "predicted_ms, the decodes actually inside predicted_ms, comparable to llama-bench's tg.",
+    ]
+    if results["runs"]:
+        r0 = results["runs"][0]
+        notes.append("llama-bench: `" + " ".join(r0["llama_bench_cmd"] or []) + "`")
+        notes.append("keepwarm: `" + " ".join(r0["keepwarm_cmd"]) + "`")
+    results["table_md"] = "\n".join(lines)
+    results["warnings"] = results["warnings"]
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fo:
+        json.dump(results, fo, indent=2)
+    md = os.path.splitext(args.out)[0] + ".md"
+    with open(md, "w") as fo:
+        fo.write(results["table_md"] + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+        for w in results["warnings"]:
+            fo.write(f"- WARNING: {w}\n")
+    print(results["table_md"])
+    print()
+    for n in notes:
+        print(n)
+    for w in results["warnings"]:
+        print("WARNING:", w)
+    print(f"\nresults: {args.out} (and {md})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,819 @@
+// OpenAI-compatible request parsing and response formatting; validation mirrors llama-server's
+// oaicompat_chat_params_parse but checks every type itself so that bad input is a 400 naming the field, never a crash.
+#include "api/openai-api.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "http/http-server.h"
+
+namespace keepwarm::api {
+
+namespace {
+
+constexpr size_t max_stop_strings = 16;
+
+[[noreturn]] void fail(const std::string& message) { throw http::http_error(400, message); }
+
+std::string quoted(const std::string& field) { return "'" + field + "'"; }
+
+std::string indexed(const std::string& field, size_t i) { return field + "[" + std::to_string(i) + "]"; }
+
+// Missing and null both mean "not given": clients send null to ask for the default.
+const json* find(const json& obj, const std::string& key) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) {
+        return nullptr;
+    }
+    return &*it;
+}
+
+std::optional<bool> get_bool(const json& obj, const std::string& key, const std::string& field) {
+    const json* v = find(obj, key);
+    if (!v) {
+        return std::nullopt;
+    }
+    if (!v->is_boolean()) {
+        fail(quoted(field) + " must be a boolean");
+    }
+    return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& obj, const std::string& key, const std::string& field) {
+    const json* v = find(obj, key);
+    if (!v) {
+        return std::nullopt;
+    }
+    if (!v->is_string()) {
+        fail(quoted(field) + " must be a string");
+    }
+    return v->get<std::string>();
+}
+
+std::optional<double> get_number(const json& obj, const std::string& key, const std::string& field) {
+    const json* v = find(obj, key);
+    if (!v) {
+        return std::nullopt;
+    }
+    if (!v->is_number()) {
+        fail(quoted(field) + " must be a number");
+    }
+    return v->get<double>();
+}
+
+// Accepts JSON integers and floats with an integral value (some clients serialize 256 as 256.0).
+std::optional<int64_t> get_integer(const json& obj, const std::string& key, const std::string& field) {
+    const json* v = find(obj, key);
+    if (!v) {
+        return std::nullopt;
+    }
+    if (v->is_number_unsigned()) {
+        uint64_t u = v->get<uint64_t>();
+        return u > uint64_t(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : int64_t(u);
+    }
+    if (v->is_number_integer()) {
+        return v->get<int64_t>();
+    }
+    if (v->is_number_float()) {
+        double d = v->get<double>();
+        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
+            return int64_t(d);
+        }
+    }
+    fail(quoted(field) + " must be an integer");
+}
+
+std::optional<int> get_int_in(const json& obj, const std::string& key, int64_t lo, int64_t hi) {
+    auto v = get_integer(obj, key, key);
+    if (v && (*v < lo || *v > hi)) {
+        fail(quoted(key) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
+    }
+    return v ? std::optional<int>(int(*v)) : std::nullopt;
+}
+
+void check_range(const std::optional<float>& v, const char* field, float lo, float hi) {
+    if (v && !(std::isfinite(*v) && *v >= lo && *v <= hi)) {
+        char buf[128];
+        snprintf(buf, sizeof(buf), "'%s' must be a number between %g and %g", field, lo, hi);
+        fail(buf);
+    }
+}
+
+void check_range(const std::optional<int>& v, const char* field, int lo, int hi) {
+    if (v && (*v < lo || *v > hi)) {
+        fail(quoted(field) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
+    }
+}
+
+sampling_options parse_sampling(const json& body) {
+    sampling_options s;
+    auto as_float = [&](const char* key) -> std::optional<float> {
+        auto v = get_number(body, key, key);
+        if (!v) {
+            return std::nullopt;
+        }
+        // Out-of-float-range values become inf and fail validation below instead of wrapping silently.
+        return std::fabs(*v) > double(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::infinity()
+                                                                         : float(*v);
+    };
+    s.temperature = as_float("temperature");
+    s.top_p = as_float("top_p");
+    s.min_p = as_float("min_p");
+    s.repeat_penalty = as_float("repeat_penalty");
+    s.presence_penalty = as_float("presence_penalty");
+    s.frequency_penalty = as_float("frequency_penalty");
+    s.top_k = get_int_in(body, "top_k", 0, std::numeric_limits<int32_t>::max());
+    s.repeat_last_n = get_int_in(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max());
+    if (auto seed = get_integer(body, "seed", "seed")) {
+        if (*seed == -1) {
+            s.seed = LLAMA_DEFAULT_SEED;
+        } else if (*seed >= 0 && *seed <= int64_t(std::numeric_limits<uint32_t>::max())) {
+            s.seed = uint32_t(*seed);
+        } else {
+            fail("'seed' must be an integer between -1 and 4294967295");
+        }
+    }
+    validate_sampling(s);
+    return s;
+}
+
+std::vector<std::string> parse_stop(const json& body) {
+    std::vector<std::string> stop;
+    const json* v = find(body, "stop");
+    if (!v) {
+        return stop;
+    }
+    if (v->is_string()) {
+        if (!v->get_ref<const std::string&>().empty()) {
+            stop.push_back(v->get<std::string>());
+        }
+        return stop;
+    }
+    if (!v->is_array()) {
+        fail("'stop' must be a string or an array of strings");
+    }
+    if (v->size() > max_stop_strings) {
+        fail("'stop' may hold at most " + std::to_string(max_stop_strings) + " strings");
+    }
+    for (size_t i = 0; i < v->size(); i++) {
+        const json& s = (*v)[i];
+        if (!s.is_string()) {
+            fail(quoted(indexed("stop", i)) + " must be a string");
+        }
+        // An empty stop string would end generation immediately; llama-server drops them too.
+        if (!s.get_ref<const std::string&>().empty()) {
+            stop.push_back(s.get<std::string>());
+        }
+    }
+    return stop;
+}
+
+// max_completion_tokens is OpenAI's current name, max_tokens the deprecated one; the newer one wins.
+std::optional<int> parse_max_tokens(const json& body) {
+    for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+        if (auto v = get_integer(body, key, key)) {
+            if (*v < 1) {
+                fail(quoted(key) + " must be a positive integer");
+            }
+            return int(std::min<int64_t>(*v, std::numeric_limits<int32_t>::max()));
+        }
+    }
+    return std::nullopt;
+}
+
+void parse_n(const json& body) {
+    if (auto n = get_integer(body, "n", "n"); n && *n != 1) {
+        fail("'n' must be 1: multiple choices per request are not supported");
+    }
+}
+
+void parse_stream(const json& body, bool& stream, bool& include_usage) {
+    stream = get_bool(body, "stream", "stream").value_or(false);
+    if (const json* opts = find(body, "stream_options")) {
+        if (!opts->is_object()) {
+            fail("'stream_options' must be an object");
+        }
+        include_usage = get_bool(*opts, "include_usage", "stream_options.include_usage").value_or(false);
+    }
+}
+
+std::string parse_model(const json& body) { return get_string(body, "model", "model").value_or(""); }
+
+void require_object(const json& body) {
+    if (!body.is_object()) {
+        fail("request body must be a JSON object");
+    }
+}
+
+// content: string, array of text parts, or (assistant only) null / missing.
+void parse_content(const json& message, const std::string& path, bool allow_null, common_chat_msg& msg) {
+    const std::string field = path + ".content";
+    const json* content = find(message, "content");
+    if (!content) {
+        if (!allow_null) {
+            fail(quoted(field) + " must be a string or an array of content parts");
+        }
+        return;
+    }
+    if (content->is_string()) {
+        msg.content = content->get<std::string>();
+        return;
+    }
+    if (!content->is_array()) {
+        fail(quoted(field) + " must be a string or an array of content parts");
+    }
+    for (size_t j = 0; j < content->size(); j++) {
+        const json& part = (*content)[j];
+        const std::string part_field = indexed(field, j);
+        if (!part.is_object()) {
+            fail(quoted(part_field) + " must be an object");
+        }
+        auto type = get_string(part, "type", part_field + ".type");
+        if (!type) {
+            fail(quoted(part_field + ".type") + " is required");
+        }
+        // OpenAI lets assistant messages carry back a refusal part; its text is ordinary content to the model.
+        const std::string text_key = *type == "refusal" ? "refusal" : "text";
+        if (*type == "text" || *type == "refusal") {
+            auto text = get_string(part, text_key, part_field + "." + text_key);
+            if (!text) {
+                fail(quoted(part_field + "." + text_key) + " must be a string");
+            }
+            msg.content_parts.push_back({"text", *text});
+        } else if (*type == "image_url" || *type == "image" || *type == "input_image") {
+            fail(quoted(part_field) + ": images are not supported");
+        } else if (*type == "input_audio" || *type == "audio" || *type == "input_video" || *type == "video" ||
+                   *type == "file") {
+            fail(quoted(part_field) + ": " + *type + " content is not supported");
+        } else {
+            fail(quoted(part_field + ".type") + " must be 'text' (got '" + *type + "')");
+        }
+    }
+}
+
+void parse_tool_calls(const json& message, const std::string& path, common_chat_msg& msg) {
+    const json* calls = find(message, "tool_calls");
+    if (!calls) {
+        return;
+    }
+    const std::string field = path + ".tool_calls";
+    if (!calls->is_array()) {
+        fail(quoted(field) + " must be an array");
+    }
+    for (size_t j = 0; j < calls->size(); j++) {
+        const json& call = (*calls)[j];
+        const std::string call_field = indexed(field, j);
+        if (!call.is_object()) {
+            fail(quoted(call_field) + " must be an object");
+        }
+        common_chat_tool_call tc;
+        tc.id = get_string(call, "id", call_field + ".id").value_or("");
+        if (auto type = get_string(call, "type", call_field + ".type"); type && *type != "function") {
+            fail(quoted(call_field + ".type") + " must be 'function'");
+        }
+        const json* function = find(call, "function");
+        if (!function || !function->is_object()) {
+            fail(quoted(call_field + ".function") + " must be an object");
+        }
+        auto name = get_string(*function, "name", call_field + ".function.name");
+        if (!name || name->empty()) {
+            fail(quoted(call_field + ".function.name") + " must be a non-empty string");
+        }
+        tc.name = *name;
+        const json* args = find(*function, "arguments");
+        if (!args) {
+            tc.arguments = "{}";
+        } else if (args->is_object()) {
+            tc.arguments = args->dump();
+        } else if (args->is_string()) {
+            // Templates that take object arguments re-parse this string; catch bad JSON here with a clear message.
+            tc.arguments = args->get<std::string>();
+            if (!json::accept(tc.arguments)) {
+                fail(quoted(call_field + ".function.arguments") + " must be a JSON-encoded string");
+            }
+        } else {
+            fail(quoted(call_field + ".function.arguments") + " must be a JSON string or an object");
+        }
+        msg.tool_calls.push_back(std::move(tc));
+    }
+}
+
+common_chat_msg parse_message(const json& message, size_t i) {
+    const std::string path = indexed("messages", i);
+    if (!message.is_object()) {
+        fail(quoted(path) + " must be an object");
+    }
+    static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
+    auto role = get_string(message, "role", path + ".role");
+    if (!role || !roles.count(*role)) {
+        fail(quoted(path + ".role") + " must be one of system, user, assistant, tool, developer");
+    }
+    common_chat_msg msg;
+    msg.role = *role;
+    const bool assistant = *role == "assistant";
+    parse_content(message, path, assistant, msg);
+    if (assistant) {
+        parse_tool_calls(message, path, msg);
+        // "reasoning" is what some clients (vLLM, OpenRouter) use for the same thing.
+        auto reasoning = get_string(message, "reasoning_content", path + ".reasoning_content");
+        if (!reasoning) {
+            reasoning = get_string(message, "reasoning", path + ".reasoning");
+        }
+        msg.reasoning_content = reasoning.value_or("");
+        if (!find(message, "content") && msg.tool_calls.empty() && msg.reasoning_content.empty()) {
+            fail(quoted(path) + " (assistant) must have 'content' or 'tool_calls'");
+        }
+    } else if (find(message, "tool_calls")) {
+        fail(quoted(path + ".tool_calls") + " is only allowed on assistant messages");
+    }
+    if (*role == "tool") {
+        auto id = get_string(message, "tool_call_id", path + ".tool_call_id");
+        if (!id || id->empty()) {
+            fail(quoted(path + ".tool_call_id") + " must be a non-empty string (required for role tool)");
+        }
+        msg.tool_call_id = *id;
+        msg.tool_name = get_string(message, "name", path + ".name").value_or("");
+    }
+    return msg;
+}
+
+std::vector<common_chat_msg> parse_messages(const json& body) {
+    const json* messages = find(body, "messages");
+    if (!messages || !messages->is_array() || messages->empty()) {
+        fail("'messages' must be a non-empty array");
+    }
+    std::vector<common_chat_msg> out;
+    out.reserve(messages->size());
+    for (size_t i = 0; i < messages->size(); i++) {
+        out.push_back(parse_message((*messages)[i], i));
+    }
+    return out;
+}
+
+std::vector<common_chat_tool> parse_tools(const json& body) {
+    std::vector<common_chat_tool> tools;
+    const json* v = find(body, "tools");
+    if (!v) {
+        return tools;
+    }
+    if (!v->is_array()) {
+        fail("'tools' must be an array");
+    }
+    std::set<std::string> names;
+    for (size_t i = 0; i < v->size(); i++) {
+        const json& tool = (*v)[i];
+        const std::string field = indexed("tools", i);
+        if (!tool.is_object()) {
+            fail(quoted(field) + " must be an object");
+        }
+        if (auto type = get_string(tool, "type", field + ".type"); type && *type != "function") {
+            fail(quoted(field + ".type") + " must be 'function'");
+        }
+        const json* function = find(tool, "function");
+        if (!function || !function->is_object()) {
+            fail(quoted(field + ".function") + " must be an object");
+        }
+        auto name = get_string(*function, "name", field + ".function.name");
+        if (!name || name->empty()) {
+            fail(quoted(field + ".function.name") + " must be a non-empty string");
+        }
+        if (!names.insert(*name).second) {
+            fail(quoted(field + ".function.name") + ": duplicate tool name '" + *name + "'");
+        }
+        common_chat_tool t;
+        t.name = *name;
+        t.description = get_string(*function, "description", field + ".function.description").value_or("");
+        const json* params = find(*function, "parameters");
+        if (params && !params->is_object()) {
+            fail(quoted(field + ".function.parameters") + " must be an object (a JSON schema)");
+        }
+        // OpenAI allows omitting parameters for functions without arguments.
+        t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
+        tools.push_back(std::move(t));
+    }
+    return tools;
+}
+
+// "auto" | "none" | "required" | {"type":"function","function":{"name":...}}. common has no named choice, so a named
+// function narrows the tool list to that one and makes calling it required.
+void parse_tool_choice(const json& body, chat_request& req) {
+    const json* v = find(body, "tool_choice");
+    const char* expected = "'tool_choice' must be one of none, auto, required, or "
+                           "{\"type\": \"function\", \"function\": {\"name\": ...}}";
+    if (!v) {
+        req.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    } else if (v->is_string()) {
+        const std::string& s = v->get_ref<const std::string&>();
+        if (s == "auto") {
+            req.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+        } else if (s == "none") {
+            req.tool_choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+        } else if (s == "required") {
+            req.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        } else {
+            fail(expected);
+        }
+    } else if (v->is_object()) {
+        auto type = get_string(*v, "type", "tool_choice.type");
+        const json* function = find(*v, "function");
+        if (!type || *type != "function" || !function || !function->is_object()) {
+            fail(expected);
+        }
+        auto name = get_string(*function, "name", "tool_choice.function.name");
+        if (!name || name->empty()) {
+            fail("'tool_choice.function.name' must be a non-empty string");
+        }
+        std::vector<common_chat_tool> chosen;
+        for (const auto& t : req.tools) {
+            if (t.name == *name) {
+                chosen.push_back(t);
+            }
+        }
+        if (chosen.empty()) {
+            fail("'tool_choice.function.name' names '" + *name + "', which is not in 'tools'");
+        }
+        req.tools = std::move(chosen);
+        req.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+    } else {
+        fail(expected);
+    }
+    if (req.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && req.tools.empty()) {
+        fail("'tool_choice' requires a tool call but no 'tools' were given");
+    }
+}
+
+std::string parse_response_format(const json& body) {
+    const json* rf = find(body, "response_format");
+    if (!rf) {
+        return "";
+    }
+    if (!rf->is_object()) {
+        fail("'response_format' must be an object");
+    }
+    auto type = get_string(*rf, "type", "response_format.type");
+    if (!type || *type == "text") {
+        return "";
+    }
+    if (*type == "json_object") {
+        // llama.cpp extension: json_object may carry a schema; otherwise constrain to "any JSON object".
+        const json* schema = find(*rf, "schema");
+        if (schema && !schema->is_object()) {
+            fail("'response_format.schema' must be an object");
+        }
+        return schema ? schema->dump() : R"({"type":"object"})";
+    }
+    if (*type == "json_schema") {
+        const json* wrapper = find(*rf, "json_schema");
+        if (!wrapper || !wrapper->is_object()) {
+            fail("'response_format.json_schema' must be an object");
+        }
+        const json* schema = find(*wrapper, "schema");
+        if (!schema || !schema->is_object()) {
+            fail("'response_format.json_schema.schema' must be an object");
+        }
+        return schema->dump();
+    }
+    fail("'response_format.type' must be one of text, json_object, json_schema");
+}
+
+void parse_thinking(const json& body, chat_request& req) {
+    if (const json* kwargs = find(body, "chat_template_kwargs")) {
+        if (!kwargs->is_object()) {
+            fail("'chat_template_kwargs' must be an object");
+        }
+        for (const auto& [key, value] : kwargs->items()) {
+            req.chat_template_kwargs[key] = value.dump();
+        }
+        if (const json* et = find(*kwargs, "enable_thinking")) {
+            if (!et->is_boolean()) {
+                fail("'chat_template_kwargs.enable_thinking' must be a boolean");
+            }
+            req.enable_thinking = et->get<bool>();
+        }
+        // Held in enable_thinking alone, so a later reasoning_effort "none" cannot be overridden by the kwarg.
+        req.chat_template_kwargs.erase("enable_thinking");
+    }
+    if (auto effort = get_string(body, "reasoning_effort", "reasoning_effort"); effort && !effort->empty()) {
+        if (*effort == "none") {
+            req.enable_thinking = false;
+            req.chat_template_kwargs.erase("reasoning_effort");
+        } else {
+            // Templates with effort levels (GPT-OSS, DeepSeek V4, ...) read it as a template variable.
+            req.chat_template_kwargs["reasoning_effort"] = json(*effort).dump();
+        }
+    }
+}
+
+}  // namespace
+
+void validate_sampling(const sampling_options& s) {
+    check_range(s.temperature, "temperature", 0.0f, 2.0f);
+    check_range(s.top_p, "top_p", 0.0f, 1.0f);
+    check_range(s.min_p, "min_p", 0.0f, 1.0f);
+    check_range(s.presence_penalty, "presence_penalty", -2.0f, 2.0f);
+    check_range(s.frequency_penalty, "frequency_penalty", -2.0f, 2.0f);
+    if (s.repeat_penalty && !(std::isfinite(*s.repeat_penalty) && *s.repeat_penalty > 0.0f)) {
+        fail("'repeat_penalty' must be a number greater than 0");
+    }
+    check_range(s.top_k, "top_k", 0, std::numeric_limits<int32_t>::max());
+    check_range(s.repeat_last_n, "repeat_last_n", -1, std::numeric_limits<int32_t>::max());
+}
+
+common_params_sampling to_sampling_params(const sampling_options& s, const common_params_sampling& defaults) {
+    validate_sampling(s);
+    common_params_sampling p = defaults;
+    if (s.temperature) p.temp = *s.temperature;
+    if (s.top_k) p.top_k = *s.top_k;
+    if (s.top_p) p.top_p = *s.top_p;
+    if (s.min_p) p.min_p = *s.min_p;
+    if (s.repeat_penalty) p.penalty_repeat = *s.repeat_penalty;
+    if (s.repeat_last_n) p.penalty_last_n = *s.repeat_last_n;
+    if (s.presence_penalty) p.penalty_present = *s.presence_penalty;
+    if (s.frequency_penalty) p.penalty_freq = *s.frequency_penalty;
+    if (s.seed) p.seed = *s.seed;
+    return p;
+}
+
+chat_request parse_chat_request(const json& body) {
+    require_object(body);
+    if (find(body, "functions") || find(body, "function_call")) {
+        fail("'functions' and 'function_call' are deprecated and not supported; use 'tools' and 'tool_choice'");
+    }
+    chat_request req;
+    req.model = parse_model(body);
+    req.messages = parse_messages(body);
+    req.tools = parse_tools(body);
+    parse_tool_choice(body, req);
+    req.parallel_tool_calls = get_bool(body, "parallel_tool_calls", "parallel_tool_calls");
+    parse_stream(body, req.stream, req.include_usage);
+    req.max_tokens = parse_max_tokens(body);
+    req.stop = parse_stop(body);
+    req.sampling = parse_sampling(body);
+    parse_thinking(body, req);
+    req.json_schema = parse_response_format(body);
+    parse_n(body);
+    // logprobs / top_logprobs are accepted and ignored: we do not return token probabilities.
+    return req;
+}
+
+completion_request parse_completion_request(const json& body) {
+    require_object(body);
+    completion_request req;
+    req.model = parse_model(body);
+    const json* prompt = find(body, "prompt");
+    if (prompt && prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+        prompt = &(*prompt)[0];
+    }
+    if (!prompt) {
+        fail("'prompt' must be a non-empty string");
+    }
+    if (prompt->is_array()) {
+        if (!prompt->empty() && (*prompt)[0].is_number_integer()) {
+            fail("'prompt' as token ids is not supported; send a string");
+        }
+        fail("'prompt' must be a single string: batches of prompts are not supported");
+    }
+    if (!prompt->is_string() || prompt->get_ref<const std::string&>().empty()) {
+        fail("'prompt' must be a non-empty string");
+    }
+    req.prompt = prompt->get<std::string>();
+    parse_stream(body, req.stream, req.include_usage);
+    req.max_tokens = parse_max_tokens(body);
+    req.stop = parse_stop(body);
+    req.sampling = parse_sampling(body);
+    req.echo = get_bool(body, "echo", "echo").value_or(false);
+    if (req.echo) {
+        fail("'echo' is not supported");
+    }
+    if (auto suffix = get_string(body, "suffix", "suffix"); suffix && !suffix->empty()) {
+        fail("'suffix' is not supported");
+    }
+    if (auto best_of = get_integer(body, "best_of", "best_of"); best_of && *best_of != 1) {
+        fail("'best_of' must be 1: multiple candidates per request are not supported");
+    }
+    parse_n(body);
+    return req;
+}
+
+std::string random_id(std::string_view prefix) {
+    static const char alphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    std::uniform_int_distribution<size_t> pick(0, sizeof(alphabet) - 2);
+    std::string id(prefix);
+    for (int i = 0; i < 32; i++) {
+        id += alphabet[pick(rng)];
+    }
+    return id;
+}
+
+json usage_json(const usage_info& usage) {
+    return json{
+        {"prompt_tokens", usage.prompt_tokens},
+        {"completion_tokens", usage.completion_tokens},
+        {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+        {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}},
+    };
+}
+
+json timings_json(const timings_info& t) {
+    auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
+    auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
+    return json{
+        {"cache_n", t.cache_n},
+        {"prompt_n", t.prompt_n},
+        {"prompt_ms", t.prompt_ms},
+        {"prompt_per_token_ms", per_token(t.prompt_ms, t.prompt_n)},
+        {"prompt_per_second", per_second(t.prompt_ms, t.prompt_n)},
+        {"predicted_n", t.predicted_n},
+        {"predicted_ms", t.predicted_ms},
+        {"predicted_per_token_ms", per_token(t.predicted_ms, t.predicted_n)},
+        {"predicted_per_second", per_second(t.predicted_ms, t.predicted_n)},
+    };
+}
+
+std::string chat_finish_reason(const common_chat_msg& msg, bool hit_token_limit) {
+    if (hit_token_limit) {
+        return "length";
+    }
+    return msg.tool_calls.empty() ? "stop" : "tool_calls";
+}
+
+namespace {
+
+std::string effective_finish_reason(const common_chat_msg& msg, const std::string& finish_reason) {
+    return finish_reason == "stop" && !msg.tool_calls.empty() ? "tool_calls" : finish_reason;
+}
+
+json chunk_base(const std::string& id, const std::string& model, int64_t created, const char* object) {
+    return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+}
+
+json chat_chunk(const std::string& id, const std::string& model, int64_t created, json delta,
+                const json& finish_reason) {
+    json chunk = chunk_base(id, model, created, "chat.completion.chunk");
+    chunk["choices"] = json::array({json{{"index", 0}, {"delta", std::move(delta)}, {"finish_reason", finish_reason}}});
+    return chunk;
+}
+
+}  // namespace
+
+json assistant_message_json(const common_chat_msg& msg) {
+    json m{{"role", "assistant"}};
+    std::string content = msg.content;
+    if (content.empty()) {
+        // A parsed reply never has parts, but a hand-built message might.
+        for (const auto& part : msg.content_parts) {
+            content += part.text;
+        }
+    }
+    m["content"] = content.empty() && !msg.tool_calls.empty() ? json(nullptr) : json(content);
+    if (!msg.reasoning_content.empty()) {
+        m["reasoning_content"] = msg.reasoning_content;
+    }
+    if (!msg.tool_calls.empty()) {
+        json calls = json::array();
+        for (const auto& tc : msg.tool_calls) {
+            calls.push_back(json{
+                {"id", tc.id},
+                {"type", "function"},
+                {"function", {{"name", tc.name}, {"arguments", tc.arguments}}},
+            });
+        }
+        m["tool_calls"] = std::move(calls);
+    }
+    return m;
+}
+
+json chat_completion_json(const std::string& id, const std::string& model, int64_t created, const common_chat_msg& msg,
+                          const std::string& finish_reason, const usage_info& usage,
+                          const std::optional<timings_info>& timings) {
+    json res = chunk_base(id, model, created, "chat.completion");
+    res["choices"] = json::array({json{
+        {"index", 0},
+        {"message", assistant_message_json(msg)},
+        {"finish_reason", effective_finish_reason(msg, finish_reason)},
+    }});
+    res["usage"] = usage_json(usage);
+    if (timings) {
+        res["timings"] = timings_json(*timings);
+    }
+    return res;
+}
+
+json chat_delta_json(const common_chat_msg_diff& diff) {
+    json delta = json::object();
+    if (!diff.reasoning_content_delta.empty()) {
+        delta["reasoning_content"] = diff.reasoning_content_delta;
+    }
+    if (!diff.content_delta.empty()) {
+        delta["content"] = diff.content_delta;
+    }
+    if (diff.tool_call_index != std::string::npos) {
+        json call{{"index", diff.tool_call_index}};
+        if (!diff.tool_call_delta.id.empty()) {
+            call["id"] = diff.tool_call_delta.id;
+            call["type"] = "function";
+        }
+        if (!diff.tool_call_delta.name.empty() || !diff.tool_call_delta.arguments.empty()) {
+            json function = json::object();
+            if (!diff.tool_call_delta.name.empty()) {
+                function["name"] = diff.tool_call_delta.name;
+            }
+            if (!diff.tool_call_delta.arguments.empty()) {
+                function["arguments"] = diff.tool_call_delta.arguments;
+            }
+            call["function"] = std::move(function);
+        }
+        delta["tool_calls"] = json::array({std::move(call)});
+    }
+    return delta;
+}
+
+json chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                     const std::vector<common_chat_msg_diff>& diffs, bool first) {
+    json chunks = json::array();
+    if (first) {
+        chunks.push_back(chat_chunk(id, model, created, json{{"role", "assistant"}, {"content", nullptr}}, nullptr));
+    }
+    for (const auto& diff : diffs) {
+        json delta = chat_delta_json(diff);
+        if (!delta.empty()) {
+            chunks.push_back(chat_chunk(id, model, created, std::move(delta), nullptr));
+        }
+    }
+    return chunks;
+}
+
+json chat_final_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                           const common_chat_msg& final_msg, const std::string& finish_reason,
+                           const std::optional<timings_info>& timings) {
+    json chunk =
+        chat_chunk(id, model, created, json::object(), effective_finish_reason(final_msg, finish_reason));
+    if (timings) {
+        chunk["timings"] = timings_json(*timings);
+    }
+    return chunk;
+}
+
+json chat_usage_chunk_json(const std::string& id, const std::string& model, int64_t created, const usage_info& usage,
+                           const std::optional<timings_info>& timings) {
+    json chunk = chunk_base(id, model, created, "chat.completion.chunk");
+    chunk["choices"] = json::array();
+    chunk["usage"] = usage_json(usage);
+    if (timings) {
+        chunk["timings"] = timings_json(*timings);
+    }
+    return chunk;
+}
+
+json completion_json(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                     const std::string& finish_reason, const usage_info& usage,
+                     const std::optional<timings_info>& timings) {
+    json res = chunk_base(id, model, created, "text_completion");
+    res["choices"] = json::array(
+        {json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+    res["usage"] = usage_json(usage);
+    if (timings) {
+        res["timings"] = timings_json(*timings);
+    }
+    return res;
+}
+
+json completion_chunk_json(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                           const std::optional<std::string>& finish_reason,
+                           const std::optional<timings_info>& timings) {
+    json chunk = chunk_base(id, model, created, "text_completion");
+    chunk["choices"] = json::array({json{{"text", text},
+                                         {"index", 0},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}}});
+    if (timings) {
+        chunk["timings"] = timings_json(*timings);
+    }
+    return chunk;
+}
+
+json completion_usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                                 const usage_info& usage, const std::optional<timings_info>& timings) {
+    json chunk = chunk_base(id, model, created, "text_completion");
+    chunk["choices"] = json::array();
+    chunk["usage"] = usage_json(usage);
+    if (timings) {
+        chunk["timings"] = timings_json(*timings);
+    }
+    return chunk;
+}
+
+json models_list_json(const std::string& model_id, int64_t created, const std::string& owned_by, const json& meta) {
+    json model{{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", owned_by}};
+    if (meta.is_object() && !meta.empty()) {
+        model["meta"] = meta;
+    }
+    return json{{"object", "list"}, {"data", json::array({std::move(model)})}};
+}
+
+}  // namespace keepwarm::api

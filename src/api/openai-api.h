@@ -1,0 +1,148 @@
+// OpenAI-compatible request parsing (/v1/chat/completions, /v1/completions) and response/chunk JSON formatting.
+// Pure functions: no model, no engine. Bad input throws keepwarm::http::http_error(400, message naming the field).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat.h"
+#include "common.h"
+
+namespace keepwarm::api {
+
+using json = nlohmann::ordered_json;
+
+// Per-request sampling overrides; unset fields keep the server defaults (see to_sampling_params).
+struct sampling_options {
+    std::optional<float> temperature;        // 0..2
+    std::optional<float> top_p;              // 0..1
+    std::optional<float> min_p;              // 0..1
+    std::optional<float> repeat_penalty;     // > 0 (1 = off)
+    std::optional<float> presence_penalty;   // -2..2
+    std::optional<float> frequency_penalty;  // -2..2
+    std::optional<int> top_k;                // >= 0 (0 = off)
+    std::optional<int> repeat_last_n;        // >= -1 (-1 = whole context)
+    std::optional<uint32_t> seed;            // request seed -1 maps to LLAMA_DEFAULT_SEED (random)
+};
+
+struct chat_request {
+    std::string model;
+    // Roles: system, developer (common maps it to system, except for GPT-OSS which has a real developer role),
+    // user, assistant, tool. Content is either `content` or text `content_parts`, never both.
+    std::vector<common_chat_msg> messages;
+    // Already narrowed to the one named function when tool_choice named it (then tool_choice is REQUIRED).
+    std::vector<common_chat_tool> tools;
+    common_chat_tool_choice tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    std::optional<bool> parallel_tool_calls;  // unset: the template's capability decides (like llama-server)
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage
+    // max_completion_tokens (preferred) or max_tokens; >= 1. Unset: no request limit (until EOS/stop/context).
+    std::optional<int> max_tokens;
+    std::vector<std::string> stop;  // at most 16, empty strings dropped
+    sampling_options sampling;
+    // chat_template_kwargs.enable_thinking, overridden by reasoning_effort "none" (-> false). Unset: template default.
+    std::optional<bool> enable_thinking;
+    std::string json_schema;  // JSON text from response_format (json_schema or json_object); empty: none
+    // Extra template variables; values are JSON text (as common expects), e.g. {"preserve_reasoning", "true"}.
+    std::map<std::string, std::string> chat_template_kwargs;
+    int n = 1;  // only 1 is accepted
+};
+
+struct completion_request {
+    std::string model;
+    std::string prompt;  // non-empty; a one-element string array is accepted too
+    bool stream = false;
+    bool include_usage = false;
+    // Unset: no request limit (llama-server's default; OpenAI's legacy default of 16 is NOT applied).
+    std::optional<int> max_tokens;
+    std::vector<std::string> stop;
+    sampling_options sampling;
+    bool echo = false;  // echo=true is rejected with 400
+};
+
+chat_request parse_chat_request(const json& body);
+completion_request parse_completion_request(const json& body);
+
+// Throws http_error 400 naming the field when a value is out of range.
+void validate_sampling(const sampling_options& options);
+// Copies `defaults` and applies the overrides (temp, top_k, top_p, min_p, penalty_*, seed). Validates first.
+common_params_sampling to_sampling_params(const sampling_options& options, const common_params_sampling& defaults);
+
+struct usage_info {
+    int prompt_tokens = 0;
+    int completion_tokens = 0;
+    int cached_tokens = 0;  // prompt tokens reused from the KV cache
+};
+
+struct timings_info {
+    int prompt_n = 0;  // prompt tokens computed
+    int cache_n = 0;   // prompt tokens reused
+    double prompt_ms = 0;
+    int predicted_n = 0;
+    double predicted_ms = 0;
+};
+
+// "<prefix><32 random alphanumerics>"; thread-safe.
+std::string random_id(std::string_view prefix);
+inline std::string gen_chat_completion_id() { return random_id("chatcmpl-"); }
+inline std::string gen_completion_id() { return random_id("cmpl-"); }
+// For tool calls the model did not give an id.
+inline std::string gen_tool_call_id() { return random_id("call_"); }
+
+json usage_json(const usage_info& usage);
+json timings_json(const timings_info& timings);  // llama-server's field names
+
+// "length" when the token limit cut the reply, else "tool_calls" when the message has tool calls, else "stop".
+std::string chat_finish_reason(const common_chat_msg& msg, bool hit_token_limit);
+
+// OpenAI assistant message: content (null when empty and tool calls present), reasoning_content when non-empty,
+// tool_calls [{id, type, function{name, arguments}}].
+json assistant_message_json(const common_chat_msg& msg);
+
+// chat.completion object. finish_reason "stop" becomes "tool_calls" when msg has tool calls.
+json chat_completion_json(const std::string& id, const std::string& model, int64_t created, const common_chat_msg& msg,
+                          const std::string& finish_reason, const usage_info& usage,
+                          const std::optional<timings_info>& timings = std::nullopt);
+
+// One delta object for one diff (mirrors llama-server's common_chat_msg_diff_to_json_oaicompat): content /
+// reasoning_content deltas, or tool_calls [{index, id+type (first fragment), function{name?, arguments?}}].
+json chat_delta_json(const common_chat_msg_diff& diff);
+
+// Array of chat.completion.chunk objects, one per diff. With first=true a role chunk
+// ({"role":"assistant","content":null}) comes first, even when there are no diffs, so the client sees the role early.
+json chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                     const std::vector<common_chat_msg_diff>& diffs, bool first = false);
+
+// Closing chunk: empty delta + finish_reason ("stop" becomes "tool_calls" when final_msg has tool calls).
+// llama-server puts timings on the last chunk: pass them here when there is no usage chunk.
+json chat_final_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                           const common_chat_msg& final_msg, const std::string& finish_reason,
+                           const std::optional<timings_info>& timings = std::nullopt);
+
+// Usage chunk sent last when stream_options.include_usage: choices [] + usage (+ timings).
+json chat_usage_chunk_json(const std::string& id, const std::string& model, int64_t created, const usage_info& usage,
+                           const std::optional<timings_info>& timings = std::nullopt);
+
+// text_completion object for /v1/completions.
+json completion_json(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                     const std::string& finish_reason, const usage_info& usage,
+                     const std::optional<timings_info>& timings = std::nullopt);
+
+// Streamed text_completion chunk; finish_reason null until the last one.
+json completion_chunk_json(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                           const std::optional<std::string>& finish_reason = std::nullopt,
+                           const std::optional<timings_info>& timings = std::nullopt);
+
+json completion_usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                                 const usage_info& usage, const std::optional<timings_info>& timings = std::nullopt);
+
+// GET /v1/models with our single model; `meta` (e.g. n_ctx, n_params) is added when it is a non-empty object.
+json models_list_json(const std::string& model_id, int64_t created, const std::string& owned_by,
+                      const json& meta = json::object());
+
+}  // namespace keepwarm::api

@@ -1,0 +1,69 @@
+// Reads a GGUF's metadata (no weights) and works out what serving it costs: attention layout, KV bytes per token,
+// recurrent state per sequence and memory at a given context length.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keepwarm {
+
+enum class layer_kind { full_attention, sliding_window, recurrent };
+
+// Cache element types a server can choose for the KV cache.
+enum class kv_cache_type { f16, q8_0, q4_0 };
+
+struct model_report {
+    std::string path;
+    uint64_t file_size = 0;
+    std::string name;
+    std::string architecture;
+    bool random_weights = false;     // written by keepwarm mkmodel: output is noise
+    bool has_chat_template = false;
+    std::string weight_type;         // the tensor type holding most of the bytes, e.g. "q8_0"
+
+    uint32_t n_layer = 0;
+    uint32_t n_embd = 0;
+    uint32_t n_ff = 0;
+    uint32_t n_ctx_train = 0;
+    uint32_t n_vocab = 0;
+    uint32_t n_head = 0;             // of the first attention layer
+    uint32_t n_head_kv = 0;
+    uint32_t head_dim_k = 0;
+    uint32_t head_dim_v = 0;
+    uint32_t sliding_window = 0;     // tokens an SWA layer keeps; 0 without SWA
+    uint32_t n_expert = 0;
+    uint32_t n_expert_used = 0;
+    uint32_t n_ff_exp = 0;
+    uint64_t n_params = 0;
+
+    std::vector<layer_kind> layers;  // one per block
+    // K and V values one token adds, per layer (0 for recurrent layers)
+    std::vector<uint64_t> k_per_token;
+    std::vector<uint64_t> v_per_token;
+    uint64_t recurrent_state_bytes = 0;  // per sequence, f32 conv + ssm state over all recurrent layers
+
+    uint32_t count(layer_kind kind) const;
+    // Bytes one token adds to the KV cache of all layers (SWA layers counted like full ones).
+    uint64_t kv_bytes_per_token(kv_cache_type type) const;
+    // Cache memory of one sequence of n_ctx tokens: KV (SWA layers capped at their window) plus recurrent state.
+    uint64_t memory_at(uint32_t n_ctx, kv_cache_type type) const;
+    // e.g. "9 recurrent + 3 full attention (every 4th layer from 3)"
+    std::string layer_summary() const;
+};
+
+// Throws std::runtime_error if the file can't be read as GGUF or lacks the basic hyperparameters.
+model_report inspect_model(const std::string& path);
+
+// Bytes of n values stored as type (f16: 2 each; q8_0: 34 per 32; q4_0: 18 per 32, blocks rounded up).
+uint64_t kv_type_bytes(kv_cache_type type, uint64_t n_values);
+
+const char* to_string(layer_kind kind);
+const char* to_string(kv_cache_type type);
+
+// Human-readable report; contexts lists the lengths to show memory for.
+std::string format_report(const model_report& report, const std::vector<uint32_t>& contexts);
+// The same as JSON (one object).
+std::string format_report_json(const model_report& report, const std::vector<uint32_t>& contexts);
+
+}  // namespace keepwarm

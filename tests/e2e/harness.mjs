@@ -1,0 +1,112 @@
+// Shared helpers for the end-to-end tests: generated test models, and the real keepwarm binary started on a
+// free port. Each test file starts the servers it needs and stops them when it ends.
+import { spawn, execFile } from 'node:child_process';
+import { existsSync, mkdirSync } from 'node:fs';
+import { promisify } from 'node:util';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const run = promisify(execFile);
+
+export const binary = process.env.KEEPWARM_BINARY ?? path.resolve('build/keepwarm');
+export const modelsDir = process.env.KEEPWARM_TEST_MODELS_DIR ?? path.resolve('build/test-models');
+
+// Path of a generated test model (`keepwarm mkmodel --preset NAME`), generated on first use.
+export async function testModel(preset = 'tiny') {
+    mkdirSync(modelsDir, { recursive: true });
+    const file = path.join(modelsDir, `${preset}.gguf`);
+    if (!existsSync(file)) {
+        await run(binary, ['mkmodel', '--preset', preset, '--seed', '1', '-o', file], { timeout: 300_000 });
+    }
+    return file;
+}
+
+// Starts `keepwarm serve` with the given extra arguments; resolves once it listens.
+export async function startServer(args = [], { preset = 'tiny' } = {}) {
+    const model = await testModel(preset);
+    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '2', ...args], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    const url = await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`server did not start:\n${output}`)), 120_000);
+        const onData = (chunk) => {
+            output += chunk;
+            const m = output.match(/listening on (http:\/\/[^\s]+)/);
+            if (m) {
+                clearTimeout(timer);
+                resolve(m[1]);
+            }
+        };
+        proc.stdout.on('data', onData);
+        proc.stderr.on('data', onData);
+        proc.on('exit', (code) => {
+            clearTimeout(timer);
+            reject(new Error(`server exited with ${code}:\n${output}`));
+        });
+    });
+    proc.removeAllListeners('exit');
+    return {
+        url,
+        proc,
+        output: () => output,
+        client: (options = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0, ...options }),
+        async stop() {
+            if (proc.exitCode !== null) return proc.exitCode;
+            const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(signal ?? code)));
+            proc.kill('SIGTERM');
+            const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+            const result = await exited;
+            clearTimeout(timer);
+            return result;
+        },
+    };
+}
+
+// curl, as a second real client: returns { status, body } with body parsed as JSON when it is JSON.
+export async function curl(url, { method = 'GET', body, headers = {}, raw = false } = {}) {
+    const args = ['-s', '-o', '-', '-w', '\n%{http_code}', '-X', method];
+    for (const [k, v] of Object.entries(headers)) args.push('-H', `${k}: ${v}`);
+    if (body !== undefined) {
+        args.push('-H', 'Content-Type: application/json', '--data-binary', '@-');
+    }
+    const child = execFile('curl', [...args, url], { maxBuffer: 64 << 20 });
+    const out = new Promise((resolve, reject) => {
+        let stdout = '';
+        child.stdout.on('data', (d) => (stdout += d));
+        child.on('error', reject);
+        child.on('close', () => resolve(stdout));
+    });
+    if (body !== undefined) child.stdin.end(typeof body === 'string' ? body : JSON.stringify(body));
+    else child.stdin.end();
+    const text = await out;
+    const nl = text.lastIndexOf('\n');
+    const status = Number(text.slice(nl + 1));
+    const payload = text.slice(0, nl);
+    if (raw) return { status, body: payload };
+    try {
+        return { status, body: JSON.parse(payload) };
+    } catch {
+        return { status, body: payload };
+    }
+}
+
+export async function metrics(url) {
+    const { body } = await curl(`${url}/metrics`, { raw: true });
+    const values = {};
+    for (const line of body.split('\n')) {
+        const m = line.match(/^(\w+) ([0-9.e+-]+)$/);
+        if (m) values[m[1]] = Number(m[2]);
+    }
+    return values;
+}
+
+export async function waitFor(predicate, { timeoutMs = 10_000, intervalMs = 50 } = {}) {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+        const value = await predicate();
+        if (value) return value;
+        if (Date.now() > deadline) return value;
+        await new Promise((r) => setTimeout(r, intervalMs));
+    }
+}

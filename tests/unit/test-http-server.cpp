@@ -1,0 +1,683 @@
+// http_server over real sockets on 127.0.0.1: routing, auth, limits, error mapping, streaming, client-gone
+// detection, keep-alive, concurrency, connection cap and shutdown. The client is raw POSIX sockets with poll()
+// timeouts, so a broken server fails a test instead of hanging it.
+#include "http/http-server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace keepwarm::http;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto io_timeout = 5s;
+
+struct response {
+    int status = 0;
+    std::map<std::string, std::string> headers;  // lowercased names
+    std::string body;
+    std::string header(const std::string& name) const {
+        auto it = headers.find(name);
+        return it == headers.end() ? "" : it->second;
+    }
+    json body_json() const { return json::parse(body, nullptr, false); }
+};
+
+std::string lower(std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+class client {
+public:
+    explicit client(uint16_t port) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(port);
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+        int one = 1;
+        ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    ~client() { close(); }
+    client(const client&) = delete;
+    client& operator=(const client&) = delete;
+
+    bool connected() const { return connected_; }
+    void close() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+
+    bool send(const std::string& data) {
+        size_t off = 0;
+        while (off < data.size()) {
+            ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+            if (n <= 0) return false;
+            off += static_cast<size_t>(n);
+        }
+        return true;
+    }
+
+    // Reads more bytes into the buffer; false on EOF, error or timeout.
+    bool fill(std::chrono::milliseconds timeout = std::chrono::duration_cast<std::chrono::milliseconds>(io_timeout)) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+        char tmp[16384];
+        ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+        if (n <= 0) {
+            eof_ = true;
+            return false;
+        }
+        buf_.append(tmp, static_cast<size_t>(n));
+        return true;
+    }
+
+    bool read_until(const std::string& needle) {
+        auto deadline = steady::now() + io_timeout;
+        while (buf_.find(needle) == std::string::npos) {
+            if (steady::now() > deadline || !fill()) return false;
+        }
+        return true;
+    }
+
+    // True if the server closes the connection (after any remaining bytes) within the timeout.
+    bool closed_by_server() {
+        auto deadline = steady::now() + io_timeout;
+        while (!eof_ && steady::now() < deadline) fill(100ms);
+        return eof_;
+    }
+
+    // Reads one response (skipping 1xx); nullopt on timeout or malformed data.
+    std::optional<response> read_response() {
+        for (;;) {
+            if (!read_until("\r\n\r\n")) return std::nullopt;
+            size_t head_end = buf_.find("\r\n\r\n");
+            std::string head = buf_.substr(0, head_end);
+            buf_.erase(0, head_end + 4);
+            response r;
+            size_t line_end = head.find("\r\n");
+            std::string status_line = head.substr(0, line_end);
+            if (status_line.size() < 12) return std::nullopt;
+            r.status = std::stoi(status_line.substr(9, 3));
+            size_t pos = line_end == std::string::npos ? head.size() : line_end + 2;
+            while (pos < head.size()) {
+                size_t e = head.find("\r\n", pos);
+                if (e == std::string::npos) e = head.size();
+                std::string line = head.substr(pos, e - pos);
+                size_t colon = line.find(':');
+                if (colon != std::string::npos) {
+                    std::string value = line.substr(colon + 1);
+                    while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+                    r.headers[lower(line.substr(0, colon))] = value;
+                }
+                pos = e + 2;
+            }
+            if (r.status >= 100 && r.status < 200) continue;
+            if (lower(r.header("transfer-encoding")) == "chunked") {
+                for (;;) {
+                    if (!read_until("\r\n")) return std::nullopt;
+                    size_t e = buf_.find("\r\n");
+                    size_t size = std::stoul(buf_.substr(0, e), nullptr, 16);
+                    buf_.erase(0, e + 2);
+                    while (buf_.size() < size + 2) {
+                        if (!fill()) return std::nullopt;
+                    }
+                    r.body += buf_.substr(0, size);
+                    buf_.erase(0, size + 2);
+                    if (size == 0) break;  // no trailers from this server
+                }
+            } else if (!r.header("content-length").empty()) {
+                size_t len = std::stoul(r.header("content-length"));
+                while (buf_.size() < len) {
+                    if (!fill()) return std::nullopt;
+                }
+                r.body = buf_.substr(0, len);
+                buf_.erase(0, len);
+            } else if (r.status != 204 && r.status != 304) {
+                closed_by_server();
+                r.body = std::move(buf_);
+                buf_.clear();
+            }
+            return r;
+        }
+    }
+
+    const std::string& buffer() const { return buf_; }
+
+private:
+    int fd_ = -1;
+    bool connected_ = false;
+    bool eof_ = false;
+    std::string buf_;
+};
+
+std::string make_request(const std::string& method, const std::string& target, const std::string& body = "",
+                         const std::vector<std::string>& headers = {}) {
+    std::string r = method + " " + target + " HTTP/1.1\r\nHost: test\r\n";
+    for (const auto& h : headers) r += h + "\r\n";
+    if (!body.empty() || method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    r += "\r\n" + body;
+    return r;
+}
+
+std::optional<response> roundtrip(uint16_t port, const std::string& req) {
+    client c(port);
+    if (!c.connected() || !c.send(req)) return std::nullopt;
+    return c.read_response();
+}
+
+server_options local_options() {
+    server_options o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    return o;
+}
+
+void reply_text(response_writer& w, const std::string& text) { w.send(200, "text/plain", text); }
+
+}  // namespace
+
+TEST(HttpServer, ErrorBodyShape) {
+    json j = json::parse(openai_error_body(404, "invalid_request_error", "no \"such\" thing"));
+    EXPECT_EQ(j["error"]["message"], "no \"such\" thing");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(j["error"]["code"], 404);
+    // Invalid UTF-8 (bytes echoed from a request) must not throw.
+    EXPECT_NO_THROW(openai_error_body(400, "x", std::string("bad \xff\xfe bytes")));
+}
+
+TEST(HttpServer, BindsFreePortAndReportsBindFailure) {
+    http_server a(local_options());
+    a.start();
+    ASSERT_NE(a.port(), 0);
+
+    server_options o = local_options();
+    o.port = a.port();
+    http_server b(o);
+    try {
+        b.start();
+        FAIL() << "binding a port in use should throw";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(a.port())), std::string::npos) << e.what();
+    }
+
+    server_options bad = local_options();
+    bad.host = "256.1.2.3";
+    http_server c(bad);
+    EXPECT_THROW(c.start(), std::runtime_error);
+}
+
+TEST(HttpServer, RoutingAndRequestFields) {
+    http_server s(local_options());
+    s.add_route("GET", "/hello", [](const request& r, response_writer& w) {
+        reply_text(w, r.method + "|" + r.path + "|" + r.query + "|" + r.header("x-custom") + "|" +
+                          (r.remote.rfind("127.0.0.1:", 0) == 0 ? "local" : r.remote));
+    });
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
+    s.start();
+
+    auto r = roundtrip(s.port(), make_request("GET", "/hello?a=1&b=2", "", {"X-Custom: Value"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "GET|/hello|a=1&b=2|Value|local");
+
+    r = roundtrip(s.port(), make_request("POST", "/echo", "payload"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "payload");
+
+    r = roundtrip(s.port(), make_request("POST", "/hello", "x"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 405);
+    EXPECT_EQ(r->header("allow"), "GET");
+    EXPECT_EQ(r->header("content-type"), "application/json");
+    EXPECT_EQ(r->body_json()["error"]["code"], 405);
+
+    r = roundtrip(s.port(), make_request("GET", "/missing"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    EXPECT_EQ(r->body_json()["error"]["code"], 404);
+    EXPECT_EQ(r->body_json()["error"]["type"], "invalid_request_error");
+
+    r = roundtrip(s.port(), make_request("OPTIONS", "/echo", "", {"Access-Control-Request-Method: POST"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 204);
+    EXPECT_NE(r->header("access-control-allow-methods").find("POST"), std::string::npos);
+}
+
+TEST(HttpServer, ApiKeyAuth) {
+    server_options o = local_options();
+    o.api_key = "s3cret";
+    http_server s(o);
+    s.add_route("GET", "/private", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.add_route("GET", "/public", [](const request&, response_writer& w) { reply_text(w, "open"); },
+                route_options{.requires_auth = false});
+    s.start();
+
+    auto r = roundtrip(s.port(), make_request("GET", "/private"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    EXPECT_EQ(r->body_json()["error"]["type"], "authentication_error");
+
+    r = roundtrip(s.port(), make_request("GET", "/private", "", {"Authorization: Bearer wrong"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    r = roundtrip(s.port(), make_request("GET", "/private", "", {"x-api-key: s3cre"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+
+    r = roundtrip(s.port(), make_request("GET", "/private", "", {"Authorization: Bearer s3cret"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "ok");
+    r = roundtrip(s.port(), make_request("GET", "/private", "", {"X-Api-Key: s3cret"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    r = roundtrip(s.port(), make_request("GET", "/private", "", {"Authorization: Basic Zm9v", "x-api-key: s3cret"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+
+    r = roundtrip(s.port(), make_request("GET", "/public"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "open");
+}
+
+TEST(HttpServer, BodyLimitAndMalformedRequests) {
+    server_options o = local_options();
+    o.max_body_bytes = 1024;
+    http_server s(o);
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
+    s.start();
+
+    {
+        client c(s.port());
+        ASSERT_TRUE(c.send(make_request("POST", "/echo", std::string(4096, 'x'))));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 413);
+        EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find("1024-byte limit"), std::string::npos)
+            << r->body;
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    {  // chunked upload that grows past the limit
+        client c(s.port());
+        std::string chunk(800, 'y');
+        char size_line[16];
+        std::snprintf(size_line, sizeof size_line, "%zx\r\n", chunk.size());
+        std::string req = "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for (int i = 0; i < 2; ++i) req += size_line + chunk + "\r\n";
+        req += "0\r\n\r\n";
+        ASSERT_TRUE(c.send(req));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 413);
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    {
+        auto r = roundtrip(s.port(), make_request("POST", "/echo", std::string(1024, 'z')));
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 200);
+        EXPECT_EQ(r->body.size(), 1024u);
+    }
+    {
+        client c(s.port());
+        ASSERT_TRUE(c.send("THIS IS NOT HTTP\r\n\r\n"));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400);
+        EXPECT_EQ(r->body_json()["error"]["code"], 400);
+        EXPECT_TRUE(c.closed_by_server());
+    }
+}
+
+TEST(HttpServer, ExpectContinue) {
+    http_server s(local_options());
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
+    s.start();
+    client c(s.port());
+    ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+    ASSERT_TRUE(c.read_until("100 Continue\r\n\r\n"));
+    ASSERT_TRUE(c.send("hello"));
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "hello");
+}
+
+TEST(HttpServer, HandlerErrorsMapToRouteErrorBodies) {
+    http_server s(local_options());
+    auto custom = [](int status, const std::string& type, const std::string& message) {
+        return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}, {"status", status}}}}.dump();
+    };
+    s.add_route("POST", "/bad", [](const request&, response_writer&) { throw http_error(422, "nope", "custom_type"); },
+                route_options{.format_error = custom});
+    s.add_route("POST", "/boom", [](const request&, response_writer&) { throw std::runtime_error("kaboom"); });
+    s.add_route("POST", "/silent", [](const request&, response_writer&) {});
+    s.add_route("GET", "/ok", [](const request&, response_writer& w) { reply_text(w, "fine"); });
+    s.start();
+
+    // All on one keep-alive connection: error responses leave it usable.
+    client c(s.port());
+    ASSERT_TRUE(c.send(make_request("POST", "/bad", "{}")));
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 422);
+    EXPECT_EQ(r->body_json()["error"]["type"], "custom_type");
+    EXPECT_EQ(r->body_json()["error"]["message"], "nope");
+    EXPECT_EQ(r->body_json()["type"], "error");
+
+    ASSERT_TRUE(c.send(make_request("POST", "/boom", "{}")));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500);
+    EXPECT_EQ(r->body_json()["error"]["type"], "server_error");
+    EXPECT_EQ(r->body_json()["error"]["message"], "kaboom");
+
+    ASSERT_TRUE(c.send(make_request("POST", "/silent", "{}")));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500);
+    EXPECT_EQ(r->body_json()["error"]["message"], "handler sent no response");
+
+    ASSERT_TRUE(c.send(make_request("GET", "/ok")));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+}
+
+TEST(HttpServer, StreamingDeliversChunksIncrementally) {
+    http_server s(local_options());
+    std::promise<void> first_received;
+    auto first_received_future = first_received.get_future();
+    std::atomic<bool> handler_saw_client_ack{false};
+    s.add_route("POST", "/stream", [&](const request&, response_writer& w) {
+        ASSERT_TRUE(w.begin_stream(200, "text/event-stream"));
+        ASSERT_TRUE(w.write_chunk("data: one\n\n"));
+        // The client acknowledges the first event before the handler goes on: proves it was not buffered.
+        handler_saw_client_ack = first_received_future.wait_for(io_timeout) == std::future_status::ready;
+        std::this_thread::sleep_for(10ms);
+        w.write_chunk("data: two\n\n");
+        std::this_thread::sleep_for(10ms);
+        w.write_chunk("data: three\n\n");
+        w.end_stream();
+    });
+    s.add_route("GET", "/after", [](const request&, response_writer& w) { reply_text(w, "after"); });
+    s.start();
+
+    client c(s.port());
+    ASSERT_TRUE(c.send(make_request("POST", "/stream", "{}")));
+    ASSERT_TRUE(c.read_until("data: one\n\n"));
+    first_received.set_value();
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(handler_saw_client_ack);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->header("content-type"), "text/event-stream");
+    EXPECT_EQ(r->header("cache-control"), "no-cache");
+    EXPECT_EQ(lower(r->header("transfer-encoding")), "chunked");
+    EXPECT_EQ(r->body, "data: one\n\ndata: two\n\ndata: three\n\n");
+
+    // The connection stays usable after a finished stream.
+    ASSERT_TRUE(c.send(make_request("GET", "/after")));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "after");
+}
+
+TEST(HttpServer, StreamWithoutEndAndStreamCutByException) {
+    http_server s(local_options());
+    s.add_route("GET", "/unended", [](const request&, response_writer& w) {
+        w.begin_stream(200, "text/plain");
+        w.write_chunk("abc");
+    });
+    s.add_route("GET", "/throws", [](const request&, response_writer& w) {
+        w.begin_stream(200, "text/plain");
+        w.write_chunk("partial");
+        throw std::runtime_error("generation failed");
+    });
+    s.start();
+
+    client c(s.port());
+    ASSERT_TRUE(c.send(make_request("GET", "/unended")));
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "abc");
+
+    client d(s.port());
+    ASSERT_TRUE(d.send(make_request("GET", "/throws")));
+    ASSERT_TRUE(d.read_until("partial"));
+    EXPECT_FALSE(d.read_response());  // no final chunk: the stream ends with the connection
+    EXPECT_TRUE(d.closed_by_server());
+}
+
+TEST(HttpServer, Http10StreamEndsWithClose) {
+    http_server s(local_options());
+    s.add_route("GET", "/s", [](const request&, response_writer& w) {
+        w.begin_stream(200, "text/plain");
+        w.write_chunk("x");
+        w.write_chunk("y");
+        w.end_stream();
+    });
+    s.start();
+    client c(s.port());
+    ASSERT_TRUE(c.send("GET /s HTTP/1.0\r\n\r\n"));
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "xy");
+}
+
+TEST(HttpServer, ClientGoneDetectedAfterClientCloses) {
+    http_server s(local_options());
+    std::promise<bool> gone_before;  // client_gone() while the client is still connected
+    std::promise<void> first_written;
+    std::promise<bool> observed;  // client_gone() turned true within the handler's budget
+    s.add_route("POST", "/stream", [&](const request&, response_writer& w) {
+        w.begin_stream(200, "text/event-stream");
+        w.write_chunk("data: first\n\n");
+        gone_before.set_value(w.client_gone());
+        first_written.set_value();
+        auto deadline = steady::now() + io_timeout;
+        while (!w.client_gone() && steady::now() < deadline) std::this_thread::sleep_for(5ms);
+        observed.set_value(w.client_gone());
+    });
+    s.start();
+
+    auto c = std::make_unique<client>(s.port());
+    ASSERT_TRUE(c->send(make_request("POST", "/stream", "{}")));
+    ASSERT_EQ(first_written.get_future().wait_for(io_timeout), std::future_status::ready);
+    ASSERT_TRUE(c->read_until("data: first"));
+    c->close();
+    auto closed_at = steady::now();
+    auto fut = observed.get_future();
+    ASSERT_EQ(fut.wait_for(io_timeout), std::future_status::ready);
+    EXPECT_TRUE(fut.get());
+    EXPECT_LT(steady::now() - closed_at, 1s);
+    EXPECT_FALSE(gone_before.get_future().get());
+}
+
+TEST(HttpServer, PipelinedRequestIsNotClientGone) {
+    http_server s(local_options());
+    std::promise<void> started;
+    std::promise<bool> gone;
+    s.add_route("GET", "/wait", [&](const request&, response_writer& w) {
+        started.set_value();
+        std::this_thread::sleep_for(200ms);  // lets the next request arrive in the socket
+        gone.set_value(w.client_gone());
+        reply_text(w, "waited");
+    });
+    s.add_route("GET", "/next", [](const request&, response_writer& w) { reply_text(w, "next"); });
+    s.start();
+
+    client c(s.port());
+    ASSERT_TRUE(c.send(make_request("GET", "/wait")));
+    ASSERT_EQ(started.get_future().wait_for(io_timeout), std::future_status::ready);
+    ASSERT_TRUE(c.send(make_request("GET", "/next")));
+    auto r1 = c.read_response();
+    auto r2 = c.read_response();
+    ASSERT_TRUE(r1 && r2);
+    EXPECT_EQ(r1->body, "waited");
+    EXPECT_EQ(r2->body, "next");
+    EXPECT_FALSE(gone.get_future().get());
+}
+
+TEST(HttpServer, KeepAliveAndPipelining) {
+    http_server s(local_options());
+    std::atomic<int> n{0};
+    s.add_route("GET", "/n", [&](const request&, response_writer& w) { reply_text(w, std::to_string(++n)); });
+    s.start();
+
+    client c(s.port());
+    ASSERT_TRUE(c.send(make_request("GET", "/n")));
+    auto r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "1");
+    ASSERT_TRUE(c.send(make_request("GET", "/n")));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "2");
+
+    ASSERT_TRUE(c.send(make_request("GET", "/n") + make_request("GET", "/n")));
+    auto a = c.read_response();
+    auto b = c.read_response();
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->body, "3");
+    EXPECT_EQ(b->body, "4");
+
+    ASSERT_TRUE(c.send(make_request("GET", "/n", "", {"Connection: close"})));
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(lower(r->header("connection")), "close");
+    EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST(HttpServer, ConcurrentSlowRequests) {
+    constexpr int count = 8;
+    http_server s(local_options());
+    std::mutex m;
+    std::condition_variable cv;
+    int in_flight = 0;
+    std::atomic<int> saw_all{0};
+    s.add_route("GET", "/slow", [&](const request&, response_writer& w) {
+        std::unique_lock lock(m);
+        ++in_flight;
+        cv.notify_all();
+        // Every handler waits until all are running at once: only possible if they run concurrently.
+        if (cv.wait_for(lock, io_timeout, [&] { return in_flight >= count; })) ++saw_all;
+        lock.unlock();
+        std::this_thread::sleep_for(200ms);
+        reply_text(w, "done");
+    });
+    s.start();
+
+    auto t0 = steady::now();
+    std::vector<std::thread> threads;
+    std::atomic<int> ok{0};
+    for (int i = 0; i < count; ++i) {
+        threads.emplace_back([&] {
+            auto r = roundtrip(s.port(), make_request("GET", "/slow"));
+            if (r && r->status == 200 && r->body == "done") ++ok;
+        });
+    }
+    for (auto& t : threads) t.join();
+    auto elapsed = steady::now() - t0;
+    EXPECT_EQ(ok, count);
+    EXPECT_EQ(saw_all, count);
+    EXPECT_LT(elapsed, 200ms * count / 2);  // sequential would take at least 8 x 200 ms
+}
+
+TEST(HttpServer, StopClosesIdleKeepAliveAndStreamingConnections) {
+    auto s = std::make_unique<http_server>(local_options());
+    std::promise<void> streaming;
+    std::atomic<bool> handler_done{false};
+    s->add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "1"); });
+    s->add_route("GET", "/forever", [&](const request&, response_writer& w) {
+        w.begin_stream(200, "text/event-stream");
+        w.write_chunk("data: x\n\n");
+        streaming.set_value();
+        auto deadline = steady::now() + 10s;
+        while (!w.client_gone() && steady::now() < deadline) std::this_thread::sleep_for(5ms);
+        handler_done = true;
+    });
+    s->start();
+
+    client idle(s->port());
+    ASSERT_TRUE(idle.send(make_request("GET", "/n")));
+    ASSERT_TRUE(idle.read_response());
+    client stream(s->port());
+    ASSERT_TRUE(stream.send(make_request("GET", "/forever")));
+    ASSERT_EQ(streaming.get_future().wait_for(io_timeout), std::future_status::ready);
+
+    auto t0 = steady::now();
+    s->stop();
+    EXPECT_LT(steady::now() - t0, 2s);
+    EXPECT_TRUE(handler_done);
+    EXPECT_TRUE(idle.closed_by_server());
+    EXPECT_TRUE(stream.closed_by_server());
+    s->stop();  // idempotent
+
+    s->start();  // a stopped server can start again
+    auto r = roundtrip(s->port(), make_request("GET", "/n"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "1");
+    s.reset();
+}
+
+TEST(HttpServer, MaxConnectionsAnswers503) {
+    server_options o = local_options();
+    o.max_connections = 2;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.start();
+
+    auto c1 = std::make_unique<client>(s.port());
+    client c2(s.port());
+    ASSERT_TRUE(c1->send(make_request("GET", "/n")));
+    ASSERT_TRUE(c1->read_response());
+    ASSERT_TRUE(c2.send(make_request("GET", "/n")));
+    ASSERT_TRUE(c2.read_response());
+
+    {
+        client c3(s.port());
+        ASSERT_TRUE(c3.send(make_request("GET", "/n")));
+        auto r = c3.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 503);
+        EXPECT_EQ(r->body_json()["error"]["code"], 503);
+        EXPECT_TRUE(c3.closed_by_server());
+    }
+
+    // A slot frees once a connection closes.
+    c1.reset();
+    bool served = false;
+    auto deadline = steady::now() + io_timeout;
+    while (!served && steady::now() < deadline) {
+        auto r = roundtrip(s.port(), make_request("GET", "/n"));
+        served = r && r->status == 200;
+        if (!served) std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(served);
+}

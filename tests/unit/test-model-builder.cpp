@@ -1,0 +1,372 @@
+// Tests of the random-weight model generator (mkmodel), GGUF inspection and the demo model: determinism, that each
+// architecture loads and decodes in llama.cpp, and that inspect's KV and state sizes match what llama.cpp stores.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/llama-runtime.h"
+#include "llama-cpp.h"
+#include "llama.h"
+#include "model/demo-model.h"
+#include "model/model-builder.h"
+#include "model/model-inspect.h"
+
+namespace fs = std::filesystem;
+using namespace keepwarm;
+
+namespace {
+
+fs::path test_dir() {
+    const fs::path dir = fs::path(KEEPWARM_TEST_MODELS_DIR) / "unit-model-builder";
+    fs::create_directories(dir);
+    return dir;
+}
+
+std::string read_bytes(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The preset models are shared between tests (each runs in its own process under ctest), and rebuilt whenever the
+// test binary is newer than the file, so a change to the generator is always what gets tested.
+std::string shared_model(const model_spec& spec) {
+    const fs::path path = test_dir() / (model_name(spec) + "-" + spec.type + "-" + spec_hash(spec) + ".gguf");
+    std::error_code ec;
+    const auto exe_time = fs::last_write_time("/proc/self/exe", ec);
+    if (fs::exists(path) && (ec || fs::last_write_time(path) >= exe_time)) return path.string();
+    return build_model(spec, path.string()).path;
+}
+
+// A shape small enough to build in well under a second (the 152K-token embedding table still dominates).
+model_spec small_spec() {
+    model_spec spec = preset_spec("tiny");
+    spec.preset.clear();
+    spec.n_layer = 1;
+    spec.n_embd = 64;
+    spec.n_head = 2;
+    spec.n_head_kv = 1;
+    spec.n_ff = 64;
+    spec.type = "f16";
+    return spec;
+}
+
+struct loaded_model {
+    llama_model_ptr model;
+    llama_context_ptr ctx;
+};
+
+loaded_model load(const std::string& path, uint32_t n_ctx = 256) {
+    init_llama_runtime();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    loaded_model m;
+    m.model.reset(llama_model_load_from_file(path.c_str(), mp));
+    if (!m.model) throw std::runtime_error("llama.cpp failed to load " + path);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_ctx;
+    cp.n_ubatch = n_ctx;
+    cp.n_seq_max = 1;
+    cp.n_threads = 2;
+    cp.n_threads_batch = 2;
+    cp.type_k = GGML_TYPE_F16;
+    cp.type_v = GGML_TYPE_F16;
+    m.ctx.reset(llama_init_from_model(m.model.get(), cp));
+    if (!m.ctx) throw std::runtime_error("llama.cpp failed to create a context for " + path);
+    return m;
+}
+
+std::vector<llama_token> tokenize(const llama_model* model, const std::string& text) {
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> tokens(text.size() + 8);
+    const int32_t n = llama_tokenize(vocab, text.c_str(), int32_t(text.size()), tokens.data(), int32_t(tokens.size()),
+                                     /*add_special =*/true, /*parse_special =*/true);
+    tokens.resize(n > 0 ? size_t(n) : 0);
+    return tokens;
+}
+
+// Decodes the prompt, then a few greedy tokens; every logit of every step must be finite.
+void expect_decodes(const std::string& path) {
+    loaded_model m = load(path);
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m.model.get()));
+    ASSERT_GT(n_vocab, 100000);
+
+    std::vector<llama_token> prompt = tokenize(m.model.get(), "hello world");
+    ASSERT_FALSE(prompt.empty());
+    llama_token next = 0;
+    for (int step = 0; step < 4; ++step) {
+        llama_batch batch = step == 0 ? llama_batch_get_one(prompt.data(), int32_t(prompt.size()))
+                                      : llama_batch_get_one(&next, 1);
+        ASSERT_EQ(llama_decode(m.ctx.get(), batch), 0) << "step " << step;
+        const float* logits = llama_get_logits_ith(m.ctx.get(), -1);
+        ASSERT_NE(logits, nullptr);
+        int32_t best = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            ASSERT_TRUE(std::isfinite(logits[i])) << "logit " << i << " at step " << step;
+            if (logits[i] > logits[best]) best = i;
+        }
+        next = best;
+    }
+}
+
+std::string run_binary(const std::string& args, int* status) {
+    const std::string command = std::string(KEEPWARM_BINARY) + " " + args + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    std::string output;
+    if (!pipe) return output;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
+    const int raw = pclose(pipe);
+    *status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    return output;
+}
+
+template <typename Exception>
+void expect_error(const model_spec& spec, const std::string& fragment, const std::string& out = "") {
+    try {
+        build_model(spec, out.empty() ? (test_dir() / "never-written.gguf").string() : out);
+        ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
+    } catch (const Exception& e) {
+        EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "message: " << e.what();
+    }
+}
+
+}  // namespace
+
+TEST(ModelBuilder, SameSeedGivesIdenticalFiles) {
+    const model_spec tiny = preset_spec("tiny");
+    const fs::path a = test_dir() / "determinism-a.gguf", b = test_dir() / "determinism-b.gguf";
+    build_model(tiny, a.string());
+    build_model(tiny, b.string());
+    const std::string bytes_a = read_bytes(a);
+    EXPECT_GT(bytes_a.size(), 50u << 20);
+    EXPECT_TRUE(bytes_a == read_bytes(b)) << "two builds of the tiny preset with seed 42 differ";
+
+    model_spec other = small_spec();
+    const fs::path c = test_dir() / "determinism-c.gguf", d = test_dir() / "determinism-d.gguf";
+    other.seed = 1;
+    build_model(other, c.string());
+    other.seed = 2;
+    build_model(other, d.string());
+    const std::string bytes_c = read_bytes(c), bytes_d = read_bytes(d);
+    EXPECT_EQ(bytes_c.size(), bytes_d.size());
+    EXPECT_FALSE(bytes_c == bytes_d) << "seeds 1 and 2 gave the same file";
+
+    for (const auto& p : {a, b, c, d}) fs::remove(p);
+    // No temporary files are left next to the outputs.
+    for (const auto& entry : fs::directory_iterator(test_dir())) {
+        EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+    }
+}
+
+TEST(ModelBuilder, DenseModelHasTokenizerAndTemplateAndDecodes) {
+    const std::string path = shared_model(preset_spec("tiny"));
+    {
+        init_llama_runtime();
+        llama_model_params mp = llama_model_default_params();
+        mp.vocab_only = true;
+        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
+        ASSERT_TRUE(model);
+        const char* tmpl = llama_model_chat_template(model.get(), nullptr);
+        ASSERT_NE(tmpl, nullptr);
+        EXPECT_NE(std::string(tmpl).find("<|im_start|>"), std::string::npos);
+        EXPECT_NE(std::string(tmpl).find("enable_thinking"), std::string::npos);  // Qwen3's, not the vocab file's
+        const std::vector<llama_token> tokens = tokenize(model.get(), "hello world");
+        EXPECT_EQ(tokens.size(), 2u);  // "hello", " world" in the Qwen vocabulary, no BOS
+        const llama_vocab* vocab = llama_model_get_vocab(model.get());
+        char piece[64] = {};
+        llama_token_to_piece(vocab, llama_vocab_eos(vocab), piece, sizeof(piece) - 1, 0, true);
+        EXPECT_STREQ(piece, "<|im_end|>");
+    }
+    EXPECT_TRUE(model_has_random_weights(path));
+    expect_decodes(path);
+}
+
+TEST(ModelBuilder, MoeModelDecodes) {
+    const std::string path = shared_model(preset_spec("tiny-moe"));
+    const model_report r = inspect_model(path);
+    EXPECT_EQ(r.architecture, "qwen3moe");
+    EXPECT_EQ(r.n_expert, 8u);
+    EXPECT_EQ(r.n_expert_used, 2u);
+    EXPECT_EQ(r.n_ff_exp, 256u);
+    expect_decodes(path);
+}
+
+TEST(ModelBuilder, HybridModelDecodes) {
+    const std::string path = shared_model(preset_spec("tiny-hybrid"));
+    {
+        init_llama_runtime();
+        llama_model_params mp = llama_model_default_params();
+        mp.vocab_only = true;
+        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
+        ASSERT_TRUE(model);
+        const char* tmpl = llama_model_chat_template(model.get(), nullptr);
+        ASSERT_NE(tmpl, nullptr);
+        EXPECT_NE(std::string(tmpl).find("<|im_start|>"), std::string::npos);
+    }
+    expect_decodes(path);
+}
+
+TEST(ModelInspect, DenseKnownShape) {
+    model_spec spec = small_spec();
+    spec.n_layer = 3;
+    spec.n_embd = 256;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.head_dim = 48;  // not width / heads, as in Qwen3 where head size is set on its own
+    spec.n_ff = 512;
+    spec.n_ctx_train = 4096;
+    const std::string path = shared_model(spec);
+    const model_report r = inspect_model(path);
+
+    EXPECT_EQ(r.architecture, "qwen3");
+    EXPECT_TRUE(r.random_weights);
+    EXPECT_TRUE(r.has_chat_template);
+    EXPECT_EQ(r.weight_type, "f16");
+    EXPECT_EQ(r.n_layer, 3u);
+    EXPECT_EQ(r.n_embd, 256u);
+    EXPECT_EQ(r.n_head, 4u);
+    EXPECT_EQ(r.n_head_kv, 2u);
+    EXPECT_EQ(r.head_dim_k, 48u);
+    EXPECT_EQ(r.head_dim_v, 48u);
+    EXPECT_EQ(r.n_ctx_train, 4096u);
+    EXPECT_EQ(r.n_vocab, 151936u);
+    EXPECT_EQ(r.count(layer_kind::full_attention), 3u);
+    EXPECT_EQ(r.recurrent_state_bytes, 0u);
+    EXPECT_EQ(r.file_size, fs::file_size(path));
+
+    // Per token and layer: K and V rows of 2 KV heads x 48 = 96 values each.
+    EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::f16), 3u * 2 * 96 * 2);
+    EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::q8_0), 3u * 2 * (96 / 32) * 34);
+    EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::q4_0), 3u * 2 * (96 / 32) * 18);
+    EXPECT_EQ(r.memory_at(1000, kv_cache_type::f16), 1000u * 1152);
+
+    // Embeddings (tied) + final norm + per layer: norms, q/k/v/o and the three FFN matrices.
+    const uint64_t per_layer = 256 + 256 + 48 + 48 + 256 * 192 + 2 * 256 * 96 + 192 * 256 + 3 * 256 * 512;
+    EXPECT_EQ(r.n_params, 151936ull * 256 + 256 + 3 * per_layer);
+
+    // llama.cpp's own KV cache holds what inspect says: a sequence of n tokens saves n times the per-token bytes
+    // plus a little bookkeeping.
+    loaded_model m = load(path);
+    std::vector<llama_token> tokens(64, 1000);
+    ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(tokens.data(), int32_t(tokens.size()))), 0);
+    const size_t state = llama_state_seq_get_size(m.ctx.get(), 0);
+    const uint64_t expected = tokens.size() * r.kv_bytes_per_token(kv_cache_type::f16);
+    EXPECT_GE(state, expected);
+    EXPECT_LT(state, expected + 64 * 16 + 1024) << "state " << state << " vs KV " << expected;
+}
+
+TEST(ModelInspect, HybridRecurrentLayers) {
+    const std::string path = shared_model(preset_spec("tiny-hybrid"));
+    const model_report r = inspect_model(path);
+    EXPECT_EQ(r.architecture, "qwen35");
+    ASSERT_EQ(r.layers.size(), 4u);
+    EXPECT_EQ(r.layers[0], layer_kind::recurrent);
+    EXPECT_EQ(r.layers[1], layer_kind::recurrent);
+    EXPECT_EQ(r.layers[2], layer_kind::recurrent);
+    EXPECT_EQ(r.layers[3], layer_kind::full_attention);
+    EXPECT_EQ(r.layer_summary(), "3 recurrent + 1 full attention (layer 3)");
+    EXPECT_EQ(r.n_head, 8u);
+    EXPECT_EQ(r.n_head_kv, 2u);
+    EXPECT_EQ(r.head_dim_k, 64u);
+
+    // One attention layer: K and V rows of 2 x 64 values.
+    EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::f16), 2u * 128 * 2);
+    // Three delta-net layers, f32: conv window (kernel 4 - 1) x (q, k of 2 heads x 128 + v of 4 heads x 128) and the
+    // 128 x 128 state of each of the 4 value heads.
+    const uint64_t conv = 3 * (2 * 256 + 512), ssm = 128 * 512;
+    EXPECT_EQ(r.recurrent_state_bytes, 3 * (conv + ssm) * 4);
+    EXPECT_EQ(r.memory_at(100, kv_cache_type::f16), r.recurrent_state_bytes + 100 * 512);
+
+    loaded_model m = load(path);
+    std::vector<llama_token> tokens(64, 1000);
+    ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(tokens.data(), int32_t(tokens.size()))), 0);
+    const size_t state = llama_state_seq_get_size(m.ctx.get(), 0);
+    const uint64_t expected = r.memory_at(uint32_t(tokens.size()), kv_cache_type::f16);
+    EXPECT_GE(state, expected);
+    EXPECT_LT(state, expected + 64 * 16 + 1024) << "state " << state << " vs KV + recurrent " << expected;
+}
+
+TEST(ModelBuilder, PresetsAreValid) {
+    for (const auto& name : preset_names()) {
+        EXPECT_NO_THROW(validate_spec(preset_spec(name))) << name;
+        EXPECT_NE(model_name(preset_spec(name)).find("random"), std::string::npos);
+    }
+    EXPECT_EQ(preset_spec("bench-dense").n_layer, 12u);
+    EXPECT_EQ(preset_spec("bench-hybrid").arch, "qwen35");
+    EXPECT_NE(spec_hash(preset_spec("tiny")), spec_hash(preset_spec("tiny-hybrid")));
+}
+
+TEST(ModelBuilder, BadArgumentsAreClearErrors) {
+    EXPECT_THROW(preset_spec("huge"), std::invalid_argument);
+    auto with = [](auto change) {
+        model_spec spec = small_spec();
+        change(spec);
+        return spec;
+    };
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.arch = "llama9"; }), "unknown architecture");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.vocab = "klingon"; }), "unknown vocab 'klingon'");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.chat_template = "nope"; }), "unknown template");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.chat_template = "../../etc"; }), "template");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.type = "q5_k"; }), "unknown weight type");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_head = 3; }), "heads (3) must divide width");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_head_kv = 3; s.n_head = 4; s.n_embd = 128; }),
+                                        "kv-heads (3) must divide heads (4)");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_embd = 100; }), "multiple of 32");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_layer = 0; }), "layers");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_expert = 4; }), "only apply to qwen3moe");
+    expect_error<std::invalid_argument>(
+        with([](model_spec& s) { s.arch = "qwen3moe"; s.n_expert = 4; s.n_expert_used = 5; s.n_ff_exp = 64; }),
+        "experts-used");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.llama_source_dir = "/nonexistent/llama.cpp"; }),
+                                        "llama.cpp source tree not found");
+    expect_error<std::runtime_error>(small_spec(), "cannot write", "/nonexistent-dir/model.gguf");
+    expect_error<std::invalid_argument>(small_spec(), "is a directory", test_dir().string());
+}
+
+TEST(ModelBuilder, CommandLine) {
+    int status = 0;
+    std::string out = run_binary("mkmodel --arch gpt5 -o " + (test_dir() / "x.gguf").string(), &status);
+    EXPECT_EQ(status, 1);
+    EXPECT_NE(out.find("unknown architecture 'gpt5'"), std::string::npos) << out;
+
+    out = run_binary("mkmodel --preset tiny --kv-heads 3 -o " + (test_dir() / "x.gguf").string(), &status);
+    EXPECT_EQ(status, 1);
+    EXPECT_NE(out.find("kv-heads (3) must divide heads (8)"), std::string::npos) << out;
+
+    const std::string path = shared_model(preset_spec("tiny-hybrid"));
+    out = run_binary("inspect --json --ctx 1000 " + path, &status);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("\"recurrent_layers\": 3"), std::string::npos) << out;
+    EXPECT_NE(out.find("\"random_weights\": true"), std::string::npos) << out;
+
+    out = run_binary("inspect " + (test_dir() / "missing.gguf").string(), &status);
+    EXPECT_EQ(status, 1);
+    EXPECT_NE(out.find("cannot read"), std::string::npos) << out;
+}
+
+TEST(DemoModel, GeneratedOnceAndFlaggedRandom) {
+    const fs::path cache = test_dir() / "cache";
+    setenv("KEEPWARM_CACHE_DIR", cache.c_str(), 1);
+    const std::string first = ensure_demo_model();
+    EXPECT_EQ(fs::path(first).parent_path(), cache / "models");
+    EXPECT_EQ(fs::path(first).filename().string().rfind("demo-qwen3-", 0), 0u);
+    const auto written = fs::last_write_time(first);
+    EXPECT_EQ(ensure_demo_model(), first);
+    EXPECT_EQ(fs::last_write_time(first), written);  // served from the cache, not rebuilt
+    EXPECT_TRUE(model_has_random_weights(first));
+    unsetenv("KEEPWARM_CACHE_DIR");
+
+    EXPECT_FALSE(model_has_random_weights(std::string(KEEPWARM_LLAMA_SOURCE_DIR) + "/models/ggml-vocab-qwen2.gguf"));
+    EXPECT_FALSE(model_has_random_weights((test_dir() / "missing.gguf").string()));
+}
