@@ -188,9 +188,24 @@ class KeepwarmBench:
         self.n_filler = args.n_prompt  # words; corrected after each request from the prompt's token count
         self.ignore_eos = True
         self.warnings = []
+        self.bos_shared = False
+
+    def screen_leads(self):
+        """Keeps the lead words that tokenize to the most common length (usually one token) at the start of a
+        prompt, so that every measured prompt has the same length. Each probe is a tiny prompt (the word alone)."""
+        counts = {}
+        for w in LEAD_WORDS:
+            _, t, _ = self.complete(w, 1)
+            counts[w] = t.get("prompt_n", 0) + t.get("cache_n", 0)
+        modal = statistics.mode(counts.values())
+        # The slot now caches the last probe: never start a measured prompt with that word.
+        self.leads = [w for w in LEAD_WORDS[:-1] if counts[w] == modal]
+        log(f"{len(self.leads)} of {len(LEAD_WORDS)} lead words are {modal} token(s) long at the start of a prompt")
 
     def next_lead(self):
-        w = LEAD_WORDS[self.lead % len(LEAD_WORDS)] + ("" if self.lead < len(LEAD_WORDS) else str(self.lead))
+        leads = getattr(self, "leads", None) or LEAD_WORDS
+        # Suffixed after the first round ("Apple2"), which may change the length: prefill() then corrects it.
+        w = leads[self.lead % len(leads)] + ("" if self.lead < len(leads) else str(self.lead // len(leads) + 1))
         self.lead += 1
         return w
 
@@ -227,7 +242,9 @@ class KeepwarmBench:
             total = n + cache_n
             if total != target:  # filler words are one token each with most vocabularies: fix the count
                 self.n_filler = max(1, self.n_filler + (target - total))
-            if n == target and cache_n == 0:
+            # cache_n 1: a BOS token shared with the previous prompt (vocabularies that add one); nothing else may
+            # be reused.
+            if total == target and cache_n <= (1 if self.bos_shared else 0):
                 return {"prompt_n": n, "cache_n": cache_n, "prompt_ms": t.get("prompt_ms"),
                         "tps": t.get("prompt_per_second") or rate(n, t.get("prompt_ms")),
                         "wall_ms": round(wall_ms, 1)}
@@ -299,6 +316,9 @@ def main():
             kb = KeepwarmBench(server, args)
             # Warm-up (llama-bench warms up inside each run too); also finds the prompt length in words.
             log(f"[{kv}] keepwarm warm-up")
+            kb.screen_leads()
+            kb.bos_shared = kb.complete("Zz", 1)[1].get("cache_n", 0) == 1 and \
+                kb.complete("Zy", 1)[1].get("cache_n", 0) == 1
             kb.prefill()
             kb.decode()
             for rep in range(args.reps):

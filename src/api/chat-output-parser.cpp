@@ -2,6 +2,8 @@
 // follows llama-server's task_result_state::update_chat_msg.
 #include "api/chat-output-parser.h"
 
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <utility>
 
 #include "api/openai-api.h"
@@ -52,6 +54,15 @@ common_chat_msg chat_output_parser::finish(std::vector<common_chat_msg_diff>* fi
     common_chat_msg final_msg;
     try {
         final_msg = parse(false);
+        for (auto& call : final_msg.tool_calls) {
+            if (call.arguments.empty()) {
+                call.arguments = "{}";  // a call without parameters; clients JSON.parse this field
+            } else if (!nlohmann::ordered_json::accept(call.arguments)) {
+                // The lenient final parse accepts a call cut off mid-arguments (e.g. at max_tokens); a tool call
+                // whose arguments are not JSON is worse for clients than the honest raw text.
+                throw std::runtime_error("tool call arguments are not valid JSON");
+            }
+        }
     } catch (const std::exception&) {
         final_msg = common_chat_msg();
         final_msg.content = text_;

@@ -16,11 +16,17 @@ test('a disconnect mid-stream frees the slot', async () => {
           ignore_eos: true, stream: true },
         { signal: controller.signal });
     let chunks = 0;
-    await assert.rejects(async () => {
+    try {
         for await (const _ of stream) {
-            if (++chunks === 3) controller.abort();
+            if (++chunks === 3) {
+                controller.abort();
+                break;
+            }
         }
-    });
+    } catch {
+        // The client may report the abort as an error; either way the connection is closed.
+    }
+    assert.equal(chunks, 3);
     const freed = await waitFor(async () => (await curl(`${server.url}/health`)).body.slots_processing === 0);
     assert.ok(freed, 'slot freed after the client disconnected');
     const m = await metrics(server.url);

@@ -24,7 +24,7 @@ export async function testModel(preset = 'tiny') {
 // Starts `keepwarm serve` with the given extra arguments; resolves once it listens.
 export async function startServer(args = [], { preset = 'tiny' } = {}) {
     const model = await testModel(preset);
-    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '2', ...args], {
+    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', ...args], {
         stdio: ['ignore', 'pipe', 'pipe'],
     });
     let output = '';
