@@ -248,7 +248,8 @@ class KeepwarmBench:
                 return {"prompt_n": n, "cache_n": cache_n, "prompt_ms": t.get("prompt_ms"),
                         "tps": t.get("prompt_per_second") or rate(n, t.get("prompt_ms")),
                         "wall_ms": round(wall_ms, 1)}
-            log(f"prefill prompt gave prompt_n={n} cache_n={cache_n} (want {target}, 0); adjusting and retrying")
+            log(f"prefill prompt gave prompt_n={n} cache_n={cache_n} (want {target} in all, none reused); "
+                f"adjusting and retrying")
         raise RuntimeError(f"could not make a prompt of exactly {target} new tokens (last: prompt_n={n}, "
                            f"cache_n={cache_n})")
 
@@ -317,8 +318,9 @@ def main():
             # Warm-up (llama-bench warms up inside each run too); also finds the prompt length in words.
             log(f"[{kv}] keepwarm warm-up")
             kb.screen_leads()
-            kb.bos_shared = kb.complete("Zz", 1)[1].get("cache_n", 0) == 1 and \
-                kb.complete("Zy", 1)[1].get("cache_n", 0) == 1
+            # One-letter prompts with different letters share nothing but a BOS token, if the vocabulary adds one.
+            kb.bos_shared = kb.complete("Q", 1)[1].get("cache_n", 0) == 1 and \
+                kb.complete("M", 1)[1].get("cache_n", 0) == 1
             kb.prefill()
             kb.decode()
             for rep in range(args.reps):

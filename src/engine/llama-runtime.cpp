@@ -2,9 +2,12 @@
 #include "engine/llama-runtime.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <sstream>
+#include <stdexcept>
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -35,7 +38,24 @@ void init_llama_runtime(bool verbose) {
         namespace fs = std::filesystem;
         const fs::path dir = executable_dir();
         bool loaded = false;
+        // KEEPWARM_CPU_BACKEND=haswell (say) loads that one CPU variant instead of the best for this machine: to
+        // check the code path of an older CPU, or to step around a kernel that misbehaves on this one.
+        if (const char* variant = std::getenv("KEEPWARM_CPU_BACKEND"); variant && *variant) {
+            for (const fs::path& candidate : {dir / "lib", dir, dir / ".." / "lib"}) {
+                const fs::path lib = candidate / ("libggml-cpu-" + std::string(variant) + ".so");
+                std::error_code ec;
+                if (fs::exists(lib, ec) && ggml_backend_load(lib.c_str())) {
+                    loaded = true;
+                    break;
+                }
+            }
+            if (!loaded) {
+                throw std::runtime_error("KEEPWARM_CPU_BACKEND=" + std::string(variant) + ": no loadable libggml-cpu-" +
+                                         variant + ".so next to the binary");
+            }
+        }
         for (const fs::path& candidate : {dir / "lib", dir, dir / ".." / "lib"}) {
+            if (loaded) break;
             std::error_code ec;
             if (fs::exists(candidate / "libggml-base.so", ec) || fs::exists(candidate / "libggml-cpu-x64.so", ec)) {
                 ggml_backend_load_all_from_path(candidate.c_str());
@@ -46,6 +66,21 @@ void init_llama_runtime(bool verbose) {
         if (!loaded) ggml_backend_load_all();
         llama_backend_init();
     });
+}
+
+std::string compute_features() {
+    // llama_print_system_info() gives "CPU : SSE3 = 1 | AVX = 1 | ... |"; keep the names that are on.
+    std::istringstream in(llama_print_system_info());
+    std::string item, out;
+    while (std::getline(in, item, '|')) {
+        const auto eq = item.find(" = 1");
+        if (eq == std::string::npos) continue;
+        std::string name = item.substr(0, eq);
+        if (const auto colon = name.find(": "); colon != std::string::npos) name = name.substr(colon + 2);
+        name.erase(0, name.find_first_not_of(' '));
+        out += (out.empty() ? "" : " ") + name;
+    }
+    return out;
 }
 
 }  // namespace keepwarm

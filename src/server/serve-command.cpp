@@ -86,7 +86,8 @@ int run_serve(serve_options opts) {
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << ctx.model_path << ")\n"
               << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of " << ctx.llm->slot_context_size()
               << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v << ", " << eo.threads
-              << " threads\n";
+              << " threads\n"
+              << "  compute: " << compute_features() << "\n";
     if (ctx.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";

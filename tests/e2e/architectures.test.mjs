@@ -37,3 +37,18 @@ for (const preset of ['tiny-hybrid', 'tiny-moe']) {
         }
     });
 }
+
+// The prebuilt libraries carry one CPU backend per instruction-set generation and the best one is picked at run
+// time. Forcing the baseline x86-64 variant (no AVX at all) shows keepwarm runs on CPUs without AVX-512 or AMX.
+test('runs on the baseline x86-64 CPU backend (no AVX, no AVX-512, no AMX)', async () => {
+    const server = await startServer(['-c', '1024'], { env: { KEEPWARM_CPU_BACKEND: 'x64' } });
+    try {
+        const compute = server.output().match(/compute: (.*)/)[1];
+        assert.doesNotMatch(compute, /AVX/);
+        const r = await server.client().completions.create({ model: 'tiny', prompt: 'Hello there', max_tokens: 8,
+                                                             ignore_eos: true, temperature: 0 });
+        assert.equal(r.usage.completion_tokens, 8);
+    } finally {
+        await server.stop();
+    }
+});

@@ -22,10 +22,11 @@ export async function testModel(preset = 'tiny') {
 }
 
 // Starts `keepwarm serve` with the given extra arguments; resolves once it listens.
-export async function startServer(args = [], { preset = 'tiny' } = {}) {
+export async function startServer(args = [], { preset = 'tiny', env = {} } = {}) {
     const model = await testModel(preset);
     const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', ...args], {
         stdio: ['ignore', 'pipe', 'pipe'],
+        env: { ...process.env, ...env },
     });
     let output = '';
     const url = await new Promise((resolve, reject) => {

@@ -401,44 +401,68 @@ TEST(ChatOutputParser, GarbageNeverThrows) {
     }
 }
 
-TEST(ChatRenderer, VocabMapsPreservedTokensAndTriggers) {
-    // llama.cpp ships vocab-only GGUFs for tokenizer tests: enough for token mapping without weights.
-    const std::string path = std::string(KEEPWARM_LLAMA_SOURCE_DIR) + "/models/ggml-vocab-qwen35.gguf";
-    if (!std::ifstream(path).good()) {
-        GTEST_SKIP() << "no " << path;
-    }
+namespace {
+
+using model_ptr = std::unique_ptr<llama_model, decltype(&llama_model_free)>;
+
+// llama.cpp ships vocab-only GGUFs for its tokenizer tests: enough for token mapping without weights.
+model_ptr load_vocab(const std::string& name) {
+    const std::string path = std::string(KEEPWARM_LLAMA_SOURCE_DIR) + "/models/" + name;
     llama_model_params mp = llama_model_default_params();
     mp.vocab_only = true;
-    std::unique_ptr<llama_model, decltype(&llama_model_free)> model(llama_model_load_from_file(path.c_str(), mp),
-                                                                    llama_model_free);
-    ASSERT_NE(model, nullptr);
-    const llama_vocab* vocab = llama_model_get_vocab(model.get());
+    return model_ptr(std::ifstream(path).good() ? llama_model_load_from_file(path.c_str(), mp) : nullptr,
+                     llama_model_free);
+}
 
-    chat_renderer renderer(model.get(), read_template("Qwen3.5-4B.jinja"));
+}  // namespace
+
+TEST(ChatRenderer, VocabMapsPreservedTokensAndTriggers) {
+    // Gemma 4's vocab has its tool-call markers as single special tokens.
+    auto model = load_vocab("ggml-vocab-gemma-4.gguf");
+    if (!model) {
+        GTEST_SKIP() << "no vocab-only Gemma 4 GGUF in the llama.cpp tree";
+    }
+    const llama_vocab* vocab = llama_model_get_vocab(model.get());
+    chat_renderer renderer(model.get(), read_template("google-gemma-4-31B-it.jinja"));
     auto req = request(R"([{"role":"user","content":"Weather in Paris?"}])", weather_tools);
     auto r = renderer.render(req);
     common_params_sampling sampling;
     chat_renderer::apply_to_sampling(r, sampling, vocab);
 
-    auto single = [&](const char* text) {
+    ASSERT_FALSE(r.params.preserved_tokens.empty());
+    for (const auto& text : r.params.preserved_tokens) {
         auto ids = common_tokenize(vocab, text, false, true);
-        EXPECT_EQ(ids.size(), 1u) << text;
-        return ids.empty() ? LLAMA_TOKEN_NULL : ids[0];
-    };
-    const llama_token tool_call = single("<tool_call>");
-    EXPECT_TRUE(sampling.preserved_tokens.count(tool_call));
-    EXPECT_TRUE(sampling.preserved_tokens.count(single("</tool_call>")));
+        EXPECT_EQ(ids.size() == 1 && sampling.preserved_tokens.count(ids[0]) == 1, ids.size() == 1) << text;
+    }
     ASSERT_FALSE(sampling.grammar_triggers.empty());
-    EXPECT_EQ(sampling.grammar_triggers[0].type, COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN);
-    EXPECT_EQ(sampling.grammar_triggers[0].token, tool_call);
     EXPECT_TRUE(sampling.grammar_lazy);
-    EXPECT_EQ(sampling.reasoning_budget_start, std::vector<llama_token>{single("<think>")});
-    ASSERT_FALSE(sampling.reasoning_budget_end.empty());
-    EXPECT_EQ(sampling.reasoning_budget_end[0], std::vector<llama_token>{single("</think>")});
-    EXPECT_EQ(sampling.reasoning_budget_tokens, -1);  // no budget: the tags only guard the lazy grammar
+    size_t token_triggers = 0;
+    for (const auto& t : sampling.grammar_triggers) {
+        if (t.type == COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN) {
+            token_triggers++;
+            EXPECT_EQ(common_tokenize(vocab, t.value, false, true), std::vector<llama_token>{t.token}) << t.value;
+            EXPECT_TRUE(sampling.preserved_tokens.count(t.token)) << t.value;
+        }
+    }
+    EXPECT_GE(token_triggers, 1u);
+    if (!r.params.thinking_start_tag.empty() && !r.params.thinking_end_tags.empty()) {
+        EXPECT_EQ(sampling.reasoning_budget_start, common_tokenize(vocab, r.params.thinking_start_tag, false, true));
+        ASSERT_FALSE(sampling.reasoning_budget_end.empty());
+        EXPECT_EQ(sampling.reasoning_budget_end[0], common_tokenize(vocab, r.params.thinking_end_tags[0], false, true));
+        EXPECT_EQ(sampling.reasoning_budget_tokens, -1);  // no budget: the tags only guard the lazy grammar
+    }
+}
 
-    // The model's own template (this vocab file has none, so common falls back to ChatML) also renders.
-    chat_renderer fallback(model.get());
-    auto plain = fallback.render(request(R"([{"role":"user","content":"hi"}])"));
-    EXPECT_NE(plain.prompt.find("<|im_start|>user\nhi<|im_end|>"), std::string::npos) << plain.prompt;
+TEST(ChatRenderer, ModelWithoutTemplateFallsBackToChatml) {
+    auto model = load_vocab("ggml-vocab-qwen35.gguf");
+    if (!model) {
+        GTEST_SKIP() << "no vocab-only Qwen GGUF in the llama.cpp tree";
+    }
+    // This vocab file carries no chat template, so common falls back to ChatML.
+    chat_renderer renderer(model.get());
+    auto r = renderer.render(request(R"([{"role":"user","content":"hi"}])"));
+    EXPECT_NE(r.prompt.find("<|im_start|>user\nhi<|im_end|>"), std::string::npos) << r.prompt;
+    common_params_sampling sampling;
+    chat_renderer::apply_to_sampling(r, sampling, llama_model_get_vocab(model.get()));
+    EXPECT_TRUE(sampling.grammar.empty());
 }
