@@ -273,7 +273,10 @@ class KeepwarmBench:
 def summarize(lb, kw):
     med = lambda xs: statistics.median(xs) if xs else None
     ratios = [k / l for l, k in zip(lb, kw) if l and k]
+    best_lb, best_kw = max(filter(None, lb), default=None), max(filter(None, kw), default=None)
     return {"llama_bench": med(lb), "keepwarm": med(kw), "ratio_median_of_pairs": med(ratios),
+            "llama_bench_best": best_lb, "keepwarm_best": best_kw,
+            "ratio_of_best": best_kw / best_lb if best_lb and best_kw else None,
             "ratio_pairs": [round(x, 4) for x in ratios],
             "llama_bench_samples": [round(x, 2) for x in lb], "keepwarm_samples": [round(x, 2) for x in kw]}
 
@@ -354,16 +357,19 @@ def main():
     def f(x, d=1):
         return "-" if x is None else f"{x:.{d}f}"
 
-    head = f"| test | KV | llama-bench t/s | keepwarm t/s | keepwarm / llama-bench | per-rep ratios |"
-    lines = [head, "| --- | --- | ---: | ---: | ---: | --- |"]
+    head = ("| test | KV | llama-bench t/s | keepwarm t/s | ratio (median of pairs) | per-rep ratios "
+            "| best llama-bench | best keepwarm | ratio of bests |")
+    lines = [head, "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for test, kv, s in rows:
         lines.append(f"| {test} | {kv} | {f(s['llama_bench'])} | {f(s['keepwarm'])} | "
-                     f"{f(s['ratio_median_of_pairs'], 3)} | {', '.join(f'{x:.3f}' for x in s['ratio_pairs'])} |")
+                     f"{f(s['ratio_median_of_pairs'], 3)} | {', '.join(f'{x:.3f}' for x in s['ratio_pairs'])} | "
+                     f"{f(s['llama_bench_best'])} | {f(s['keepwarm_best'])} | {f(s['ratio_of_best'], 3)} |")
     st = results["settings"]
     notes = [
         f"Model {os.path.basename(args.model)} ({results.get('model_type')}), {st['threads']} threads, "
         f"n_batch {st['n_batch']}, n_ubatch {st['n_ubatch']}, flash attention auto, {st['reps']} alternating reps "
-        f"(medians; ratio = median of per-rep keepwarm/llama-bench).",
+        f"(t/s columns: medians; ratio: median of the per-rep keepwarm/llama-bench ratios; the best-of columns "
+        f"are the least disturbed runs on a shared machine).",
         f"Machine: {results['machine']['cpu']}, {results['machine']['logical_cpus']} CPUs, load average "
         f"{results['machine']['loadavg_start']} -> {results['machine']['loadavg_end']}; CPU backend "
         f"{os.path.basename(results.get('cpu_backend') or '?')}; llama.cpp build {results.get('llama_bench_build')}.",
@@ -375,7 +381,6 @@ def main():
         notes.append("llama-bench: `" + " ".join(r0["llama_bench_cmd"] or []) + "`")
         notes.append("keepwarm: `" + " ".join(r0["keepwarm_cmd"]) + "`")
     results["table_md"] = "\n".join(lines)
-    results["warnings"] = results["warnings"]
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fo:

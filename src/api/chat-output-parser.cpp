@@ -25,9 +25,13 @@ chat_output_parser::chat_output_parser(common_chat_parser_params params) : param
     }
 }
 
-common_chat_msg chat_output_parser::parse(bool is_partial) const { return common_chat_parse(text_, is_partial, params_); }
+common_chat_msg chat_output_parser::parse(bool is_partial) const {
+    return common_chat_parse(text_, is_partial, params_);
+}
 
-void chat_output_parser::assign_ids(common_chat_msg& msg) { msg.set_tool_call_ids(tool_call_ids_, gen_tool_call_id); }
+void chat_output_parser::assign_ids(common_chat_msg& msg) {
+    msg.set_tool_call_ids(tool_call_ids_, gen_tool_call_id);
+}
 
 std::vector<common_chat_msg_diff> chat_output_parser::push(std::string_view text_delta) {
     if (text_delta.empty()) {

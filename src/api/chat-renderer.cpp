@@ -13,7 +13,9 @@ namespace keepwarm::api {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw http::http_error(400, message); }
+[[noreturn]] void fail(const std::string& message) {
+    throw http::http_error(400, message);
+}
 
 common_chat_templates_ptr init_templates(const llama_model* model, const std::string& source, const std::string& bos,
                                          const std::string& eos) {
@@ -50,9 +52,13 @@ void chat_renderer::init_caps() {
     }
 }
 
-std::map<std::string, bool> chat_renderer::caps() const { return common_chat_templates_get_caps(templates_.get()); }
+std::map<std::string, bool> chat_renderer::caps() const {
+    return common_chat_templates_get_caps(templates_.get());
+}
 
-std::string chat_renderer::source() const { return common_chat_templates_source(templates_.get()); }
+std::string chat_renderer::source() const {
+    return common_chat_templates_source(templates_.get());
+}
 
 chat_renderer::rendered chat_renderer::render(const chat_request& request) const {
     common_chat_templates_inputs in;

@@ -3,8 +3,8 @@
 #include "api/openai-api.h"
 
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <set>
@@ -17,11 +17,17 @@ namespace {
 
 constexpr size_t max_stop_strings = 16;
 
-[[noreturn]] void fail(const std::string& message) { throw http::http_error(400, message); }
+[[noreturn]] void fail(const std::string& message) {
+    throw http::http_error(400, message);
+}
 
-std::string quoted(const std::string& field) { return "'" + field + "'"; }
+std::string quoted(const std::string& field) {
+    return "'" + field + "'";
+}
 
-std::string indexed(const std::string& field, size_t i) { return field + "[" + std::to_string(i) + "]"; }
+std::string indexed(const std::string& field, size_t i) {
+    return field + "[" + std::to_string(i) + "]";
+}
 
 // Missing and null both mean "not given": clients send null to ask for the default.
 const json* find(const json& obj, const std::string& key) {
@@ -201,7 +207,9 @@ void parse_stream(const json& body, bool& stream, bool& include_usage) {
     }
 }
 
-std::string parse_model(const json& body) { return get_string(body, "model", "model").value_or(""); }
+std::string parse_model(const json& body) {
+    return get_string(body, "model", "model").value_or("");
+}
 
 void require_object(const json& body) {
     if (!body.is_object()) {
@@ -402,8 +410,9 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
 // function narrows the tool list to that one and makes calling it required.
 void parse_tool_choice(const json& body, chat_request& req) {
     const json* v = find(body, "tool_choice");
-    const char* expected = "'tool_choice' must be one of none, auto, required, or "
-                           "{\"type\": \"function\", \"function\": {\"name\": ...}}";
+    const char* expected =
+        "'tool_choice' must be one of none, auto, required, or "
+        "{\"type\": \"function\", \"function\": {\"name\": ...}}";
     if (!v) {
         req.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
     } else if (v->is_string()) {
@@ -751,8 +760,7 @@ json chat_chunk_json(const std::string& id, const std::string& model, int64_t cr
 json chat_final_chunk_json(const std::string& id, const std::string& model, int64_t created,
                            const common_chat_msg& final_msg, const std::string& finish_reason,
                            const std::optional<timings_info>& timings) {
-    json chunk =
-        chat_chunk(id, model, created, json::object(), effective_finish_reason(final_msg, finish_reason));
+    json chunk = chat_chunk(id, model, created, json::object(), effective_finish_reason(final_msg, finish_reason));
     if (timings) {
         chunk["timings"] = timings_json(*timings);
     }
@@ -774,8 +782,8 @@ json completion_json(const std::string& id, const std::string& model, int64_t cr
                      const std::string& finish_reason, const usage_info& usage,
                      const std::optional<timings_info>& timings) {
     json res = chunk_base(id, model, created, "text_completion");
-    res["choices"] = json::array(
-        {json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+    res["choices"] =
+        json::array({json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
     res["usage"] = usage_json(usage);
     if (timings) {
         res["timings"] = timings_json(*timings);

@@ -89,10 +89,16 @@ struct timings_info {
 
 // "<prefix><32 random alphanumerics>"; thread-safe.
 std::string random_id(std::string_view prefix);
-inline std::string gen_chat_completion_id() { return random_id("chatcmpl-"); }
-inline std::string gen_completion_id() { return random_id("cmpl-"); }
+inline std::string gen_chat_completion_id() {
+    return random_id("chatcmpl-");
+}
+inline std::string gen_completion_id() {
+    return random_id("cmpl-");
+}
 // For tool calls the model did not give an id.
-inline std::string gen_tool_call_id() { return random_id("call_"); }
+inline std::string gen_tool_call_id() {
+    return random_id("call_");
+}
 
 json usage_json(const usage_info& usage);
 json timings_json(const timings_info& timings);  // llama-server's field names

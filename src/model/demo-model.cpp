@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <memory>
 #include <stdexcept>
 
+#include "ggml-cpp.h"
 #include "gguf.h"
 #include "model/model-builder.h"
 
@@ -78,12 +78,10 @@ std::string ensure_demo_model() {
 
 bool model_has_random_weights(const std::string& gguf_path) {
     gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
-    gguf_context* ctx = gguf_init_from_file(gguf_path.c_str(), params);
+    gguf_context_ptr ctx(gguf_init_from_file(gguf_path.c_str(), params));
     if (!ctx) return false;
-    const int64_t id = gguf_find_key(ctx, "keepwarm.random_weights");
-    const bool random = id >= 0 && gguf_get_kv_type(ctx, id) == GGUF_TYPE_BOOL && gguf_get_val_bool(ctx, id);
-    gguf_free(ctx);
-    return random;
+    const int64_t id = gguf_find_key(ctx.get(), "keepwarm.random_weights");
+    return id >= 0 && gguf_get_kv_type(ctx.get(), id) == GGUF_TYPE_BOOL && gguf_get_val_bool(ctx.get(), id);
 }
 
 }  // namespace keepwarm

@@ -1,5 +1,5 @@
-// Random-weight GGUF generation: llama.cpp creates every tensor an architecture needs from our metadata, we fill
-// them from a seeded PRNG, write the GGUF ourselves (so our own keys survive) and quantize with llama.cpp.
+// Random-weight GGUF generation: llama.cpp builds the model from our metadata and tensor list and asks us to fill
+// each tensor from a seeded PRNG; we write the GGUF ourselves (so our own keys survive) and quantize with llama.cpp.
 #include "model/model-builder.h"
 
 #include <unistd.h>
@@ -24,8 +24,10 @@
 
 #include "engine/llama-runtime.h"
 #include "ggml-backend.h"
+#include "ggml-cpp.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "llama-cpp.h"
 #include "llama.h"
 
 namespace keepwarm {
@@ -39,16 +41,6 @@ constexpr uint32_t k_generator_version = 1;
 
 const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35"};
 const std::vector<std::string> k_types = {"f32", "f16", "q8_0", "q4_0"};
-
-struct gguf_deleter {
-    void operator()(gguf_context* ctx) const { gguf_free(ctx); }
-};
-using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
-
-struct model_deleter {
-    void operator()(llama_model* model) const { llama_model_free(model); }
-};
-using model_ptr = std::unique_ptr<llama_model, model_deleter>;
 
 std::string join(const std::vector<std::string>& items) {
     std::string out;
@@ -215,10 +207,10 @@ void set_f32(gguf_context* ctx, const std::string& key, float value) { gguf_set_
 void copy_tokenizer(gguf_context* meta, const model_spec& spec) {
     const fs::path path = vocab_path(spec);
     gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
-    gguf_ptr vocab(gguf_init_from_file(path.c_str(), params));
+    gguf_context_ptr vocab(gguf_init_from_file(path.c_str(), params));
     if (!vocab) throw std::runtime_error("cannot read vocab file " + path.string());
 
-    gguf_ptr tokenizer(gguf_init_empty());
+    gguf_context_ptr tokenizer(gguf_init_empty());
     gguf_set_kv(tokenizer.get(), vocab.get());
     for (int64_t i = gguf_get_n_kv(tokenizer.get()) - 1; i >= 0; --i) {
         const std::string key = gguf_get_key(tokenizer.get(), i);
@@ -326,8 +318,8 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
     }
 }
 
-gguf_ptr make_metadata(const model_spec& spec) {
-    gguf_ptr meta(gguf_init_empty());
+gguf_context_ptr make_metadata(const model_spec& spec) {
+    gguf_context_ptr meta(gguf_init_empty());
     gguf_context* m = meta.get();
     const std::string& a = spec.arch;
     const uint32_t head_dim = spec.resolved_head_dim();
@@ -570,7 +562,7 @@ build_result build_model(const model_spec& spec, const std::string& out_path) {
     temps.paths.push_back(initial_path);
     check_writable(out, initial_path);
 
-    gguf_ptr meta = make_metadata(spec);
+    gguf_context_ptr meta = make_metadata(spec);
 
     init_llama_runtime();
     // CPU only: the weights are written out straight away, and a GPU would only add copies.
@@ -586,11 +578,11 @@ build_result build_model(const model_spec& spec, const std::string& out_path) {
     state.seed = spec.seed;
     uint64_t n_params = 0;
     {
-        model_ptr model(llama_model_init_from_user(meta.get(), set_tensor_data, &state, params));
+        llama_model_ptr model(llama_model_init_from_user(meta.get(), set_tensor_data, &state, params));
         if (!model) throw std::runtime_error("llama.cpp could not create a " + spec.arch + " model of this shape");
         if (!state.error.empty()) throw std::runtime_error(state.error);
 
-        gguf_ptr file(gguf_init_empty());
+        gguf_context_ptr file(gguf_init_empty());
         gguf_set_kv(file.get(), meta.get());
         gguf_set_val_u32(file.get(), "general.file_type", spec.type == "f32" ? LLAMA_FTYPE_ALL_F32 : LLAMA_FTYPE_MOSTLY_F16);
         // A tied output matrix comes back as a second tensor named token_embd.weight holding the same values.

@@ -12,16 +12,13 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ggml-cpp.h"
 #include "ggml.h"
 #include "gguf.h"
 
 namespace keepwarm {
 
 namespace {
-
-struct gguf_deleter {
-    void operator()(gguf_context* ctx) const { gguf_free(ctx); }
-};
 
 class metadata {
 public:
@@ -209,7 +206,7 @@ std::string model_report::layer_summary() const {
 
 model_report inspect_model(const std::string& path) {
     gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
-    std::unique_ptr<gguf_context, gguf_deleter> ctx(gguf_init_from_file(path.c_str(), params));
+    gguf_context_ptr ctx(gguf_init_from_file(path.c_str(), params));
     if (!ctx) throw std::runtime_error("cannot read " + path + " as a GGUF file");
     const metadata md(ctx.get());
 

@@ -52,3 +52,21 @@ test('runs on the baseline x86-64 CPU backend (no AVX, no AVX-512, no AMX)', asy
         await server.stop();
     }
 });
+
+test('quantized KV cache types serve (q8_0 and q4_0)', async () => {
+    for (const type of ['q8_0', 'q4_0']) {
+        const server = await startServer(['-c', '1024', '--cache-type-k', type, '--cache-type-v', type]);
+        try {
+            assert.match(server.output(), new RegExp(`KV cache ${type}/${type}`));
+            const r = await server.client().chat.completions.create({ model: 'tiny', max_tokens: 6, ignore_eos: true,
+                messages: [{ role: 'user', content: 'hi' }] });
+            assert.equal(r.usage.completion_tokens, 6);
+        } finally {
+            await server.stop();
+        }
+    }
+});
+
+test('an invalid KV cache type is refused at start-up with a clear message', async () => {
+    await assert.rejects(startServer(['--cache-type-k', 'q3_weird']), /q3_weird.*f16/s);
+});

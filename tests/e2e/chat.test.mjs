@@ -136,3 +136,36 @@ test('/v1/completions, whole and streamed, agree', async () => {
     for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
     assert.equal(text, whole.choices[0].text);
 });
+
+test('sampling: the same seed gives the same answer, another seed another one', async () => {
+    const params = { model: 'tiny', messages: [{ role: 'user', content: 'Sample something.' }], temperature: 1.5,
+                     top_k: 0, top_p: 1, min_p: 0, max_tokens: 16, ignore_eos: true };
+    await openai.chat.completions.create({ ...params, seed: 1 });  // warm the prefix: later runs share its state
+    const a = await openai.chat.completions.create({ ...params, seed: 1234 });
+    const b = await openai.chat.completions.create({ ...params, seed: 1234 });
+    const c = await openai.chat.completions.create({ ...params, seed: 99 });
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+    assert.notEqual(a.choices[0].message.content, c.choices[0].message.content);
+});
+
+test('sampling: a strong repeat penalty changes a greedy answer that repeats itself', async () => {
+    const params = { model: 'tiny', messages: [{ role: 'user', content: 'Repeat after me.' }], temperature: 0,
+                     max_tokens: 16, ignore_eos: true };
+    const plain = await openai.chat.completions.create(params);
+    const penalized = await openai.chat.completions.create({ ...params, repeat_penalty: 5, repeat_last_n: 64 });
+    assert.notEqual(plain.choices[0].message.content, penalized.choices[0].message.content);
+});
+
+test('/metrics counts requests and tokens in Prometheus text format', async () => {
+    const { body: text } = await curl(`${server.url}/metrics`, { raw: true });
+    assert.match(text, /# TYPE keepwarm_prompt_tokens_total counter/);
+    const value = (name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+    assert.ok(value('keepwarm_requests_total') >= 10);
+    assert.ok(value('keepwarm_prompt_tokens_total') > 0);
+    assert.ok(value('keepwarm_reused_tokens_total') > 0);
+    assert.ok(value('keepwarm_generated_tokens_total') > 0);
+    assert.ok(value('keepwarm_prefill_seconds_total') > 0);
+    assert.ok(value('keepwarm_decode_seconds_total') > 0);
+    assert.equal(value('keepwarm_prompt_tokens_total'),
+                 value('keepwarm_reused_tokens_total') + value('keepwarm_computed_prompt_tokens_total'));
+});

@@ -54,7 +54,9 @@ std::string trim(const std::string& s) {
     return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& prefix) {
+    return s.rfind(prefix, 0) == 0;
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -121,8 +123,8 @@ TEST(ChatRenderer, PlainPromptEndsWithGenerationPrompt) {
     EXPECT_TRUE(ends_with(off.prompt, "<|im_start|>assistant\n<think>\n\n</think>\n\n")) << off.prompt;
 
     // Developer messages are rendered as system; content parts are joined for string-only templates.
-    auto dev = qwen3().render(request(
-        R"([{"role":"developer","content":"rules"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}])"));
+    auto dev = qwen3().render(request(R"([{"role":"developer","content":"rules"},
+        {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}])"));
     EXPECT_TRUE(starts_with(dev.prompt, "<|im_start|>system\nrules<|im_end|>\n")) << dev.prompt;
     EXPECT_NE(dev.prompt.find("a\nb"), std::string::npos) << dev.prompt;
 
@@ -138,7 +140,8 @@ TEST(ChatRenderer, ToolsInPromptAndLazyGrammar) {
         EXPECT_NE(r.prompt.find("\"get_weather\""), std::string::npos) << r.prompt;
         EXPECT_NE(r.prompt.find("Get the weather"), std::string::npos) << r.prompt;
         EXPECT_TRUE(ends_with(r.prompt, r.params.generation_prompt)) << r.prompt;
-        EXPECT_TRUE(ends_with(r.prompt, "<|im_start|>assistant\n") || ends_with(r.prompt, "<|im_start|>assistant\n<think>\n"))
+        EXPECT_TRUE(ends_with(r.prompt, "<|im_start|>assistant\n") ||
+                    ends_with(r.prompt, "<|im_start|>assistant\n<think>\n"))
             << r.prompt;
         EXPECT_EQ(r.grammar.type, COMMON_GRAMMAR_TYPE_TOOL_CALLS);
         EXPECT_FALSE(r.grammar.grammar.empty());
@@ -217,7 +220,8 @@ TEST(ChatRenderer, MultiTurnPromptIsPrefixExtension) {
         }
         // What the model generated in turn 1 (reasoning included) is NOT reproduced in turn 2 by either template:
         // history reasoning is dropped, so KV reuse stops at the start of the previous assistant reply.
-        std::string generated = renderer == &qwen3() ? "<think>\ngreet back\n</think>\n\nHello!" : "greet back\n</think>\n\nHello!";
+        std::string generated =
+            renderer == &qwen3() ? "<think>\ngreet back\n</think>\n\nHello!" : "greet back\n</think>\n\nHello!";
         EXPECT_FALSE(starts_with(p2, renderer->render(turn1).prompt + generated));
     }
 }
@@ -244,8 +248,7 @@ TEST(ChatRenderer, ToolLoopPromptReproducesGeneratedText) {
         json assistant = assistant_message_json(msg);
         json messages = json::parse(R"([{"role":"user","content":"Weather in Paris?"}])");
         messages.push_back(assistant);
-        messages.push_back(
-            json{{"role", "tool"}, {"tool_call_id", msg.tool_calls[0].id}, {"content", "sunny"}});
+        messages.push_back(json{{"role", "tool"}, {"tool_call_id", msg.tool_calls[0].id}, {"content", "sunny"}});
         auto turn2 = parse_chat_request(json{{"messages", messages}, {"tools", json::parse(weather_tools)}});
         auto p2 = renderer->render(turn2).prompt;
         EXPECT_TRUE(starts_with(p2, r1.prompt + generated)) << r1.prompt + generated << "\n----\n" << p2;

@@ -9,9 +9,13 @@ using keepwarm::http::http_error;
 
 namespace {
 
-json body_of(const char* text) { return json::parse(text); }
+json body_of(const char* text) {
+    return json::parse(text);
+}
 
-json minimal_chat() { return body_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})"); }
+json minimal_chat() {
+    return body_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})");
+}
 
 // Runs `parse` and checks that it fails with a 400 whose message contains `needle`.
 template <typename F>
@@ -29,7 +33,9 @@ void expect_400(F parse, const json& body, const std::string& needle) {
     }
 }
 
-void expect_chat_400(const json& body, const std::string& needle) { expect_400(parse_chat_request, body, needle); }
+void expect_chat_400(const json& body, const std::string& needle) {
+    expect_400(parse_chat_request, body, needle);
+}
 
 // minimal_chat() with one field replaced.
 json chat_with(const std::string& key, const json& value) {
@@ -111,7 +117,8 @@ TEST(OpenAiParse, ToolsAndToolMessages) {
 
 TEST(OpenAiParse, NamedToolChoiceNarrowsTools) {
     auto b = minimal_chat();
-    b["tools"] = body_of(R"([{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}])");
+    b["tools"] =
+        body_of(R"([{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}])");
     b["tool_choice"] = body_of(R"({"type":"function","function":{"name":"b"}})");
     auto r = parse_chat_request(b);
     ASSERT_EQ(r.tools.size(), 1u);
@@ -173,9 +180,9 @@ TEST(OpenAiParse, ThinkingSwitches) {
     r = parse_chat_request(chat_with("reasoning_effort", "high"));
     EXPECT_FALSE(r.enable_thinking.has_value());
     EXPECT_EQ(r.chat_template_kwargs.at("reasoning_effort"), "\"high\"");
-    EXPECT_EQ(parse_chat_request(chat_with("chat_template_kwargs", body_of(R"({"enable_thinking":true})")))
-                  .enable_thinking,
-              std::optional<bool>(true));
+    EXPECT_EQ(
+        parse_chat_request(chat_with("chat_template_kwargs", body_of(R"({"enable_thinking":true})"))).enable_thinking,
+        std::optional<bool>(true));
     EXPECT_EQ(parse_chat_request(chat_with("response_format", body_of(R"({"type":"json_object"})"))).json_schema,
               R"({"type":"object"})");
     EXPECT_TRUE(parse_chat_request(chat_with("response_format", body_of(R"({"type":"text"})"))).json_schema.empty());
