@@ -19,6 +19,10 @@ namespace {
 
 common_chat_templates_ptr init_templates(const llama_model* model, const std::string& source, const std::string& bos,
                                          const std::string& eos) {
+    if (!model && source.empty()) {
+        // common asserts (aborts) on this combination instead of throwing.
+        throw std::invalid_argument("a chat template source is required when there is no model");
+    }
     try {
         return common_chat_templates_init(model, source, bos, eos);
     } catch (const std::exception& e) {

@@ -17,7 +17,7 @@ namespace keepwarm::api {
 class chat_renderer {
 public:
     // The model's own template, or `template_override` (Jinja source, or "chatml") when non-empty.
-    // Throws std::runtime_error when the template cannot be parsed.
+    // Throws std::runtime_error when the template cannot be parsed, std::invalid_argument without model and template.
     explicit chat_renderer(const llama_model* model, const std::string& template_override = "");
     // Without a model (tests, tools): the template source and the strings for bos_token / eos_token.
     chat_renderer(const std::string& template_source, const std::string& bos_token, const std::string& eos_token);

@@ -300,7 +300,9 @@ void parse_tool_calls(const json& message, const std::string& path, common_chat_
         } else if (args->is_string()) {
             // Templates that take object arguments re-parse this string; catch bad JSON here with a clear message.
             tc.arguments = args->get<std::string>();
-            if (!json::accept(tc.arguments)) {
+            if (tc.arguments.empty()) {
+                tc.arguments = "{}";  // some clients echo a no-argument call back as ""
+            } else if (!json::accept(tc.arguments)) {
                 fail(quoted(call_field + ".function.arguments") + " must be a JSON-encoded string");
             }
         } else {

@@ -107,6 +107,10 @@ TEST(ChatRenderer, Capabilities) {
     EXPECT_TRUE(qwen3().caps().at("supports_tools"));
     EXPECT_FALSE(qwen3().source().empty());
     EXPECT_THROW(chat_renderer("{% if %}", "", ""), std::runtime_error);
+    EXPECT_THROW(chat_renderer(nullptr), std::invalid_argument);
+    chat_renderer chatml("chatml", "", "");
+    EXPECT_NE(chatml.render(request(R"([{"role":"user","content":"hi"}])")).prompt.find("<|im_start|>user\nhi"),
+              std::string::npos);
 }
 
 TEST(ChatRenderer, PlainPromptEndsWithGenerationPrompt) {

@@ -87,7 +87,8 @@ TEST(OpenAiParse, ToolsAndToolMessages) {
         {"role":"user","content":"weather?"},
         {"role":"assistant","content":null,"reasoning_content":"think","tool_calls":[
             {"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
-            {"id":"call_2","type":"function","function":{"name":"get_weather","arguments":{"city":"Rome"}}}]},
+            {"id":"call_2","type":"function","function":{"name":"get_weather","arguments":{"city":"Rome"}}},
+            {"id":"call_3","type":"function","function":{"name":"no_args","arguments":""}}]},
         {"role":"tool","tool_call_id":"call_1","name":"get_weather","content":"sunny"},
         {"role":"tool","tool_call_id":"call_2","content":[{"type":"text","text":"rainy"}]}],
       "tools":[{"type":"function","function":{"name":"get_weather","description":"Get weather",
@@ -98,7 +99,8 @@ TEST(OpenAiParse, ToolsAndToolMessages) {
     const auto& a = r.messages[1];
     EXPECT_TRUE(a.content.empty());
     EXPECT_EQ(a.reasoning_content, "think");
-    ASSERT_EQ(a.tool_calls.size(), 2u);
+    ASSERT_EQ(a.tool_calls.size(), 3u);
+    EXPECT_EQ(a.tool_calls[2].arguments, "{}");
     EXPECT_EQ(a.tool_calls[0].id, "call_1");
     EXPECT_EQ(a.tool_calls[0].name, "get_weather");
     EXPECT_EQ(json::parse(a.tool_calls[0].arguments), json::parse(R"({"city":"Paris"})"));
