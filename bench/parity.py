@@ -200,6 +200,7 @@ class KeepwarmBench:
         modal = statistics.mode(counts.values())
         # The slot now caches the last probe: never start a measured prompt with that word.
         self.leads = [w for w in LEAD_WORDS[:-1] if counts[w] == modal]
+        self.n_filler = max(1, self.args.n_prompt - modal)  # first guess: one token per filler word
         log(f"{len(self.leads)} of {len(LEAD_WORDS)} lead words are {modal} token(s) long at the start of a prompt")
 
     def next_lead(self):

@@ -39,9 +39,9 @@ public:
     // like llama-server's default prefill. Template/render errors throw http_error 400 with the message.
     rendered render(const chat_request& request) const;
 
-    // Sets grammar (type tool_calls, as llama-server does for template grammars), grammar_lazy, grammar_triggers and
-    // generation_prompt. With a vocab it also maps preserved tokens to ids and single-token trigger words to token
-    // triggers (llama-server's logic); without one, preserved tokens are left to the caller and triggers stay words.
+    // Sets grammar (rendered.grammar), grammar_lazy, grammar_triggers and generation_prompt. With a vocab it also maps
+    // preserved tokens to ids and single-token trigger words to token triggers (llama-server's logic); without one,
+    // preserved tokens are left to the caller and triggers stay words.
     static void apply_to_sampling(const rendered& r, common_params_sampling& sampling,
                                   const llama_vocab* vocab = nullptr);
 

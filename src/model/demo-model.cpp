@@ -68,11 +68,12 @@ std::string ensure_demo_model() {
     file_lock lock(fs::path(path.string() + ".lock"));
     if (fs::is_regular_file(path, ec)) return path.string();
 
-    std::fprintf(stderr, "keepwarm: no --model given; generating the demo model (random weights, output is noise) at %s\n",
+    std::fprintf(stderr,
+                 "keepwarm: no --model given; generating the demo model (random weights, output is noise) at %s\n",
                  path.c_str());
     const build_result result = build_model(spec, path.string());
-    std::fprintf(stderr, "keepwarm: demo model ready (%.1f MiB in %.1f s)\n", double(result.file_size) / (1024.0 * 1024.0),
-                 result.seconds);
+    std::fprintf(stderr, "keepwarm: demo model ready (%.1f MiB in %.1f s)\n",
+                 double(result.file_size) / (1024.0 * 1024.0), result.seconds);
     return result.path;
 }
 

@@ -69,7 +69,9 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // Uniform in (0, 1] from 24 random bits: never 0, so log() stays finite (the tail is cut at 5.8 sd).
-float uniform_open0(uint32_t bits) { return float((bits >> 8) + 1) * 0x1.0p-24f; }
+float uniform_open0(uint32_t bits) {
+    return float((bits >> 8) + 1) * 0x1.0p-24f;
+}
 
 // Box-Muller by hand: std::normal_distribution's algorithm differs between standard libraries, and the same seed
 // must give the same file everywhere. Float maths and one 64-bit draw per pair keep the 78M-value embedding table of
@@ -140,7 +142,8 @@ void set_tensor_data(ggml_tensor* tensor, void* userdata) {
                 std::fill(values.begin(), values.end(), kind == init_kind::ones ? 1.0f : -1.0f);
             }
             if (f16) {
-                ggml_fp32_to_fp16_row(values.data(), reinterpret_cast<ggml_fp16_t*>(dst + begin * elem), int64_t(count));
+                ggml_fp32_to_fp16_row(values.data(), reinterpret_cast<ggml_fp16_t*>(dst + begin * elem),
+                                      int64_t(count));
             } else {
                 std::memcpy(dst + begin * elem, values.data(), count * elem);
             }
@@ -154,7 +157,9 @@ void set_tensor_data(ggml_tensor* tensor, void* userdata) {
     if (!host) ggml_backend_tensor_set(tensor, dst, 0, ggml_nbytes(tensor));
 }
 
-bool silent_progress(float, void*) { return true; }
+bool silent_progress(float, void*) {
+    return true;
+}
 
 std::string read_file(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
@@ -200,8 +205,12 @@ std::vector<int32_t> rope_sections(uint32_t rope_dims) {
     return {pairs / 3 + (pairs % 3 > 0), pairs / 3 + (pairs % 3 > 1), pairs / 3, 0};
 }
 
-void set_u32(gguf_context* ctx, const std::string& key, uint32_t value) { gguf_set_val_u32(ctx, key.c_str(), value); }
-void set_f32(gguf_context* ctx, const std::string& key, float value) { gguf_set_val_f32(ctx, key.c_str(), value); }
+void set_u32(gguf_context* ctx, const std::string& key, uint32_t value) {
+    gguf_set_val_u32(ctx, key.c_str(), value);
+}
+void set_f32(gguf_context* ctx, const std::string& key, float value) {
+    gguf_set_val_f32(ctx, key.c_str(), value);
+}
 
 // Tokenizer keys only: the vocab files also carry the hyperparameters of whatever model they came from.
 void copy_tokenizer(gguf_context* meta, const model_spec& spec) {
@@ -408,7 +417,9 @@ void check_writable(const fs::path& out, const std::string& probe) {
 
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"tiny", "tiny-hybrid", "tiny-moe", "bench-dense", "bench-hybrid"}; }
+std::vector<std::string> preset_names() {
+    return {"tiny", "tiny-hybrid", "tiny-moe", "bench-dense", "bench-hybrid"};
+}
 
 model_spec preset_spec(const std::string& name) {
     model_spec spec;
@@ -464,29 +475,29 @@ void validate_spec(const model_spec& s) {
     require(contains(k_types, s.type), "unknown weight type '" + s.type + "' (known: " + join(k_types) + ")");
 
     require(s.n_layer >= 1 && s.n_layer <= 512, "layers must be between 1 and 512, got " + std::to_string(s.n_layer));
-    require(s.n_embd >= 32 && s.n_embd % 32 == 0, "width must be a positive multiple of 32, got " +
-                                                      std::to_string(s.n_embd));
+    require(s.n_embd >= 32 && s.n_embd % 32 == 0,
+            "width must be a positive multiple of 32, got " + std::to_string(s.n_embd));
     require(s.n_head >= 1, "heads must be at least 1");
     require(s.n_head_kv >= 1, "kv-heads must be at least 1");
-    require(s.n_head % s.n_head_kv == 0, "kv-heads (" + std::to_string(s.n_head_kv) + ") must divide heads (" +
-                                             std::to_string(s.n_head) + ")");
+    require(s.n_head % s.n_head_kv == 0,
+            "kv-heads (" + std::to_string(s.n_head_kv) + ") must divide heads (" + std::to_string(s.n_head) + ")");
     if (s.head_dim == 0) {
         require(s.n_embd % s.n_head == 0, "heads (" + std::to_string(s.n_head) + ") must divide width (" +
                                               std::to_string(s.n_embd) + "), or give --head-dim");
     }
     const uint32_t head_dim = s.resolved_head_dim();
-    require(head_dim >= 8 && head_dim % 2 == 0, "head size must be even and at least 8, got " +
-                                                    std::to_string(head_dim));
+    require(head_dim >= 8 && head_dim % 2 == 0,
+            "head size must be even and at least 8, got " + std::to_string(head_dim));
     require(s.n_ff >= 1, "ff must be at least 1");
     require(s.n_ctx_train >= 16, "ctx must be at least 16, got " + std::to_string(s.n_ctx_train));
 
     const bool moe = s.arch == "qwen3moe";
     if (moe) {
-        require(s.n_expert >= 1 && s.n_expert <= 1024, "qwen3moe needs experts between 1 and 1024, got " +
-                                                           std::to_string(s.n_expert));
-        require(s.n_expert_used >= 1 && s.n_expert_used <= s.n_expert,
-                "experts-used must be between 1 and experts (" + std::to_string(s.n_expert) + "), got " +
-                    std::to_string(s.n_expert_used));
+        require(s.n_expert >= 1 && s.n_expert <= 1024,
+                "qwen3moe needs experts between 1 and 1024, got " + std::to_string(s.n_expert));
+        require(s.n_expert_used >= 1 && s.n_expert_used <= s.n_expert, "experts-used must be between 1 and experts (" +
+                                                                           std::to_string(s.n_expert) + "), got " +
+                                                                           std::to_string(s.n_expert_used));
         require(s.n_ff_exp >= 1, "qwen3moe needs expert-ff of at least 1");
     } else {
         require(s.n_expert == 0 && s.n_expert_used == 0 && s.n_ff_exp == 0,
@@ -515,8 +526,8 @@ void validate_spec(const model_spec& s) {
     }
 
     require(is_plain_name(s.vocab), "vocab must be a name like qwen2, got '" + s.vocab + "'");
-    require(is_plain_name(s.chat_template), "template must be a name like Qwen-Qwen3-0.6B, got '" +
-                                                s.chat_template + "'");
+    require(is_plain_name(s.chat_template),
+            "template must be a name like Qwen-Qwen3-0.6B, got '" + s.chat_template + "'");
     const fs::path source = llama_source_dir(s);
     std::error_code ec;
     if (!fs::is_directory(source / "models", ec)) {
@@ -525,8 +536,8 @@ void validate_spec(const model_spec& s) {
                                     "KEEPWARM_LLAMA_SOURCE_DIR or --llama-source");
     }
     if (!fs::is_regular_file(vocab_path(s), ec)) {
-        throw std::invalid_argument("unknown vocab '" + s.vocab + "' (known: " +
-                                    join(list_stems(source / "models", "ggml-vocab-", ".gguf")) + ")");
+        throw std::invalid_argument("unknown vocab '" + s.vocab +
+                                    "' (known: " + join(list_stems(source / "models", "ggml-vocab-", ".gguf")) + ")");
     }
     if (!fs::is_regular_file(template_path(s), ec)) {
         throw std::invalid_argument("unknown template '" + s.chat_template + "': no " + template_path(s).string());
@@ -540,11 +551,10 @@ std::string model_name(const model_spec& spec) {
 std::string spec_hash(const model_spec& s) {
     std::ostringstream text;
     text << k_generator_version << '|' << s.arch << '|' << s.n_layer << '|' << s.n_embd << '|' << s.n_head << '|'
-         << s.n_head_kv << '|' << s.resolved_head_dim() << '|' << s.n_ff << '|' << s.n_ctx_train << '|'
-         << s.n_expert << '|' << s.n_expert_used << '|' << s.n_ff_exp << '|' << s.full_attention_interval << '|'
-         << s.ssm_conv_kernel << '|' << s.ssm_state_size << '|' << s.ssm_group_count << '|'
-         << s.ssm_time_step_rank << '|' << s.vocab << '|' << s.chat_template << '|' << s.type << '|' << s.seed
-         << '|' << s.preset;
+         << s.n_head_kv << '|' << s.resolved_head_dim() << '|' << s.n_ff << '|' << s.n_ctx_train << '|' << s.n_expert
+         << '|' << s.n_expert_used << '|' << s.n_ff_exp << '|' << s.full_attention_interval << '|' << s.ssm_conv_kernel
+         << '|' << s.ssm_state_size << '|' << s.ssm_group_count << '|' << s.ssm_time_step_rank << '|' << s.vocab << '|'
+         << s.chat_template << '|' << s.type << '|' << s.seed << '|' << s.preset;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(text.str())));
     return hex;
@@ -584,7 +594,8 @@ build_result build_model(const model_spec& spec, const std::string& out_path) {
 
         gguf_context_ptr file(gguf_init_empty());
         gguf_set_kv(file.get(), meta.get());
-        gguf_set_val_u32(file.get(), "general.file_type", spec.type == "f32" ? LLAMA_FTYPE_ALL_F32 : LLAMA_FTYPE_MOSTLY_F16);
+        gguf_set_val_u32(file.get(), "general.file_type",
+                         spec.type == "f32" ? LLAMA_FTYPE_ALL_F32 : LLAMA_FTYPE_MOSTLY_F16);
         // A tied output matrix comes back as a second tensor named token_embd.weight holding the same values.
         std::set<std::string> seen;
         for (ggml_tensor* t : state.tensors) {

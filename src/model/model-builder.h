@@ -10,21 +10,21 @@ namespace keepwarm {
 
 // Shape and provenance of a generated model. Zero means "derive" for head_dim (width / heads).
 struct model_spec {
-    std::string preset;         // only used to name the model; empty for a hand-made shape
-    std::string arch = "qwen3"; // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid)
+    std::string preset;          // only used to name the model; empty for a hand-made shape
+    std::string arch = "qwen3";  // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid)
 
     uint32_t n_layer = 4;
-    uint32_t n_embd = 512;     // embedding_length ("width")
+    uint32_t n_embd = 512;  // embedding_length ("width")
     uint32_t n_head = 8;
     uint32_t n_head_kv = 4;
-    uint32_t head_dim = 0;     // 0: n_embd / n_head
-    uint32_t n_ff = 1536;      // feed_forward_length
+    uint32_t head_dim = 0;  // 0: n_embd / n_head
+    uint32_t n_ff = 1536;   // feed_forward_length
     uint32_t n_ctx_train = 32768;
 
     // qwen3moe
     uint32_t n_expert = 0;
     uint32_t n_expert_used = 0;
-    uint32_t n_ff_exp = 0;     // expert_feed_forward_length
+    uint32_t n_ff_exp = 0;  // expert_feed_forward_length
 
     // qwen35: every full_attention_interval-th layer is attention, the others gated delta-net (recurrent)
     uint32_t full_attention_interval = 4;

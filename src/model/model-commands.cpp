@@ -37,7 +37,8 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
     try {
         // Without --preset, --arch picks the tiny shape of that architecture as the starting point.
-        const std::string base = !o.preset.empty() ? o.preset : arch_default_preset(given("--arch") ? o.flags.arch : "qwen3");
+        const std::string base =
+            !o.preset.empty() ? o.preset : arch_default_preset(given("--arch") ? o.flags.arch : "qwen3");
         model_spec spec = preset_spec(base);
         bool custom = o.preset.empty();
         auto take = [&](const char* name, auto& field, const auto& value) {
@@ -99,12 +100,14 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
 
 void add_mkmodel_command(CLI::App& app) {
     auto o = std::make_shared<mkmodel_options>();
-    CLI::App* cmd = app.add_subcommand("mkmodel", "Generate a GGUF model with random weights, a real tokenizer and a "
-                                                  "real chat template (for tests and benchmarks)");
+    CLI::App* cmd = app.add_subcommand("mkmodel",
+                                       "Generate a GGUF model with random weights, a real tokenizer and a "
+                                       "real chat template (for tests and benchmarks)");
     model_spec& f = o->flags;
     std::string presets;
     for (const auto& p : preset_names()) presets += (presets.empty() ? "" : ", ") + p;
-    cmd->add_option("--preset", o->preset, "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
+    cmd->add_option("--preset", o->preset,
+                    "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
     cmd->add_option("-o,--output", o->output, "Output file (default: ./<model name>.gguf)");
     cmd->add_option("--arch", f.arch, "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net)");
     cmd->add_option("--layers", f.n_layer, "Number of blocks");
@@ -122,7 +125,8 @@ void add_mkmodel_command(CLI::App& app) {
     cmd->add_option("--ssm-k-heads", f.ssm_group_count, "Delta-net key heads (qwen35)");
     cmd->add_option("--ssm-v-heads", f.ssm_time_step_rank, "Delta-net value heads (qwen35)");
     cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35)");
-    cmd->add_option("--vocab", f.vocab, "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, llama-bpe)");
+    cmd->add_option("--vocab", f.vocab,
+                    "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, llama-bpe)");
     cmd->add_option("--template", f.chat_template,
                     "Chat template: models/templates/NAME.jinja of llama.cpp (e.g. Qwen-Qwen3-0.6B, Qwen3.5-4B)");
     cmd->add_option("--type", f.type, "Weight type: f32, f16, q8_0, q4_0");
@@ -140,8 +144,9 @@ void add_inspect_command(CLI::App& app) {
         bool json = false;
     };
     auto o = std::make_shared<inspect_options>();
-    CLI::App* cmd = app.add_subcommand("inspect", "Show a GGUF model's layout and what its KV cache and recurrent "
-                                                  "state cost per token and per sequence");
+    CLI::App* cmd = app.add_subcommand("inspect",
+                                       "Show a GGUF model's layout and what its KV cache and recurrent "
+                                       "state cost per token and per sequence");
     cmd->add_option("model", o->path, "GGUF model file")->required();
     cmd->add_option("--ctx", o->contexts, "Context length(s) to show memory for (default: the model's and 32768)")
         ->delimiter(',');

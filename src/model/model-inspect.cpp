@@ -66,11 +66,23 @@ public:
 private:
     static size_t gguf_type_size(gguf_type type) {
         switch (type) {
-            case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-            case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-            case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-            case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-            default: return 0;
+            case GGUF_TYPE_UINT8:
+            case GGUF_TYPE_INT8:
+            case GGUF_TYPE_BOOL:
+                return 1;
+            case GGUF_TYPE_UINT16:
+            case GGUF_TYPE_INT16:
+                return 2;
+            case GGUF_TYPE_UINT32:
+            case GGUF_TYPE_INT32:
+            case GGUF_TYPE_FLOAT32:
+                return 4;
+            case GGUF_TYPE_UINT64:
+            case GGUF_TYPE_INT64:
+            case GGUF_TYPE_FLOAT64:
+                return 8;
+            default:
+                return 0;
         }
     }
 
@@ -78,18 +90,30 @@ private:
     static std::optional<uint64_t> scalar(gguf_type type, const void* p) {
         auto non_negative = [](auto v) { return v < 0 ? uint64_t(0) : uint64_t(v); };
         switch (type) {
-            case GGUF_TYPE_UINT8: return *static_cast<const uint8_t*>(p);
-            case GGUF_TYPE_INT8: return non_negative(*static_cast<const int8_t*>(p));
-            case GGUF_TYPE_BOOL: return *static_cast<const int8_t*>(p) != 0 ? 1 : 0;
-            case GGUF_TYPE_UINT16: return *static_cast<const uint16_t*>(p);
-            case GGUF_TYPE_INT16: return non_negative(*static_cast<const int16_t*>(p));
-            case GGUF_TYPE_UINT32: return *static_cast<const uint32_t*>(p);
-            case GGUF_TYPE_INT32: return non_negative(*static_cast<const int32_t*>(p));
-            case GGUF_TYPE_UINT64: return *static_cast<const uint64_t*>(p);
-            case GGUF_TYPE_INT64: return non_negative(*static_cast<const int64_t*>(p));
-            case GGUF_TYPE_FLOAT32: return non_negative(*static_cast<const float*>(p));
-            case GGUF_TYPE_FLOAT64: return non_negative(*static_cast<const double*>(p));
-            default: return std::nullopt;
+            case GGUF_TYPE_UINT8:
+                return *static_cast<const uint8_t*>(p);
+            case GGUF_TYPE_INT8:
+                return non_negative(*static_cast<const int8_t*>(p));
+            case GGUF_TYPE_BOOL:
+                return *static_cast<const int8_t*>(p) != 0 ? 1 : 0;
+            case GGUF_TYPE_UINT16:
+                return *static_cast<const uint16_t*>(p);
+            case GGUF_TYPE_INT16:
+                return non_negative(*static_cast<const int16_t*>(p));
+            case GGUF_TYPE_UINT32:
+                return *static_cast<const uint32_t*>(p);
+            case GGUF_TYPE_INT32:
+                return non_negative(*static_cast<const int32_t*>(p));
+            case GGUF_TYPE_UINT64:
+                return *static_cast<const uint64_t*>(p);
+            case GGUF_TYPE_INT64:
+                return non_negative(*static_cast<const int64_t*>(p));
+            case GGUF_TYPE_FLOAT32:
+                return non_negative(*static_cast<const float*>(p));
+            case GGUF_TYPE_FLOAT64:
+                return non_negative(*static_cast<const double*>(p));
+            default:
+                return std::nullopt;
         }
     }
 
@@ -110,9 +134,12 @@ std::string human_bytes(double bytes) {
 
 std::string human_count(uint64_t n) {
     char buf[32];
-    if (n >= 1000000000ULL) std::snprintf(buf, sizeof(buf), "%.2f B", double(n) / 1e9);
-    else if (n >= 1000000ULL) std::snprintf(buf, sizeof(buf), "%.1f M", double(n) / 1e6);
-    else std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(n));
+    if (n >= 1000000000ULL)
+        std::snprintf(buf, sizeof(buf), "%.2f B", double(n) / 1e9);
+    else if (n >= 1000000ULL)
+        std::snprintf(buf, sizeof(buf), "%.1f M", double(n) / 1e6);
+    else
+        std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(n));
     return buf;
 }
 
@@ -122,27 +149,36 @@ const kv_cache_type k_kv_types[] = {kv_cache_type::f16, kv_cache_type::q8_0, kv_
 
 const char* to_string(layer_kind kind) {
     switch (kind) {
-        case layer_kind::full_attention: return "full";
-        case layer_kind::sliding_window: return "swa";
-        case layer_kind::recurrent: return "recurrent";
+        case layer_kind::full_attention:
+            return "full";
+        case layer_kind::sliding_window:
+            return "swa";
+        case layer_kind::recurrent:
+            return "recurrent";
     }
     return "?";
 }
 
 const char* to_string(kv_cache_type type) {
     switch (type) {
-        case kv_cache_type::f16: return "f16";
-        case kv_cache_type::q8_0: return "q8_0";
-        case kv_cache_type::q4_0: return "q4_0";
+        case kv_cache_type::f16:
+            return "f16";
+        case kv_cache_type::q8_0:
+            return "q8_0";
+        case kv_cache_type::q4_0:
+            return "q4_0";
     }
     return "?";
 }
 
 uint64_t kv_type_bytes(kv_cache_type type, uint64_t n_values) {
     switch (type) {
-        case kv_cache_type::f16: return n_values * 2;
-        case kv_cache_type::q8_0: return (n_values + 31) / 32 * 34;  // 32 int8 + one f16 scale
-        case kv_cache_type::q4_0: return (n_values + 31) / 32 * 18;  // 32 nibbles + one f16 scale
+        case kv_cache_type::f16:
+            return n_values * 2;
+        case kv_cache_type::q8_0:
+            return (n_values + 31) / 32 * 34;  // 32 int8 + one f16 scale
+        case kv_cache_type::q4_0:
+            return (n_values + 31) / 32 * 18;  // 32 nibbles + one f16 scale
     }
     return 0;
 }
@@ -164,7 +200,8 @@ uint64_t model_report::memory_at(uint32_t n_ctx, kv_cache_type type) const {
     uint64_t total = recurrent_state_bytes;
     for (size_t il = 0; il < layers.size(); ++il) {
         uint64_t tokens = n_ctx;
-        if (layers[il] == layer_kind::sliding_window && sliding_window > 0) tokens = std::min(tokens, uint64_t(sliding_window));
+        if (layers[il] == layer_kind::sliding_window && sliding_window > 0)
+            tokens = std::min(tokens, uint64_t(sliding_window));
         total += tokens * (kv_type_bytes(type, k_per_token[il]) + kv_type_bytes(type, v_per_token[il]));
     }
     return total;
@@ -176,20 +213,24 @@ std::string model_report::layer_summary() const {
         const uint32_t n = count(kind);
         if (n == 0) continue;
         std::string part = std::to_string(n) + " " +
-                           (kind == layer_kind::full_attention ? "full attention"
+                           (kind == layer_kind::full_attention   ? "full attention"
                             : kind == layer_kind::sliding_window ? "sliding window"
                                                                  : "recurrent");
         // Name where the minority kind sits when layers are mixed, since that is what differs between models.
         if (n != layers.size() && kind == layer_kind::full_attention) {
             std::vector<uint32_t> at;
-            for (uint32_t il = 0; il < layers.size(); ++il) if (layers[il] == kind) at.push_back(il);
+            for (uint32_t il = 0; il < layers.size(); ++il)
+                if (layers[il] == kind) at.push_back(il);
             const uint32_t step = at.size() > 1 ? at[1] - at[0] : 0;
             bool regular = step > 0;
             for (size_t i = 1; i < at.size(); ++i) regular = regular && at[i] - at[i - 1] == step;
             if (at.size() == 1) {
                 part += " (layer " + std::to_string(at[0]) + ")";
             } else if (regular) {
-                part += " (every " + std::to_string(step) + (step == 2 ? "nd" : step == 3 ? "rd" : "th") +
+                part += " (every " + std::to_string(step) +
+                        (step == 2   ? "nd"
+                         : step == 3 ? "rd"
+                                     : "th") +
                         " layer from " + std::to_string(at[0]) + ")";
             } else {
                 part += " (layers";
@@ -230,13 +271,15 @@ model_report inspect_model(const std::string& path) {
     r.n_expert = uint32_t(md.number_or(a + "expert_count", 0));
     r.n_expert_used = uint32_t(md.number_or(a + "expert_used_count", 0));
     r.n_ff_exp = uint32_t(md.number_or(a + "expert_feed_forward_length", 0));
-    if (auto ff = md.per_layer(a + "feed_forward_length", r.n_layer)) r.n_ff = uint32_t(*std::max_element(ff->begin(), ff->end()));
+    if (auto ff = md.per_layer(a + "feed_forward_length", r.n_layer))
+        r.n_ff = uint32_t(*std::max_element(ff->begin(), ff->end()));
 
-    const std::vector<uint64_t> heads = md.per_layer(a + "attention.head_count", r.n_layer).value_or(
-        std::vector<uint64_t>(r.n_layer, 0));
+    const std::vector<uint64_t> heads =
+        md.per_layer(a + "attention.head_count", r.n_layer).value_or(std::vector<uint64_t>(r.n_layer, 0));
     const std::vector<uint64_t> heads_kv = md.per_layer(a + "attention.head_count_kv", r.n_layer).value_or(heads);
     const uint64_t first_heads = [&] {
-        for (uint64_t h : heads) if (h) return h;
+        for (uint64_t h : heads)
+            if (h) return h;
         return uint64_t(0);
     }();
     const uint64_t default_head = first_heads ? r.n_embd / first_heads : 0;
@@ -252,13 +295,15 @@ model_report inspect_model(const std::string& path) {
     r.layers.assign(r.n_layer, layer_kind::full_attention);
     const bool has_ssm = md.has(a + "ssm.state_size") || md.has(a + "ssm.inner_size") || md.has(a + "wkv.head_size");
     if (auto recurrent = md.per_layer(a + "attention.recurrent_layers", r.n_layer)) {
-        for (uint32_t il = 0; il < r.n_layer; ++il) if ((*recurrent)[il]) r.layers[il] = layer_kind::recurrent;
+        for (uint32_t il = 0; il < r.n_layer; ++il)
+            if ((*recurrent)[il]) r.layers[il] = layer_kind::recurrent;
     } else if (auto interval = md.number(a + "full_attention_interval"); interval && *interval > 0) {
         for (uint32_t il = 0; il < r.n_layer; ++il) {
             if ((il + 1) % *interval != 0) r.layers[il] = layer_kind::recurrent;
         }
     } else if (has_ssm) {
-        for (uint32_t il = 0; il < r.n_layer; ++il) if (heads_kv[il] == 0) r.layers[il] = layer_kind::recurrent;
+        for (uint32_t il = 0; il < r.n_layer; ++il)
+            if (heads_kv[il] == 0) r.layers[il] = layer_kind::recurrent;
     }
 
     // Sliding window: a per-layer pattern (array of flags, or N meaning "every Nth layer is full"), else all layers.
@@ -326,8 +371,8 @@ std::string format_report(const model_report& r, const std::vector<uint32_t>& co
     if (r.random_weights) row("weights", "RANDOM (generated by keepwarm mkmodel): output is noise");
     row("architecture", r.architecture);
     row("layers", std::to_string(r.n_layer) + ": " + r.layer_summary());
-    row("width", std::to_string(r.n_embd) + " (ff " + std::to_string(r.n_ff) + ", vocab " + std::to_string(r.n_vocab) +
-                     ")");
+    row("width",
+        std::to_string(r.n_embd) + " (ff " + std::to_string(r.n_ff) + ", vocab " + std::to_string(r.n_vocab) + ")");
     row("heads", std::to_string(r.n_head) + " query, " + std::to_string(r.n_head_kv) + " KV; head size " +
                      std::to_string(r.head_dim_k) + " (k) / " + std::to_string(r.head_dim_v) + " (v)");
     if (r.n_expert > 0) {
@@ -340,23 +385,24 @@ std::string format_report(const model_report& r, const std::vector<uint32_t>& co
     row("context", std::to_string(r.n_ctx_train) + " (trained)");
 
     std::string kv;
-    for (kv_cache_type t : k_kv_types) kv += std::string(kv.empty() ? "" : ", ") + to_string(t) + " " +
-                                             human_bytes(double(r.kv_bytes_per_token(t)));
+    for (kv_cache_type t : k_kv_types)
+        kv += std::string(kv.empty() ? "" : ", ") + to_string(t) + " " + human_bytes(double(r.kv_bytes_per_token(t)));
     row("KV per token", kv);
     if (r.count(layer_kind::recurrent) > 0) {
         row("recurrent state", human_bytes(double(r.recurrent_state_bytes)) + " per sequence (f32, any length)");
     }
     for (uint32_t n_ctx : contexts) {
         std::string mem;
-        for (kv_cache_type t : k_kv_types) mem += std::string(mem.empty() ? "" : ", ") + to_string(t) + " " +
-                                                  human_bytes(double(r.memory_at(n_ctx, t)));
+        for (kv_cache_type t : k_kv_types)
+            mem +=
+                std::string(mem.empty() ? "" : ", ") + to_string(t) + " " + human_bytes(double(r.memory_at(n_ctx, t)));
         row("at " + std::to_string(n_ctx), mem + " per sequence");
     }
     return out.str();
 }
 
 std::string format_report_json(const model_report& r, const std::vector<uint32_t>& contexts) {
-    using nlohmann::json;
+    using json = nlohmann::ordered_json;  // keep the fields in the order written
     json layers = json::array();
     for (layer_kind k : r.layers) layers.push_back(to_string(k));
     json kv = json::object();

@@ -18,20 +18,20 @@ struct model_report {
     uint64_t file_size = 0;
     std::string name;
     std::string architecture;
-    bool random_weights = false;     // written by keepwarm mkmodel: output is noise
+    bool random_weights = false;  // written by keepwarm mkmodel: output is noise
     bool has_chat_template = false;
-    std::string weight_type;         // the tensor type holding most of the bytes, e.g. "q8_0"
+    std::string weight_type;  // the tensor type holding most of the bytes, e.g. "q8_0"
 
     uint32_t n_layer = 0;
     uint32_t n_embd = 0;
     uint32_t n_ff = 0;
     uint32_t n_ctx_train = 0;
     uint32_t n_vocab = 0;
-    uint32_t n_head = 0;             // of the first attention layer
+    uint32_t n_head = 0;  // of the first attention layer
     uint32_t n_head_kv = 0;
     uint32_t head_dim_k = 0;
     uint32_t head_dim_v = 0;
-    uint32_t sliding_window = 0;     // tokens an SWA layer keeps; 0 without SWA
+    uint32_t sliding_window = 0;  // tokens an SWA layer keeps; 0 without SWA
     uint32_t n_expert = 0;
     uint32_t n_expert_used = 0;
     uint32_t n_ff_exp = 0;

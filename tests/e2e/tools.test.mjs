@@ -1,6 +1,8 @@
 // Tool calls through the chat template in the model's GGUF (Qwen3's): definitions reach the prompt, generated
 // calls come back as structured tool_calls (whole and streamed), and results go back in for the next turn.
-// The model has random weights, so `tool_choice: "required"` (a grammar) makes it call a tool.
+// The model has random weights and would never start a call by itself, so the request prefills the start of one
+// (a trailing assistant message is continued) and `tool_choice: "required"` makes the grammar force the rest: the
+// city must be one of the enum values, then the call must close. Template, grammar, sampler and parser all take part.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer } from './harness.mjs';
@@ -27,7 +29,9 @@ const tools = [{
     },
 }];
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
-const params = { model: 'tiny', messages, tools, tool_choice: 'required', temperature: 0, max_tokens: 64 };
+const prefill = { role: 'assistant', content: '<tool_call>\n' };
+const params = { model: 'tiny', messages: [...messages, prefill], tools, tool_choice: 'required',
+                 parallel_tool_calls: false, temperature: 0, max_tokens: 200 };
 
 test('a required tool call comes back structured', async () => {
     const r = await openai.chat.completions.create(params);
@@ -58,8 +62,8 @@ test('streamed tool call deltas assemble into the same call', async () => {
             if (d.function?.arguments) calls[d.index].arguments += d.function.arguments;
         }
     }
-    assert.equal(finish, 'tool_calls');
-    assert.equal(calls.length, 1);
+    assert.equal(finish, 'tool_calls', JSON.stringify({ calls, whole: whole.choices[0], usage: whole.usage }));
+    assert.equal(calls.length, whole.choices[0].message.tool_calls.length);
     assert.equal(calls[0].name, 'get_weather');
     assert.deepEqual(JSON.parse(calls[0].arguments), JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments));
 });
@@ -77,7 +81,11 @@ test('a tool result goes back in and the conversation continues', async () => {
     });
     assert.equal(followUp.object, 'chat.completion');
     assert.ok(followUp.usage.prompt_tokens > first.usage.prompt_tokens);
-    // The first turn's prompt is a prefix of the second's: it is reused, not recomputed.
-    assert.ok(followUp.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1,
-              `cached ${followUp.usage.prompt_tokens_details.cached_tokens} of ${first.usage.prompt_tokens}`);
+    // Everything up to the assistant turn is reused. (Qwen3's template renders the turn being generated with an
+    // empty <think></think> block and the same turn in history without one, so the tokens after the assistant header
+    // differ; keeping those is the prefix-cache work's job, not this test's.)
+    const header = await openai.chat.completions.create({ model: 'tiny', tools, messages, max_tokens: 1 });
+    assert.ok(followUp.usage.prompt_tokens_details.cached_tokens >= header.usage.prompt_tokens - 1,
+              `cached ${followUp.usage.prompt_tokens_details.cached_tokens}, prompt up to the assistant turn ` +
+              `${header.usage.prompt_tokens}`);
 });

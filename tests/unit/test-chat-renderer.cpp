@@ -269,6 +269,8 @@ TEST(ChatRenderer, PrefillContinuesAssistantMessage) {
     auto res = stream(parser, " 3", 1);
     // The prefill is not streamed again; only the continuation is.
     EXPECT_EQ(accumulate(res.diffs).content, " 3");
+    // The final message, like llama-server's, holds the whole assistant turn, prefill included.
+    EXPECT_EQ(res.final_msg.content, "1, 2, 3");
 }
 
 TEST(ChatOutputParser, StreamsToolCallInPieces) {

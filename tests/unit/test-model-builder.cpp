@@ -64,7 +64,9 @@ struct loaded_model {
     llama_context_ptr ctx;
 };
 
-bool quiet_progress(float, void*) { return true; }
+bool quiet_progress(float, void*) {
+    return true;
+}
 
 llama_model_params cpu_model_params() {
     init_llama_runtime();
@@ -112,8 +114,8 @@ void expect_decodes(const std::string& path) {
     ASSERT_FALSE(prompt.empty());
     llama_token next = 0;
     for (int step = 0; step < 4; ++step) {
-        llama_batch batch = step == 0 ? llama_batch_get_one(prompt.data(), int32_t(prompt.size()))
-                                      : llama_batch_get_one(&next, 1);
+        llama_batch batch =
+            step == 0 ? llama_batch_get_one(prompt.data(), int32_t(prompt.size())) : llama_batch_get_one(&next, 1);
         ASSERT_EQ(llama_decode(m.ctx.get(), batch), 0) << "step " << step;
         const float* logits = llama_get_logits_ith(m.ctx.get(), -1);
         ASSERT_NE(logits, nullptr);
@@ -327,14 +329,22 @@ TEST(ModelBuilder, BadArgumentsAreClearErrors) {
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.chat_template = "../../etc"; }), "template");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.type = "q5_k"; }), "unknown weight type");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_head = 3; }), "heads (3) must divide width");
-    expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_head_kv = 3; s.n_head = 4; s.n_embd = 128; }),
+    expect_error<std::invalid_argument>(with([](model_spec& s) {
+                                            s.n_head_kv = 3;
+                                            s.n_head = 4;
+                                            s.n_embd = 128;
+                                        }),
                                         "kv-heads (3) must divide heads (4)");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_embd = 100; }), "multiple of 32");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_layer = 0; }), "layers");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.n_expert = 4; }), "only apply to qwen3moe");
-    expect_error<std::invalid_argument>(
-        with([](model_spec& s) { s.arch = "qwen3moe"; s.n_expert = 4; s.n_expert_used = 5; s.n_ff_exp = 64; }),
-        "experts-used");
+    expect_error<std::invalid_argument>(with([](model_spec& s) {
+                                            s.arch = "qwen3moe";
+                                            s.n_expert = 4;
+                                            s.n_expert_used = 5;
+                                            s.n_ff_exp = 64;
+                                        }),
+                                        "experts-used");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.llama_source_dir = "/nonexistent/llama.cpp"; }),
                                         "llama.cpp source tree not found");
     expect_error<std::runtime_error>(small_spec(), "cannot write", "/nonexistent-dir/model.gguf");
