@@ -5,8 +5,9 @@ Run through bench/parity.sh, which builds llama-bench (bench/build-llama-bench.s
 generates the model. Python standard library only.
 
 Both sides get the same model, threads, KV cache types, n_batch 2048, n_ubatch 512 and flash attention
-"auto" (llama-bench's defaults, passed explicitly to both). Runs alternate (llama-bench rep 1, keepwarm rep 1,
-llama-bench rep 2, ...) so that drift in machine load hits both sides alike; each rep gives a ratio.
+"auto" (llama-bench's defaults, passed explicitly to both). Runs alternate: per rep and test, one
+llama-bench -r 1 run (after its own warm-up) right next to one keepwarm request, llama-bench first on even reps and
+keepwarm first on odd ones, so drift in machine load hits both sides alike; each rep gives a ratio.
 
   prefill: llama-bench pp<P> (one batch of P random tokens into an empty KV cache) vs keepwarm
            POST /v1/completions with a P-token prompt, max_tokens 1: timings.prompt_per_second. Each request
@@ -94,8 +95,10 @@ def loadavg():
 # llama-bench
 
 
-def run_llama_bench(args, kv):
-    cmd = [args.llama_bench, "-m", args.model, "-p", str(args.n_prompt), "-n", str(args.n_gen),
+def run_llama_bench(args, kv, test):
+    """One llama-bench run (-r 1, after its own warm-up) of just pp (test "pp") or just tg (test "tg")."""
+    n_prompt, n_gen = (args.n_prompt, 0) if test == "pp" else (0, args.n_gen)
+    cmd = [args.llama_bench, "-m", args.model, "-p", str(n_prompt), "-n", str(n_gen),
            "-t", str(args.threads), "-ctk", kv, "-ctv", kv, "-b", str(args.batch), "-ub", str(args.ubatch),
            "-fa", "auto", "-r", "1", "-o", "json"]
     t0 = time.time()
@@ -327,19 +330,29 @@ def main():
                 kb.complete("M", 1)[1].get("cache_n", 0) == 1
             kb.prefill()
             kb.decode()
+            # Each keepwarm measurement sits right next to the llama-bench run of the same test, and the order
+            # flips every rep (llama-bench first, then keepwarm first) so a trend in machine load cancels out.
             for rep in range(args.reps):
-                log(f"[{kv}] rep {rep + 1}/{args.reps}: llama-bench")
-                lb = run_llama_bench(args, kv)
-                log(f"[{kv}] rep {rep + 1}/{args.reps}: keepwarm "
-                    f"(llama-bench pp {lb.get('pp', 0):.1f} t/s, tg {lb.get('tg', 0):.1f} t/s)")
-                pp = kb.prefill()
-                tg = kb.decode()
-                log(f"[{kv}] rep {rep + 1}/{args.reps}: keepwarm pp {pp['tps']:.1f} t/s, tg {tg['tps']:.1f} t/s")
-                run["reps"].append({"llama_bench": lb, "keepwarm_prefill": pp, "keepwarm_decode": tg,
-                                    "loadavg": loadavg()})
+                lb_first = rep % 2 == 0
+                rec = {"order": "llama-bench first" if lb_first else "keepwarm first", "llama_bench": {}}
+                for test in ("pp", "tg"):
+                    for side in (("lb", "kw") if lb_first else ("kw", "lb")):
+                        if side == "lb":
+                            r = run_llama_bench(args, kv, test)
+                            rec["llama_bench"][test] = r.pop(test, None)
+                            rec["llama_bench"].setdefault("runs", []).append(r)
+                        elif test == "pp":
+                            rec["keepwarm_prefill"] = kb.prefill()
+                        else:
+                            rec["keepwarm_decode"] = kb.decode()
+                rec["loadavg"] = loadavg()
+                lb, pp, tg = rec["llama_bench"], rec["keepwarm_prefill"], rec["keepwarm_decode"]
+                log(f"[{kv}] rep {rep + 1}/{args.reps}: pp llama-bench {lb['pp']:.1f} keepwarm {pp['tps']:.1f} t/s; "
+                    f"tg llama-bench {lb['tg']:.1f} keepwarm {tg['tps']:.1f} t/s (load {rec['loadavg']})")
+                run["reps"].append(rec)
             results["warnings"] += [f"[{kv}] {w}" for w in kb.warnings]
         reps = run["reps"]
-        run["llama_bench_cmd"] = reps[0]["llama_bench"]["cmd"] if reps else None
+        run["llama_bench_cmds"] = [r["cmd"] for r in reps[0]["llama_bench"]["runs"]] if reps else []
         run["pp"] = summarize([r["llama_bench"].get("pp") for r in reps], [r["keepwarm_prefill"]["tps"] for r in reps])
         run["tg"] = summarize([r["llama_bench"].get("tg") for r in reps], [r["keepwarm_decode"]["tps"] for r in reps])
         run["tg_steps"] = summarize([r["llama_bench"].get("tg") for r in reps],
@@ -350,7 +363,7 @@ def main():
         rows.append((f"tg{N}", kv, run["tg"]))
         rows.append((f"tg{N} steps", kv, run["tg_steps"]))
     results["machine"]["loadavg_end"] = loadavg()
-    first = results["runs"][0]["reps"][0]["llama_bench"] if results["runs"] and results["runs"][0]["reps"] else {}
+    first = results["runs"][0]["reps"][0]["llama_bench"]["runs"][0] if results["runs"] and results["runs"][0]["reps"] else {}
     results["llama_bench_build"] = first.get("build_commit")
     results["cpu_backend"] = first.get("backend")
     results["model_type"] = first.get("model_type")
@@ -379,7 +392,8 @@ def main():
     ]
     if results["runs"]:
         r0 = results["runs"][0]
-        notes.append("llama-bench: `" + " ".join(r0["llama_bench_cmd"] or []) + "`")
+        for c in r0["llama_bench_cmds"]:
+            notes.append("llama-bench: `" + " ".join(c) + "`")
         notes.append("keepwarm: `" + " ".join(r0["keepwarm_cmd"]) + "`")
     results["table_md"] = "\n".join(lines)
 

@@ -143,6 +143,22 @@ sampling_options parse_sampling(const json& body) {
             fail("'seed' must be an integer between -1 and 4294967295");
         }
     }
+    if (const json* bias = find(body, "logit_bias")) {
+        if (!bias->is_object()) fail("'logit_bias' must be an object mapping token ids to numbers");
+        for (const auto& [key, value] : bias->items()) {
+            char* end = nullptr;
+            const long id = std::strtol(key.c_str(), &end, 10);
+            if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max()) {
+                fail("'logit_bias' keys must be token ids, got '" + key + "'");
+            }
+            if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
+                fail("'logit_bias[" + key + "]' must be a number between -100 and 100");
+            }
+            const float b = value.get<float>();
+            s.logit_bias.emplace_back(static_cast<llama_token>(id), b <= -100 ? -INFINITY : b);
+        }
+    }
+    if (auto ignore = get_bool(body, "ignore_eos", "ignore_eos")) s.ignore_eos = *ignore;
     validate_sampling(s);
     return s;
 }
@@ -546,6 +562,8 @@ common_params_sampling to_sampling_params(const sampling_options& s, const commo
     if (s.presence_penalty) p.penalty_present = *s.presence_penalty;
     if (s.frequency_penalty) p.penalty_freq = *s.frequency_penalty;
     if (s.seed) p.seed = *s.seed;
+    for (const auto& [token, bias] : s.logit_bias) p.logit_bias.push_back({token, bias});
+    p.ignore_eos = s.ignore_eos;
     return p;
 }
 

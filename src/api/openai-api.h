@@ -28,6 +28,10 @@ struct sampling_options {
     std::optional<int> top_k;                // >= 0 (0 = off)
     std::optional<int> repeat_last_n;        // >= -1 (-1 = whole context)
     std::optional<uint32_t> seed;            // request seed -1 maps to LLAMA_DEFAULT_SEED (random)
+    // OpenAI's logit_bias: token id -> bias in -100..100; -100 bans the token. Ids are checked against the vocab
+    // by the caller (this layer has no model).
+    std::vector<std::pair<llama_token, float>> logit_bias;
+    bool ignore_eos = false;                 // llama-server's extension: never sample end-of-generation tokens
 };
 
 struct chat_request {

@@ -17,10 +17,15 @@ namespace keepwarm {
 namespace {
 std::atomic<bool> g_verbose{false};
 
+// Warnings and errors always; everything with --verbose. A continuation line (the dots of a progress bar, say)
+// follows the fate of the line it continues.
 void log_callback(ggml_log_level level, const char* text, void*) {
-    if (level >= GGML_LOG_LEVEL_WARN || g_verbose.load(std::memory_order_relaxed)) {
-        std::fputs(text, stderr);
-    }
+    static thread_local bool last_shown = false;
+    const bool show = level == GGML_LOG_LEVEL_CONT ? last_shown
+                                                   : (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT) ||
+                                                         g_verbose.load(std::memory_order_relaxed);
+    last_shown = show;
+    if (show) std::fputs(text, stderr);
 }
 }  // namespace
 

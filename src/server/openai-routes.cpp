@@ -54,18 +54,35 @@ int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Waits for the next event of a running generation, cancelling it when the client is gone.
-// Returns nullopt once the client is gone (the generation is told to stop).
-std::optional<generation_event> next_event(generation_request& gen, http::response_writer& w, server_context& ctx) {
-    for (;;) {
-        if (auto ev = gen.output.pop(50ms)) return ev;
-        if (w.client_gone()) {
-            gen.cancelled = true;
-            ctx.http.disconnects++;
-            return std::nullopt;
+// Waits for the next event of a running generation. Returns nullopt once the client is gone, after telling the
+// generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer
+// writes nothing until the end, so only this check notices a client that left.
+class event_waiter {
+public:
+    event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx) : gen_(gen), w_(w), ctx_(ctx) {}
+
+    std::optional<generation_event> next() {
+        for (;;) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_check_ >= check_interval) {
+                last_check_ = now;
+                if (w_.client_gone()) {
+                    gen_.cancelled = true;
+                    ctx_.http.disconnects++;
+                    return std::nullopt;
+                }
+            }
+            if (auto ev = gen_.output.pop(check_interval)) return ev;
         }
     }
-}
+
+private:
+    static constexpr auto check_interval = 50ms;
+    generation_request& gen_;
+    http::response_writer& w_;
+    server_context& ctx_;
+    std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+};
 
 bool write_sse(http::response_writer& w, const json& data) {
     return w.write_chunk("data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
@@ -76,15 +93,18 @@ bool write_sse(http::response_writer& w, const json& data) {
     throw http::http_error(500, ev.error.empty() ? "generation failed" : ev.error, "server_error");
 }
 
-// `ignore_eos` (llama-server's extension): end-of-generation tokens can never be sampled.
-void apply_ignore_eos(const json& body, const server_context& ctx, common_params_sampling& sampling) {
-    const auto it = body.find("ignore_eos");
-    if (it == body.end() || it->is_null()) return;
-    if (!it->is_boolean()) throw http::http_error(400, "'ignore_eos' must be a boolean");
-    if (!it->get<bool>()) return;
-    sampling.ignore_eos = true;
+// Checks the request's token ids against the vocab, and turns ignore_eos into bans on end-of-generation tokens.
+void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) {
     const llama_vocab* vocab = ctx.llm->vocab();
-    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    for (const auto& bias : sampling.logit_bias) {
+        if (bias.token >= n_vocab) {
+            throw http::http_error(400, "'logit_bias' names token " + std::to_string(bias.token) +
+                                            " but the vocabulary has " + std::to_string(n_vocab) + " tokens");
+        }
+    }
+    if (!sampling.ignore_eos) return;
+    for (llama_token t = 0; t < n_vocab; ++t) {
         if (llama_vocab_is_eog(vocab, t)) sampling.logit_bias.push_back({t, -INFINITY});
     }
 }
@@ -99,7 +119,7 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     gen->prompt = tokenize_prompt(ctx, rendered.prompt);
     gen->sampling = api::to_sampling_params(chat.sampling, common_params_sampling{});
     api::chat_renderer::apply_to_sampling(rendered, gen->sampling, ctx.llm->vocab());
-    apply_ignore_eos(body, ctx, gen->sampling);
+    bind_to_vocab(ctx, gen->sampling);
     gen->render_special = gen->sampling.preserved_tokens;
     gen->max_tokens = chat.max_tokens.value_or(-1);
     gen->stop = rendered.stop;
@@ -108,10 +128,11 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     const std::string id = api::gen_chat_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
+    event_waiter events(*gen, w, ctx);
 
     if (!chat.stream) {
         for (;;) {
-            auto ev = next_event(*gen, w, ctx);
+            auto ev = events.next();
             if (!ev) return;
             parser.push(ev->text);
             if (!ev->done) continue;
@@ -132,7 +153,7 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     }
     bool first = true;
     for (;;) {
-        auto ev = next_event(*gen, w, ctx);
+        auto ev = events.next();
         if (!ev) return;
         std::vector<common_chat_msg_diff> diffs = parser.push(ev->text);
         if (ev->done && ev->reason != finish_reason::error) {
@@ -176,17 +197,18 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
     auto gen = std::make_shared<generation_request>();
     gen->prompt = tokenize_prompt(ctx, comp.prompt);
     gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
-    apply_ignore_eos(body, ctx, gen->sampling);
+    bind_to_vocab(ctx, gen->sampling);
     gen->max_tokens = comp.max_tokens.value_or(-1);
     gen->stop = comp.stop;
     const std::string id = api::gen_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
+    event_waiter events(*gen, w, ctx);
 
     std::string text;
     if (!comp.stream) {
         for (;;) {
-            auto ev = next_event(*gen, w, ctx);
+            auto ev = events.next();
             if (!ev) return;
             text += ev->text;
             if (!ev->done) continue;
@@ -204,7 +226,7 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
         return;
     }
     for (;;) {
-        auto ev = next_event(*gen, w, ctx);
+        auto ev = events.next();
         if (!ev) return;
         if (!ev->text.empty() || ev->done) {
             std::optional<std::string> reason;

@@ -16,6 +16,7 @@
 #include "server/openai-routes.h"
 #include "server/server-context.h"
 #include "server/status-routes.h"
+#include "server/tokenizer-routes.h"
 
 namespace keepwarm {
 
@@ -79,6 +80,7 @@ int run_serve(serve_options opts) {
     http::http_server server(opts.http);
     register_status_routes(server, ctx);
     register_openai_routes(server, ctx);
+    register_tokenizer_routes(server, ctx);
     ctx.llm->start();
     server.start();
 

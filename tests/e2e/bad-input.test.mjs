@@ -86,3 +86,22 @@ test('API key: required when configured, in either header style', async () => {
         await secured.stop();
     }
 });
+
+test('logit_bias: token ids outside the vocabulary and bad values are refused', async () => {
+    const base = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+    assertError(await chat({ ...base, logit_bias: { 99999999: 5 } }), 400, /logit_bias.*vocabulary/);
+    assertError(await chat({ ...base, logit_bias: { abc: 5 } }), 400, /logit_bias/);
+    assertError(await chat({ ...base, logit_bias: { 10: 500 } }), 400, /logit_bias/);
+    assertError(await chat({ ...base, logit_bias: [1, 2] }), 400, /logit_bias/);
+});
+
+test('/tokenize and /detokenize round-trip, and refuse bad input', async () => {
+    const text = 'Hello, keepwarm!';
+    const tok = await curl(`${server.url}/tokenize`, { method: 'POST', body: { content: text } });
+    assert.equal(tok.status, 200);
+    assert.ok(tok.body.tokens.length > 1);
+    const detok = await curl(`${server.url}/detokenize`, { method: 'POST', body: { tokens: tok.body.tokens } });
+    assert.equal(detok.body.content, text);
+    assertError(await curl(`${server.url}/tokenize`, { method: 'POST', body: { content: 5 } }), 400, /content/);
+    assertError(await curl(`${server.url}/detokenize`, { method: 'POST', body: { tokens: [-1] } }), 400, /tokens/);
+});

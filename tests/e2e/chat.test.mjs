@@ -169,3 +169,20 @@ test('/metrics counts requests and tokens in Prometheus text format', async () =
     assert.equal(value('keepwarm_prompt_tokens_total'),
                  value('keepwarm_reused_tokens_total') + value('keepwarm_computed_prompt_tokens_total'));
 });
+
+test('logit_bias steers sampling: a banned token never appears, a favoured one always does', async () => {
+    const params = { model: 'tiny', messages: [{ role: 'user', content: 'Bias me.' }], temperature: 0, max_tokens: 8,
+                     ignore_eos: true };
+    const plain = await openai.chat.completions.create(params);
+    const { body } = await curl(`${server.url}/tokenize`, { method: 'POST',
+                                                            body: { content: plain.choices[0].message.content } });
+    const first = body.tokens[0];
+    const banned = await openai.chat.completions.create({ ...params, logit_bias: { [first]: -100 } });
+    const { body: again } = await curl(`${server.url}/tokenize`, { method: 'POST',
+                                                                   body: { content: banned.choices[0].message.content } });
+    assert.ok(!again.tokens.includes(first), 'banned token absent');
+    const { body: hello } = await curl(`${server.url}/tokenize`, { method: 'POST', body: { content: 'Hello' } });
+    assert.equal(hello.tokens.length, 1);
+    const favoured = await openai.chat.completions.create({ ...params, logit_bias: { [hello.tokens[0]]: 100 } });
+    assert.equal(favoured.choices[0].message.content, 'Hello'.repeat(8));
+});

@@ -2,16 +2,26 @@
 // calls come back as structured tool_calls (whole and streamed), and results go back in for the next turn.
 // The model has random weights and would never start a call by itself, so the request prefills the start of one
 // (a trailing assistant message is continued) and `tool_choice: "required"` makes the grammar force the rest: the
-// city must be one of the enum values, then the call must close. Template, grammar, sampler and parser all take part.
+// city must be one of the enum values, then the call must close. A strong logit_bias on "</" (which the grammar only
+// admits to close the call) and on the end-of-turn token ends the answer as soon as the grammar allows it, after
+// one complete call, instead of letting noise add more calls.
+// Template, grammar, sampler and parser all take part.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer } from './harness.mjs';
+import { startServer, curl } from './harness.mjs';
 
 let server;
 let openai;
+let params;
 before(async () => {
     server = await startServer(['-c', '4096', '-np', '2']);
     openai = server.client();
+    const tokenize = async (content) =>
+        (await curl(`${server.url}/tokenize`, { method: 'POST', body: { content } })).body.tokens;
+    const [endOfTurn] = await tokenize('<|im_end|>');
+    const [closeTag] = await tokenize('</tool_call>');
+    params = { model: 'tiny', messages: [...messages, prefill], tools, tool_choice: 'required', temperature: 0,
+               max_tokens: 200, logit_bias: { [endOfTurn]: 100, [closeTag]: 100 } };
 });
 after(async () => server?.stop());
 
@@ -30,20 +40,22 @@ const tools = [{
 }];
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const prefill = { role: 'assistant', content: '<tool_call>\n' };
-const params = { model: 'tiny', messages: [...messages, prefill], tools, tool_choice: 'required',
-                 parallel_tool_calls: false, temperature: 0, max_tokens: 200 };
 
 test('a required tool call comes back structured', async () => {
     const r = await openai.chat.completions.create(params);
     const choice = r.choices[0];
     assert.equal(choice.finish_reason, 'tool_calls');
     assert.equal(choice.message.tool_calls.length, 1);
-    const call = choice.message.tool_calls[0];
-    assert.equal(call.type, 'function');
-    assert.equal(call.function.name, 'get_weather');
-    assert.ok(call.id.length > 0);
-    const args = JSON.parse(call.function.arguments);
-    assert.ok(['Paris', 'Rome', 'Oslo'].includes(args.city), call.function.arguments);
+    const ids = new Set();
+    for (const call of choice.message.tool_calls) {
+        assert.equal(call.type, 'function');
+        assert.equal(call.function.name, 'get_weather');
+        assert.ok(call.id.length > 0);
+        ids.add(call.id);
+        const args = JSON.parse(call.function.arguments);
+        assert.ok(['Paris', 'Rome', 'Oslo'].includes(args.city), call.function.arguments);
+    }
+    assert.equal(ids.size, choice.message.tool_calls.length, 'tool call ids are unique');
 });
 
 test('streamed tool call deltas assemble into the same call', async () => {
@@ -64,8 +76,12 @@ test('streamed tool call deltas assemble into the same call', async () => {
     }
     assert.equal(finish, 'tool_calls', JSON.stringify({ calls, whole: whole.choices[0], usage: whole.usage }));
     assert.equal(calls.length, whole.choices[0].message.tool_calls.length);
-    assert.equal(calls[0].name, 'get_weather');
-    assert.deepEqual(JSON.parse(calls[0].arguments), JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments));
+    calls.forEach((call, i) => {
+        const expected = whole.choices[0].message.tool_calls[i];
+        assert.equal(call.name, 'get_weather');
+        assert.equal(call.id, call.id.trim());
+        assert.deepEqual(JSON.parse(call.arguments), JSON.parse(expected.function.arguments));
+    });
 });
 
 test('a tool result goes back in and the conversation continues', async () => {
