@@ -1,6 +1,8 @@
 // Unit tests for OpenAI request parsing/validation and response/chunk JSON shapes (src/api/openai-api.*).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "api/openai-api.h"
 #include "http/http-server.h"
 
@@ -492,4 +494,28 @@ TEST(OpenAiFormat, Ids) {
     EXPECT_EQ(gen_completion_id().rfind("cmpl-", 0), 0u);
     EXPECT_EQ(random_id("x-").size(), 34u);
     EXPECT_EQ(gen_tool_call_id().rfind("call_", 0), 0u);
+}
+
+TEST(OpenAiSampling, LogitBiasAndIgnoreEos) {
+    json body = minimal_chat();
+    body["logit_bias"] = {{"15", 2.5}, {"42", -100}};
+    body["ignore_eos"] = true;
+    const chat_request req = parse_chat_request(body);
+    ASSERT_EQ(req.sampling.logit_bias.size(), 2u);
+    const common_params_sampling p = to_sampling_params(req.sampling, common_params_sampling{});
+    ASSERT_EQ(p.logit_bias.size(), 2u);
+    EXPECT_EQ(p.logit_bias[0].token, 15);
+    EXPECT_FLOAT_EQ(p.logit_bias[0].bias, 2.5f);
+    EXPECT_EQ(p.logit_bias[1].token, 42);
+    EXPECT_TRUE(std::isinf(p.logit_bias[1].bias) && p.logit_bias[1].bias < 0) << "-100 bans the token";
+    EXPECT_TRUE(p.ignore_eos);
+
+    for (const char* bad : {R"({"x": 1})", R"({"-3": 1})", R"({"7": 101})", R"({"7": "a"})", R"([1, 2])"}) {
+        json b = minimal_chat();
+        b["logit_bias"] = json::parse(bad);
+        expect_chat_400(b, "logit_bias");
+    }
+    json b = minimal_chat();
+    b["ignore_eos"] = "yes";
+    expect_chat_400(b, "ignore_eos");
 }
