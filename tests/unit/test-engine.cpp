@@ -1,0 +1,186 @@
+// The engine on its own, without HTTP: prefix reuse per slot, continuous batching of several requests,
+// cancellation, limits, and the accounting every response reports.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "common.h"
+#include "engine/engine.h"
+#include "model/model-builder.h"
+
+using namespace keepwarm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string tiny_model() {
+    static const std::string path = [] {
+        const std::filesystem::path dir = std::filesystem::path(KEEPWARM_TEST_MODELS_DIR) / "unit-engine";
+        std::filesystem::create_directories(dir);
+        const auto file = dir / "tiny.gguf";
+        if (!std::filesystem::exists(file)) {
+            model_spec spec = preset_spec("tiny");
+            spec.seed = 1;
+            build_model(spec, file.string());
+        }
+        return file.string();
+    }();
+    return path;
+}
+
+class engine_test : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        engine_options o;
+        o.model_path = tiny_model();
+        o.context_size = 2048;
+        o.slots = 2;
+        o.threads = 1;
+        llm = std::make_unique<engine>(o);
+        llm->start();
+    }
+    static void TearDownTestSuite() { llm.reset(); }
+
+    static std::shared_ptr<generation_request> request(const std::string& text, int max_tokens) {
+        auto r = std::make_shared<generation_request>();
+        r->prompt = common_tokenize(llm->vocab(), text, true, true);
+        r->sampling.temp = 0;
+        r->max_tokens = max_tokens;
+        const llama_vocab* vocab = llm->vocab();
+        for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+            if (llama_vocab_is_eog(vocab, t)) r->sampling.logit_bias.push_back({t, -INFINITY});
+        }
+        return r;
+    }
+
+    // Collects a request's events until the final one.
+    static generation_event run_to_end(generation_request& r, std::string* text = nullptr) {
+        std::string all;
+        for (;;) {
+            auto ev = r.output.pop(30s);
+            if (!ev) {
+                ADD_FAILURE() << "no event within 30 s";
+                return {};
+            }
+            all += ev->text;
+            if (ev->done) {
+                if (text) *text = all;
+                return *ev;
+            }
+        }
+    }
+
+    static inline std::unique_ptr<engine> llm;
+};
+
+}  // namespace
+
+TEST_F(engine_test, generates_and_accounts_for_tokens) {
+    auto r = request("The quick brown fox jumps over the lazy dog.", 8);
+    llm->submit(r);
+    std::string text;
+    const generation_event end = run_to_end(*r, &text);
+    EXPECT_EQ(end.reason, finish_reason::length);
+    EXPECT_EQ(end.stats.generated_tokens, 8);
+    EXPECT_EQ(end.stats.prompt_tokens, static_cast<int>(r->prompt.size()));
+    EXPECT_EQ(end.stats.reused_tokens + end.stats.computed_tokens, end.stats.prompt_tokens);
+    EXPECT_GT(end.stats.prompt_ms, 0);
+    EXPECT_GT(end.stats.generation_ms, 0);
+    EXPECT_FALSE(text.empty());
+}
+
+TEST_F(engine_test, an_extended_prompt_reuses_the_slot_that_holds_its_prefix) {
+    const std::string base = "Once upon a time there was a small village by the sea, where fishermen lived.";
+    auto first = request(base, 4);
+    llm->submit(first);
+    const generation_event a = run_to_end(*first);
+
+    auto second = request(base + " Every morning they sailed out.", 4);
+    llm->submit(second);
+    const generation_event b = run_to_end(*second);
+    EXPECT_EQ(b.stats.slot, a.stats.slot) << "routed to the slot holding the prefix";
+    // The whole first prompt is reused; generated tokens diverge from the new text, so they are recomputed.
+    EXPECT_GE(b.stats.reused_tokens, static_cast<int>(first->prompt.size()) - 1);
+    EXPECT_EQ(b.stats.computed_tokens, b.stats.prompt_tokens - b.stats.reused_tokens);
+}
+
+TEST_F(engine_test, the_same_prompt_twice_recomputes_only_its_last_token) {
+    auto first = request("A prompt that is sent twice in a row, unchanged.", 2);
+    llm->submit(first);
+    run_to_end(*first);
+    auto again = request("A prompt that is sent twice in a row, unchanged.", 2);
+    llm->submit(again);
+    const generation_event e = run_to_end(*again);
+    EXPECT_EQ(e.stats.computed_tokens, 1);
+    EXPECT_EQ(e.stats.reused_tokens, e.stats.prompt_tokens - 1);
+}
+
+TEST_F(engine_test, more_requests_than_slots_all_complete) {
+    std::vector<std::shared_ptr<generation_request>> rs;
+    for (int i = 0; i < 5; ++i) {
+        rs.push_back(request("Request " + std::to_string(i) + " asks for something else entirely.", 6));
+        llm->submit(rs.back());
+    }
+    std::set<int> slots_used;
+    for (auto& r : rs) {
+        const generation_event e = run_to_end(*r);
+        EXPECT_EQ(e.reason, finish_reason::length);
+        EXPECT_EQ(e.stats.generated_tokens, 6);
+        slots_used.insert(e.stats.slot);
+    }
+    EXPECT_EQ(slots_used.size(), 2u) << "both slots decoded";
+}
+
+TEST_F(engine_test, cancellation_frees_the_slot) {
+    auto r = request("Tell a story that never ends.", -1);
+    llm->submit(r);
+    auto first = r->output.pop(30s);  // generation is running
+    ASSERT_TRUE(first);
+    r->cancelled = true;
+    const generation_event e = first->done ? *first : run_to_end(*r);
+    EXPECT_EQ(e.reason, finish_reason::cancelled);
+    for (int i = 0; i < 100 && std::any_of(llm->slots().begin(), llm->slots().end(), [](auto& s) { return s.busy; });
+         ++i) {
+        std::this_thread::sleep_for(10ms);
+    }
+    for (const auto& s : llm->slots()) EXPECT_FALSE(s.busy);
+}
+
+TEST_F(engine_test, a_prompt_longer_than_a_slot_is_refused_with_both_counts) {
+    auto r = std::make_shared<generation_request>();
+    r->prompt.assign(llm->slot_context_size() + 10, 100);
+    llm->submit(r);
+    const generation_event e = run_to_end(*r);
+    EXPECT_EQ(e.reason, finish_reason::error);
+    EXPECT_NE(e.error.find(std::to_string(r->prompt.size())), std::string::npos) << e.error;
+    EXPECT_NE(e.error.find(std::to_string(llm->slot_context_size())), std::string::npos) << e.error;
+}
+
+TEST_F(engine_test, generation_stops_when_the_slot_is_full) {
+    // No max_tokens: the slot's context is the limit. A long prompt leaves room for a few tokens only.
+    auto r = request("Fill the slot.", -1);
+    r->prompt.resize(llm->slot_context_size() - 20, r->prompt.back());
+    llm->submit(r);
+    const generation_event e = run_to_end(*r);
+    EXPECT_EQ(e.reason, finish_reason::length);
+    EXPECT_EQ(e.stats.prompt_tokens + e.stats.generated_tokens, llm->slot_context_size());
+}
+
+TEST_F(engine_test, stop_strings_end_generation_and_are_not_returned) {
+    auto probe = request("Stop strings probe.", 12);
+    llm->submit(probe);
+    std::string text;
+    run_to_end(*probe, &text);
+    ASSERT_GE(text.size(), 6u);
+    const std::string stop = text.substr(3, 3);
+    auto r = request("Stop strings probe.", 12);
+    r->stop = {stop};
+    llm->submit(r);
+    std::string cut;
+    const generation_event e = run_to_end(*r, &cut);
+    EXPECT_EQ(e.reason, finish_reason::stop);
+    EXPECT_EQ(cut, text.substr(0, text.find(stop)));
+}
