@@ -86,6 +86,11 @@ private:
     int slot_context_size_ = 0;
     bool can_truncate_memory_ = true;  // false for recurrent/hybrid models: their state cannot be rolled back
 
+    // CPU thread pools kept for the context's lifetime, as llama-bench does: without one, ggml starts and joins
+    // fresh threads on every llama_decode. Null where no CPU backend is loaded.
+    struct threadpools;
+    std::unique_ptr<threadpools> threadpools_;
+
     std::vector<std::unique_ptr<slot>> slots_;  // engine thread only
     llama_batch batch_{};                       // engine thread only
 
