@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Second command of the README: installs what is missing, builds if needed, and runs the whole test suite:
-# unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
+# the formatting check, unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
 # tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/check-format.sh
 jobs="$(nproc)"
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

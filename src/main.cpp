@@ -14,8 +14,8 @@ namespace {
 // llama-server's multi-letter single-dash flags, so its command lines work here too (CLI11 only knows -x and --xx).
 std::vector<std::string> llama_style_aliases(int argc, char** argv) {
     static const std::map<std::string, std::string> aliases = {
-        {"-np", "--parallel"},       {"-ngl", "--gpu-layers"},    {"-ctk", "--cache-type-k"},
-        {"-ctv", "--cache-type-v"},  {"-ub", "--ubatch-size"},    {"-tb", "--threads-batch"},
+        {"-np", "--parallel"},      {"-ngl", "--gpu-layers"}, {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"}, {"-ub", "--ubatch-size"}, {"-tb", "--threads-batch"},
     };
     std::vector<std::string> args;
     for (int i = 1; i < argc; ++i) {

@@ -31,7 +31,7 @@ struct sampling_options {
     // OpenAI's logit_bias: token id -> bias in -100..100; -100 bans the token. Ids are checked against the vocab
     // by the caller (this layer has no model).
     std::vector<std::pair<llama_token, float>> logit_bias;
-    bool ignore_eos = false;                 // llama-server's extension: never sample end-of-generation tokens
+    bool ignore_eos = false;  // llama-server's extension: never sample end-of-generation tokens
 };
 
 struct chat_request {

@@ -6,10 +6,10 @@
 #include <stdexcept>
 
 #include "common.h"
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
 #include "engine/llama-runtime.h"
 #include "engine/text-stream.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 
 namespace keepwarm {
 
@@ -30,10 +30,14 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 
 const char* finish_reason_name(finish_reason reason) {
     switch (reason) {
-        case finish_reason::stop: return "stop";
-        case finish_reason::length: return "length";
-        case finish_reason::cancelled: return "cancelled";
-        case finish_reason::error: return "error";
+        case finish_reason::stop:
+            return "stop";
+        case finish_reason::length:
+            return "length";
+        case finish_reason::cancelled:
+            return "cancelled";
+        case finish_reason::error:
+            return "error";
     }
     return "error";
 }
@@ -99,10 +103,10 @@ struct engine::slot {
     std::shared_ptr<generation_request> request;
     common_sampler_ptr sampler;
     std::unique_ptr<text_stream> text;
-    size_t prompt_done = 0;     // prompt tokens in the KV (reused + computed)
+    size_t prompt_done = 0;  // prompt tokens in the KV (reused + computed)
     int reused = 0;
-    llama_token pending = -1;   // sampled but not yet decoded
-    int batch_index = -1;       // index in the current batch whose logits belong to this slot
+    llama_token pending = -1;  // sampled but not yet decoded
+    int batch_index = -1;      // index in the current batch whose logits belong to this slot
     int generated = 0;
     clock::time_point admitted, prompt_started, first_token;
     clock::time_point last_used;
@@ -250,7 +254,9 @@ void engine::admit_queued() {
         const auto& prompt = request->prompt;
         if (prompt.empty() || static_cast<int>(prompt.size()) >= slot_context_size_) {
             counters_.errors++;
-            request->output.push({.text = {}, .done = true, .reason = finish_reason::error,
+            request->output.push({.text = {},
+                                  .done = true,
+                                  .reason = finish_reason::error,
                                   .error = prompt.empty() ? "empty prompt"
                                                           : "prompt has " + std::to_string(prompt.size()) +
                                                                 " tokens; the context holds " +
@@ -284,7 +290,9 @@ void engine::admit_queued() {
         s.sampler.reset(common_sampler_init(model_.get(), request->sampling));
         if (!s.sampler) {
             counters_.errors++;
-            request->output.push({.text = {}, .done = true, .reason = finish_reason::error,
+            request->output.push({.text = {},
+                                  .done = true,
+                                  .reason = finish_reason::error,
                                   .error = "could not initialize sampling (invalid grammar?)"});
             continue;
         }
@@ -370,7 +378,8 @@ bool engine::step() {
         if (!s.prefilling() || batch_.n_tokens >= options_.batch_size) continue;
         if (s.prompt_started == clock::time_point{}) s.prompt_started = clock::now();
         const auto& prompt = s.request->prompt;
-        const size_t n = std::min(prompt.size() - s.prompt_done, static_cast<size_t>(options_.batch_size - batch_.n_tokens));
+        const size_t n =
+            std::min(prompt.size() - s.prompt_done, static_cast<size_t>(options_.batch_size - batch_.n_tokens));
         const int first = batch_.n_tokens;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = s.prompt_done + k;
@@ -384,7 +393,8 @@ bool engine::step() {
 
     const int rc = llama_decode(ctx_.get(), batch_);
     if (rc != 0) {
-        const std::string why = rc == 1 ? "no room left in the KV cache" : "llama_decode failed (" + std::to_string(rc) + ")";
+        const std::string why =
+            rc == 1 ? "no room left in the KV cache" : "llama_decode failed (" + std::to_string(rc) + ")";
         for (auto& p : parts) finish(*p.s, finish_reason::error, why);
         return true;
     }

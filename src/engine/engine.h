@@ -28,7 +28,7 @@ struct engine_options {
     int threads_batch = 0;    // 0: same as threads (prefill)
     ggml_type cache_type_k = GGML_TYPE_F16;
     ggml_type cache_type_v = GGML_TYPE_F16;
-    int gpu_layers = -1;      // -1: all that fit (no effect on CPU-only machines)
+    int gpu_layers = -1;  // -1: all that fit (no effect on CPU-only machines)
     bool verbose = false;
 };
 

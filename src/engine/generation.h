@@ -57,12 +57,12 @@ private:
 struct generation_request {
     std::vector<llama_token> prompt;
     common_params_sampling sampling;
-    int max_tokens = -1;                  // -1: until end of generation or the slot's context is full
-    std::vector<std::string> stop;        // stop strings; the matched stop string is not returned
-    std::set<llama_token> render_special; // special tokens rendered as text (e.g. <tool_call>, <think>)
+    int max_tokens = -1;                   // -1: until end of generation or the slot's context is full
+    std::vector<std::string> stop;         // stop strings; the matched stop string is not returned
+    std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 
-    std::atomic<bool> cancelled{false};   // set by the HTTP thread when the client goes away
+    std::atomic<bool> cancelled{false};  // set by the HTTP thread when the client goes away
     generation_stream output;
 };
 

@@ -2,8 +2,8 @@
 #include "engine/llama-runtime.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <sstream>

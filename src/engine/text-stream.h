@@ -25,7 +25,7 @@ public:
 
 private:
     std::vector<std::string> stops_;
-    std::string held_;  // valid UTF-8 held back because it may begin a stop string
+    std::string held_;          // valid UTF-8 held back because it may begin a stop string
     std::string partial_utf8_;  // bytes of a UTF-8 character not complete yet
     bool stopped_ = false;
     std::string matched_stop_;

@@ -283,8 +283,8 @@ void http_server::impl::start() {
     if (started) throw std::logic_error("http_server already started");
     stopping.store(false);  // a stopped server may be started again
 
-    std::string where = (options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host) +
-                        ":" + std::to_string(options.port);
+    std::string where = (options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host) + ":" +
+                        std::to_string(options.port);
     error_code ec;
     tcp::resolver resolver(ioc);
     auto results = resolver.resolve(options.host, std::to_string(options.port),
@@ -656,16 +656,22 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
 
 http_server::http_server(server_options options) : impl_(std::make_unique<impl>(std::move(options))) {}
 
-http_server::~http_server() { stop(); }
+http_server::~http_server() {
+    stop();
+}
 
 void http_server::add_route(const std::string& method, const std::string& path, handler h, route_options options) {
     if (!options.format_error) options.format_error = openai_error_body;
     impl_->routes[path][method] = impl::route{std::move(h), std::move(options)};
 }
 
-void http_server::start() { impl_->start(); }
+void http_server::start() {
+    impl_->start();
+}
 
-uint16_t http_server::port() const { return impl_->bound_port; }
+uint16_t http_server::port() const {
+    return impl_->bound_port;
+}
 
 void http_server::stop() {
     if (impl_) impl_->stop();

@@ -34,7 +34,8 @@ public:
     virtual ~response_writer() = default;
 
     // Sends a complete response. Returns false if the client is gone.
-    virtual bool send(int status, std::string_view content_type, std::string_view body, const header_list& extra = {}) = 0;
+    virtual bool send(int status, std::string_view content_type, std::string_view body,
+                      const header_list& extra = {}) = 0;
 
     // Starts a chunked response (e.g. text/event-stream). Returns false if the client is gone.
     virtual bool begin_stream(int status, std::string_view content_type, const header_list& extra = {}) = 0;
@@ -68,10 +69,10 @@ std::string openai_error_body(int status, const std::string& type, const std::st
 
 struct server_options {
     std::string host = "127.0.0.1";
-    uint16_t port = 8080;            // 0 picks a free port; see http_server::port()
-    std::string api_key;             // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
+    uint16_t port = 8080;  // 0 picks a free port; see http_server::port()
+    std::string api_key;   // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
     size_t max_body_bytes = 64u << 20;
-    int max_connections = 256;       // beyond this, new connections get 503
+    int max_connections = 256;  // beyond this, new connections get 503
 };
 
 struct route_options {

@@ -34,24 +34,30 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
     const int limit = ctx.llm->slot_context_size();
     if (static_cast<int>(tokens.size()) >= limit) {
-        throw http::http_error(400, "the prompt has " + std::to_string(tokens.size()) +
-                                        " tokens but the context holds " + std::to_string(limit) +
-                                        " tokens per request", "exceed_context_size_error");
+        throw http::http_error(400,
+                               "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                                   std::to_string(limit) + " tokens per request",
+                               "exceed_context_size_error");
     }
     return tokens;
 }
 
 api::usage_info usage_of(const generation_stats& st) {
-    return {.prompt_tokens = st.prompt_tokens, .completion_tokens = st.generated_tokens, .cached_tokens = st.reused_tokens};
+    return {
+        .prompt_tokens = st.prompt_tokens, .completion_tokens = st.generated_tokens, .cached_tokens = st.reused_tokens};
 }
 
 api::timings_info timings_of(const generation_stats& st) {
-    return {.prompt_n = st.computed_tokens, .cache_n = st.reused_tokens, .prompt_ms = st.prompt_ms,
-            .predicted_n = st.generated_tokens, .predicted_ms = st.generation_ms};
+    return {.prompt_n = st.computed_tokens,
+            .cache_n = st.reused_tokens,
+            .prompt_ms = st.prompt_ms,
+            .predicted_n = st.generated_tokens,
+            .predicted_ms = st.generation_ms};
 }
 
 int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
 }
 
 // Waits for the next event of a running generation. Returns nullopt once the client is gone, after telling the
@@ -59,7 +65,8 @@ int64_t unix_now() {
 // writes nothing until the end, so only this check notices a client that left.
 class event_waiter {
 public:
-    event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx) : gen_(gen), w_(w), ctx_(ctx) {}
+    event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx)
+        : gen_(gen), w_(w), ctx_(ctx) {}
 
     std::optional<generation_event> next() {
         for (;;) {

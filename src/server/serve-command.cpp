@@ -2,13 +2,13 @@
 // SIGINT/SIGTERM.
 #include "server/serve-command.h"
 
+#include <pthread.h>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <pthread.h>
 
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
@@ -33,11 +33,12 @@ struct serve_options {
 
 ggml_type parse_cache_type(const std::string& name) {
     static const std::map<std::string, ggml_type> types = {
-        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
         {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0},
     };
     auto it = types.find(name);
-    if (it == types.end()) throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
+    if (it == types.end())
+        throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
     return it->second;
 }
 
@@ -68,8 +69,7 @@ int run_serve(serve_options opts) {
     }
     ctx.model_path = opts.engine.model_path;
     ctx.random_weights = model_has_random_weights(ctx.model_path);
-    ctx.model_id = !opts.model_alias.empty() ? opts.model_alias
-                                             : std::filesystem::path(ctx.model_path).stem().string();
+    ctx.model_id = !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(ctx.model_path).stem().string();
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
 
@@ -86,9 +86,9 @@ int run_serve(serve_options opts) {
 
     const auto& eo = ctx.llm->options();
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << ctx.model_path << ")\n"
-              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of " << ctx.llm->slot_context_size()
-              << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v << ", " << eo.threads
-              << " threads\n"
+              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
+              << ctx.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
+              << ", " << eo.threads << " threads\n"
               << "  compute: " << compute_features() << "\n";
     if (ctx.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
@@ -119,12 +119,16 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
     cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
-        ->capture_default_str()->check(CLI::PositiveNumber);
-    cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")->capture_default_str()
-        ->check(CLI::Range(1, 256));
-    cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")->capture_default_str()
+        ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--ubatch-size", e.ubatch_size, "Physical batch size")->capture_default_str()
+    cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 256));
+    cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--ubatch-size", e.ubatch_size, "Physical batch size")
+        ->capture_default_str()
         ->check(CLI::PositiveNumber);
     cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
     cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
@@ -133,7 +137,8 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
         ->capture_default_str();
-    cmd->add_option("--chat-template-file", opts->chat_template_file, "Jinja chat template to use instead of the model's")
+    cmd->add_option("--chat-template-file", opts->chat_template_file,
+                    "Jinja chat template to use instead of the model's")
         ->check(CLI::ExistingFile);
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     cmd->callback([opts] {

@@ -22,9 +22,9 @@ struct http_counters {
 struct server_context {
     std::unique_ptr<engine> llm;
     std::unique_ptr<api::chat_renderer> renderer;
-    std::string model_id;        // name reported by /v1/models and in responses
+    std::string model_id;  // name reported by /v1/models and in responses
     std::string model_path;
-    bool random_weights = false; // generated test model: output is noise
+    bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
     http_counters http;
 };

@@ -10,7 +10,9 @@ namespace {
 using json = nlohmann::ordered_json;
 
 void metric(std::ostringstream& out, const char* name, const char* type, const char* help, double value) {
-    out << "# HELP " << name << ' ' << help << '\n' << "# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+    out << "# HELP " << name << ' ' << help << '\n'
+        << "# TYPE " << name << ' ' << type << '\n'
+        << name << ' ' << value << '\n';
 }
 }  // namespace
 
@@ -22,16 +24,24 @@ std::string render_metrics(const server_context& ctx) {
     std::ostringstream out;
     out.precision(12);
     metric(out, "keepwarm_requests_total", "counter", "Generation requests admitted to a slot", c.requests.load());
-    metric(out, "keepwarm_chat_completion_requests_total", "counter", "POST /v1/chat/completions requests", ctx.http.chat_completions.load());
-    metric(out, "keepwarm_completion_requests_total", "counter", "POST /v1/completions requests", ctx.http.completions.load());
-    metric(out, "keepwarm_client_errors_total", "counter", "Requests answered with a 4xx", ctx.http.client_errors.load());
+    metric(out, "keepwarm_chat_completion_requests_total", "counter", "POST /v1/chat/completions requests",
+           ctx.http.chat_completions.load());
+    metric(out, "keepwarm_completion_requests_total", "counter", "POST /v1/completions requests",
+           ctx.http.completions.load());
+    metric(out, "keepwarm_client_errors_total", "counter", "Requests answered with a 4xx",
+           ctx.http.client_errors.load());
     metric(out, "keepwarm_prompt_tokens_total", "counter", "Prompt tokens received", c.prompt_tokens.load());
-    metric(out, "keepwarm_reused_tokens_total", "counter", "Prompt tokens whose KV was reused from the cache", c.reused_tokens.load());
-    metric(out, "keepwarm_computed_prompt_tokens_total", "counter", "Prompt tokens computed (prefill)", c.computed_tokens.load());
+    metric(out, "keepwarm_reused_tokens_total", "counter", "Prompt tokens whose KV was reused from the cache",
+           c.reused_tokens.load());
+    metric(out, "keepwarm_computed_prompt_tokens_total", "counter", "Prompt tokens computed (prefill)",
+           c.computed_tokens.load());
     metric(out, "keepwarm_generated_tokens_total", "counter", "Tokens generated", c.generated_tokens.load());
-    metric(out, "keepwarm_prefill_seconds_total", "counter", "Time spent computing prompts, summed over requests", c.prefill_us.load() / 1e6);
-    metric(out, "keepwarm_decode_seconds_total", "counter", "Time spent generating, summed over requests", c.decode_us.load() / 1e6);
-    metric(out, "keepwarm_requests_cancelled_total", "counter", "Generations stopped because the client went away", c.cancelled.load());
+    metric(out, "keepwarm_prefill_seconds_total", "counter", "Time spent computing prompts, summed over requests",
+           c.prefill_us.load() / 1e6);
+    metric(out, "keepwarm_decode_seconds_total", "counter", "Time spent generating, summed over requests",
+           c.decode_us.load() / 1e6);
+    metric(out, "keepwarm_requests_cancelled_total", "counter", "Generations stopped because the client went away",
+           c.cancelled.load());
     metric(out, "keepwarm_request_errors_total", "counter", "Generations that ended with an error", c.errors.load());
     metric(out, "keepwarm_slots", "gauge", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
     metric(out, "keepwarm_slots_busy", "gauge", "Slots serving a request", busy);
@@ -42,16 +52,19 @@ std::string render_metrics(const server_context& ctx) {
 void register_status_routes(http::http_server& server, server_context& ctx) {
     const http::route_options public_route{.requires_auth = false};
 
-    server.add_route("GET", "/health", [&ctx](const http::request&, http::response_writer& w) {
-        int busy = 0;
-        const auto slots = ctx.llm->slots();
-        for (const auto& s : slots) busy += s.busy ? 1 : 0;
-        json body = {{"status", "ok"},
-                     {"slots_idle", static_cast<int>(slots.size()) - busy},
-                     {"slots_processing", busy},
-                     {"queued", ctx.llm->queued()}};
-        w.send(200, "application/json", body.dump());
-    }, public_route);
+    server.add_route(
+        "GET", "/health",
+        [&ctx](const http::request&, http::response_writer& w) {
+            int busy = 0;
+            const auto slots = ctx.llm->slots();
+            for (const auto& s : slots) busy += s.busy ? 1 : 0;
+            json body = {{"status", "ok"},
+                         {"slots_idle", static_cast<int>(slots.size()) - busy},
+                         {"slots_processing", busy},
+                         {"queued", ctx.llm->queued()}};
+            w.send(200, "application/json", body.dump());
+        },
+        public_route);
 
     server.add_route("GET", "/metrics", [&ctx](const http::request&, http::response_writer& w) {
         w.send(200, "text/plain; version=0.0.4", render_metrics(ctx));
@@ -64,11 +77,12 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
                       {"object", "model"},
                       {"created", created},
                       {"owned_by", "keepwarm"},
-                      {"meta", {{"path", ctx.model_path},
-                                {"n_ctx", eo.context_size},
-                                {"n_ctx_slot", ctx.llm->slot_context_size()},
-                                {"slots", eo.slots},
-                                {"random_weights", ctx.random_weights}}}};
+                      {"meta",
+                       {{"path", ctx.model_path},
+                        {"n_ctx", eo.context_size},
+                        {"n_ctx_slot", ctx.llm->slot_context_size()},
+                        {"slots", eo.slots},
+                        {"random_weights", ctx.random_weights}}}};
         json body = {{"object", "list"}, {"data", json::array({model})}};
         w.send(200, "application/json", body.dump());
     };

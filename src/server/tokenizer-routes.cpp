@@ -53,7 +53,8 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         std::vector<llama_token> ids;
         for (const auto& t : *tokens) {
             if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
-                throw http::http_error(400, "'tokens' must hold token ids between 0 and " + std::to_string(n_vocab - 1));
+                throw http::http_error(400,
+                                       "'tokens' must hold token ids between 0 and " + std::to_string(n_vocab - 1));
             }
             ids.push_back(t.get<llama_token>());
         }

@@ -195,7 +195,9 @@ server_options local_options() {
     return o;
 }
 
-void reply_text(response_writer& w, const std::string& text) { w.send(200, "text/plain", text); }
+void reply_text(response_writer& w, const std::string& text) {
+    w.send(200, "text/plain", text);
+}
 
 }  // namespace
 
@@ -272,8 +274,9 @@ TEST(HttpServer, ApiKeyAuth) {
     o.api_key = "s3cret";
     http_server s(o);
     s.add_route("GET", "/private", [](const request&, response_writer& w) { reply_text(w, "ok"); });
-    s.add_route("GET", "/public", [](const request&, response_writer& w) { reply_text(w, "open"); },
-                route_options{.requires_auth = false});
+    s.add_route(
+        "GET", "/public", [](const request&, response_writer& w) { reply_text(w, "open"); },
+        route_options{.requires_auth = false});
     s.start();
 
     auto r = roundtrip(s.port(), make_request("GET", "/private"));
@@ -372,8 +375,9 @@ TEST(HttpServer, HandlerErrorsMapToRouteErrorBodies) {
     auto custom = [](int status, const std::string& type, const std::string& message) {
         return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}, {"status", status}}}}.dump();
     };
-    s.add_route("POST", "/bad", [](const request&, response_writer&) { throw http_error(422, "nope", "custom_type"); },
-                route_options{.format_error = custom});
+    s.add_route(
+        "POST", "/bad", [](const request&, response_writer&) { throw http_error(422, "nope", "custom_type"); },
+        route_options{.format_error = custom});
     s.add_route("POST", "/boom", [](const request&, response_writer&) { throw std::runtime_error("kaboom"); });
     s.add_route("POST", "/silent", [](const request&, response_writer&) {});
     s.add_route("GET", "/ok", [](const request&, response_writer& w) { reply_text(w, "fine"); });

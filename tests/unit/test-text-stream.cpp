@@ -77,10 +77,14 @@ TEST(text_stream, stop_string_split_across_a_multibyte_character) {
 
 TEST(text_stream, invalid_bytes_become_replacement_characters) {
     text_stream ts;
-    std::string out = ts.push("a\xFF" "b\xC3");
+    std::string out = ts.push(
+        "a\xFF"
+        "b\xC3");
     out += ts.push("(");  // 0xC3 followed by a non-continuation byte
     out += ts.finish();
-    EXPECT_EQ(out, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD(");
+    EXPECT_EQ(out,
+              "a\xEF\xBF\xBD"
+              "b\xEF\xBF\xBD(");
 }
 
 TEST(text_stream, incomplete_character_at_the_end_is_replaced) {
