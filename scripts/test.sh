@@ -11,7 +11,7 @@ jobs="$(nproc)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -L unit -j"$jobs"
-ctest --test-dir build --output-on-failure -L e2e
+ctest --test-dir build --output-on-failure -L e2e --verbose
 
 if [[ "${KEEPWARM_SKIP_SANITIZERS:-0}" != 1 ]]; then
     cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DKEEPWARM_SANITIZE=ON >/dev/null
