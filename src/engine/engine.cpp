@@ -392,6 +392,8 @@ bool engine::step() {
     if (batch_.n_tokens == 0) return false;
 
     const int rc = llama_decode(ctx_.get(), batch_);
+    counters_.decode_steps++;
+    if (parts.size() > 1) counters_.shared_decode_steps++;
     if (rc != 0) {
         const std::string why =
             rc == 1 ? "no room left in the KV cache" : "llama_decode failed (" + std::to_string(rc) + ")";

@@ -41,6 +41,8 @@ struct engine_counters {
     std::atomic<uint64_t> generated_tokens{0};
     std::atomic<uint64_t> prefill_us{0};
     std::atomic<uint64_t> decode_us{0};
+    std::atomic<uint64_t> decode_steps{0};         // llama_decode calls
+    std::atomic<uint64_t> shared_decode_steps{0};  // ... that carried tokens of more than one slot
     std::atomic<uint64_t> cancelled{0};
     std::atomic<uint64_t> errors{0};
 };

@@ -40,6 +40,10 @@ std::string render_metrics(const server_context& ctx) {
            c.prefill_us.load() / 1e6);
     metric(out, "keepwarm_decode_seconds_total", "counter", "Time spent generating, summed over requests",
            c.decode_us.load() / 1e6);
+    metric(out, "keepwarm_decode_steps_total", "counter", "llama_decode calls", c.decode_steps.load());
+    metric(out, "keepwarm_shared_decode_steps_total", "counter",
+           "llama_decode calls that carried tokens of several slots (continuous batching)",
+           c.shared_decode_steps.load());
     metric(out, "keepwarm_requests_cancelled_total", "counter", "Generations stopped because the client went away",
            c.cancelled.load());
     metric(out, "keepwarm_request_errors_total", "counter", "Generations that ended with an error", c.errors.load());

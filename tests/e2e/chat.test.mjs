@@ -1,7 +1,7 @@
 // The OpenAI chat API through the official `openai` client: determinism, streaming, usage and timings.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, curl } from './harness.mjs';
+import { startServer, curl, metrics } from './harness.mjs';
 
 let server;
 let openai;
@@ -124,6 +124,9 @@ test('several concurrent requests all complete', async () => {
         assert.equal(r.usage.completion_tokens, 16);
         assert.equal(r.choices[0].finish_reason, 'length');
     }
+    // Continuous batching: both slots' tokens went through llama_decode together.
+    const m = await metrics(server.url);
+    assert.ok(m.keepwarm_shared_decode_steps_total > 0, `shared steps: ${m.keepwarm_shared_decode_steps_total}`);
 });
 
 test('/v1/completions, whole and streamed, agree', async () => {

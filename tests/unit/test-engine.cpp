@@ -124,6 +124,7 @@ TEST_F(engine_test, more_requests_than_slots_all_complete) {
         rs.push_back(request("Request " + std::to_string(i) + " asks for something else entirely.", 6));
         llm->submit(rs.back());
     }
+    const uint64_t shared_before = llm->counters().shared_decode_steps.load();
     std::set<int> slots_used;
     for (auto& r : rs) {
         const generation_event e = run_to_end(*r);
@@ -132,6 +133,7 @@ TEST_F(engine_test, more_requests_than_slots_all_complete) {
         slots_used.insert(e.stats.slot);
     }
     EXPECT_EQ(slots_used.size(), 2u) << "both slots decoded";
+    EXPECT_GT(llm->counters().shared_decode_steps.load(), shared_before) << "slots decoded together in one batch";
 }
 
 TEST_F(engine_test, cancellation_frees_the_slot) {
