@@ -116,6 +116,9 @@ struct http_server::impl {
         std::thread thread;
         bool closed = false;    // guarded by impl::mutex; the fd may be reused once true
         bool finished = false;  // guarded by impl::mutex; the thread is about to return
+        // Steady-clock milliseconds since the connection began waiting for its next request; -1 while a request is
+        // being handled. Written by the connection's thread, read by the acceptor's idle check.
+        std::atomic<int64_t> waiting_since_ms{-1};
     };
 
     explicit impl(server_options o) : options(std::move(o)), acceptor(ioc) {}
@@ -143,6 +146,7 @@ struct http_server::impl {
     void accept_loop();
     void admit(tcp::socket socket);
     void reap_finished();
+    void close_idle();
     void serve(const std::shared_ptr<connection>& c);
     void reject(const std::shared_ptr<connection>& c);
     bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
@@ -333,6 +337,7 @@ void http_server::impl::accept_loop() {
         int n = ::poll(fds, 2, 1000);  // the timeout only paces reaping of finished connection threads
         if (stopping.load()) break;
         reap_finished();
+        close_idle();
         if (n < 0) {
             if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
             continue;
@@ -422,6 +427,24 @@ void http_server::impl::reap_finished() {
     }
     for (auto& c : done) {
         if (c->thread.joinable()) c->thread.join();
+    }
+}
+
+namespace {
+int64_t steady_now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+// Shutting the socket down makes the connection thread's blocked read return, and the thread ends the connection.
+void http_server::impl::close_idle() {
+    const int64_t now = steady_now_ms();
+    std::lock_guard lock(mutex);
+    for (auto& c : connections) {
+        const int64_t since = c->waiting_since_ms.load();
+        if (c->closed || c->finished || since < 0 || now - since <= options.idle_timeout.count()) continue;
+        ::shutdown(c->fd, SHUT_RDWR);
     }
 }
 
@@ -525,6 +548,7 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
         parser.header_limit(static_cast<std::uint32_t>(header_limit_bytes));
         parser.body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
         error_code ec;
+        c->waiting_since_ms = steady_now_ms();
         bhttp::read_header(c->socket, buffer, parser, ec);
         if (!ec) {
             const auto& head = parser.get();
@@ -543,6 +567,7 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
             }
             return;  // network error, reset, or shutdown by stop()
         }
+        c->waiting_since_ms = -1;
         if (!handle_request(*c, parser.release())) return;
     }
 }

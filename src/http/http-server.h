@@ -2,6 +2,7 @@
 // per-route error mapping. Threading: one acceptor thread; one thread per connection runs its handlers.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -73,6 +74,9 @@ struct server_options {
     std::string api_key;   // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
     size_t max_body_bytes = 64u << 20;
     int max_connections = 256;  // beyond this, new connections get 503
+    // A connection that takes longer than this to send its next request (idle keep-alive, or a client that trickles
+    // its headers) is closed, so idle clients cannot hold every connection slot. Handlers are never timed out.
+    std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
 };
 
 struct route_options {

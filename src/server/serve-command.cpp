@@ -118,6 +118,11 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
+    cmd->add_option_function<double>(
+           "--idle-timeout",
+           [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
+           "Close connections that send no request for this many seconds (default 120)")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);

@@ -685,3 +685,31 @@ TEST(HttpServer, MaxConnectionsAnswers503) {
     }
     EXPECT_TRUE(served);
 }
+
+TEST(HttpServer, IdleConnectionsAreClosedButSlowHandlersAreNot) {
+    server_options o = local_options();
+    o.idle_timeout = 300ms;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.add_route("GET", "/slow", [](const request&, response_writer& w) {
+        std::this_thread::sleep_for(2500ms);  // well past the idle timeout: handlers are not timed out
+        reply_text(w, "done");
+    });
+    s.start();
+
+    client idle(s.port());
+    ASSERT_TRUE(idle.send(make_request("GET", "/n")));
+    ASSERT_TRUE(idle.read_response());
+    // A client that sends only part of its headers counts as idle too.
+    client trickle(s.port());
+    ASSERT_TRUE(trickle.send("GET /n HTTP/1.1\r\nHost: x\r\n"));
+
+    client slow(s.port());
+    ASSERT_TRUE(slow.send(make_request("GET", "/slow")));
+    auto r = slow.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "done");
+    EXPECT_TRUE(idle.closed_by_server());
+    EXPECT_TRUE(trickle.closed_by_server());
+}
