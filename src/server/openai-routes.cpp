@@ -10,6 +10,7 @@
 #include "common.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace keepwarm {
 
@@ -65,8 +66,8 @@ int64_t unix_now() {
 // writes nothing until the end, so only this check notices a client that left.
 class event_waiter {
 public:
-    event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx)
-        : gen_(gen), w_(w), ctx_(ctx) {}
+    event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx, std::string id)
+        : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
 
     std::optional<generation_event> next() {
         for (;;) {
@@ -76,18 +77,34 @@ public:
                 if (w_.client_gone()) {
                     gen_.cancelled = true;
                     ctx_.http.disconnects++;
+                    std::fprintf(stderr, "keepwarm: %s client went away, generation cancelled\n", id_.c_str());
                     return std::nullopt;
                 }
             }
-            if (auto ev = gen_.output.pop(check_interval)) return ev;
+            if (auto ev = gen_.output.pop(check_interval)) {
+                if (ev->done) log_request(*ev);
+                return ev;
+            }
         }
     }
 
 private:
+    // One line per generation, so an operator sees what each request reused without reading responses.
+    void log_request(const generation_event& ev) const {
+        const generation_stats& st = ev.stats;
+        std::fprintf(stderr,
+                     "keepwarm: %s slot %d: prompt %d tokens (reused %d, computed %d) in %.0f ms, generated %d in "
+                     "%.0f ms, %s%s%s\n",
+                     id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, st.computed_tokens, st.prompt_ms,
+                     st.generated_tokens, st.generation_ms, finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ",
+                     ev.error.c_str());
+    }
+
     static constexpr auto check_interval = 50ms;
     generation_request& gen_;
     http::response_writer& w_;
     server_context& ctx_;
+    std::string id_;
     std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
 };
 
@@ -135,7 +152,7 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     const std::string id = api::gen_chat_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
-    event_waiter events(*gen, w, ctx);
+    event_waiter events(*gen, w, ctx, id);
 
     if (!chat.stream) {
         for (;;) {
@@ -210,7 +227,7 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
     const std::string id = api::gen_completion_id();
     const int64_t created = unix_now();
     ctx.llm->submit(gen);
-    event_waiter events(*gen, w, ctx);
+    event_waiter events(*gen, w, ctx, id);
 
     std::string text;
     if (!comp.stream) {

@@ -92,6 +92,10 @@ test('usage reports cached tokens and llama-server timings', async () => {
     // The same prompt again reuses all of it but the last token, whose logits start the answer.
     assert.equal(second.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens - 1);
     assert.equal(second.timings.prompt_n, 1);
+    // The server's log names each request with what it reused.
+    const line = new RegExp(`${second.id} slot \\d+: prompt ${second.usage.prompt_tokens} tokens ` +
+                            `\\(reused ${second.usage.prompt_tokens - 1}, computed 1\\)`);
+    assert.match(server.output(), line);
 });
 
 test('max_tokens stops with finish_reason length', async () => {
