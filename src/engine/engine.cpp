@@ -351,6 +351,11 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     s.pending = -1;
     s.batch_index = -1;
     s.last_used = now;
+    {
+        // Published before the final event, so whoever sees the answer end also sees the slot free.
+        std::lock_guard lock(mu_);
+        slot_status_[s.id] = {s.id, false, static_cast<int>(s.cached.size())};
+    }
     request->output.push(std::move(event));
 }
 

@@ -1,0 +1,146 @@
+// A radix tree over token ids: the index of every cached prefix, whatever tier holds its KV. Lookup walks the
+// prompt once, so its cost grows with the prompt's length, not with how many conversations are cached.
+// Each node ends a run of tokens (its edge) and carries a Value (e.g. where that span's KV lives).
+// Threading: not synchronized; the owner serializes access.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "llama.h"
+
+namespace keepwarm {
+
+template <typename Value>
+class prefix_tree {
+public:
+    struct node {
+        std::vector<llama_token> edge;  // tokens from the parent to this node
+        size_t depth = 0;               // tokens from the root to the end of this node's edge
+        node* parent = nullptr;
+        std::map<llama_token, std::unique_ptr<node>> children;  // keyed by the first token of the child's edge
+        Value value{};
+    };
+
+    struct match {
+        size_t length = 0;        // tokens of the query found in the tree
+        node* deepest = nullptr;  // the node whose edge holds the last matched token (nullptr: nothing matched)
+        size_t into_edge = 0;     // how many tokens of deepest's edge matched (== edge size: the whole node)
+        bool ends_at_node() const { return deepest && into_edge == deepest->edge.size(); }
+    };
+
+    prefix_tree() : root_(std::make_unique<node>()) {}
+
+    node* root() { return root_.get(); }
+    const node* root() const { return root_.get(); }
+    size_t node_count() const { return nodes_; }  // excluding the root
+
+    // The longest prefix of `tokens` present in the tree.
+    match longest_prefix(std::span<const llama_token> tokens) const {
+        match m;
+        node* at = root_.get();
+        size_t i = 0;
+        while (i < tokens.size()) {
+            auto it = at->children.find(tokens[i]);
+            if (it == at->children.end()) break;
+            node* child = it->second.get();
+            size_t k = 0;
+            while (k < child->edge.size() && i < tokens.size() && child->edge[k] == tokens[i]) ++k, ++i;
+            m.deepest = child;
+            m.into_edge = k;
+            if (k < child->edge.size()) break;
+            at = child;
+        }
+        m.length = i;
+        return m;
+    }
+
+    // Makes `tokens` a path of the tree and returns the node that ends exactly at its last token (splitting an
+    // edge if the path ended inside one). Inserting an empty sequence returns the root.
+    node* insert(std::span<const llama_token> tokens) {
+        node* at = root_.get();
+        size_t i = 0;
+        while (i < tokens.size()) {
+            auto it = at->children.find(tokens[i]);
+            if (it == at->children.end()) {
+                auto leaf = std::make_unique<node>();
+                leaf->edge.assign(tokens.begin() + static_cast<std::ptrdiff_t>(i), tokens.end());
+                leaf->depth = tokens.size();
+                leaf->parent = at;
+                node* raw = leaf.get();
+                at->children.emplace(tokens[i], std::move(leaf));
+                ++nodes_;
+                return raw;
+            }
+            node* child = it->second.get();
+            size_t k = 0;
+            while (k < child->edge.size() && i < tokens.size() && child->edge[k] == tokens[i]) ++k, ++i;
+            if (k < child->edge.size()) {
+                node* upper = split(child, k);
+                if (i == tokens.size()) return upper;
+                at = upper;  // diverged inside the edge: the rest becomes a new leaf under the split point
+                continue;
+            }
+            at = child;
+        }
+        return at;
+    }
+
+    // Splits `n`'s edge after `keep` tokens: a new node takes the first `keep` tokens (and the place of `n` under its
+    // parent), `n` keeps the rest below it. Returns the new node. The new node's value is default-constructed.
+    node* split(node* n, size_t keep) {
+        auto& slot = n->parent->children.at(n->edge.front());
+        std::unique_ptr<node> lower = std::move(slot);
+        auto upper = std::make_unique<node>();
+        upper->edge.assign(lower->edge.begin(), lower->edge.begin() + static_cast<std::ptrdiff_t>(keep));
+        upper->depth = lower->depth - lower->edge.size() + keep;
+        upper->parent = lower->parent;
+        lower->edge.erase(lower->edge.begin(), lower->edge.begin() + static_cast<std::ptrdiff_t>(keep));
+        lower->parent = upper.get();
+        node* raw = upper.get();
+        upper->children.emplace(lower->edge.front(), std::move(lower));
+        slot = std::move(upper);
+        ++nodes_;
+        return raw;
+    }
+
+    // Removes a leaf. Returns false (and does nothing) for the root or a node that has children.
+    bool erase_leaf(node* n) {
+        if (n == root_.get() || !n->children.empty()) return false;
+        n->parent->children.erase(n->edge.front());
+        --nodes_;
+        return true;
+    }
+
+    // The tokens from the root to the end of `n`'s edge.
+    std::vector<llama_token> path(const node* n) const {
+        std::vector<llama_token> out(n->depth);
+        for (const node* at = n; at && at != root_.get(); at = at->parent) {
+            std::copy(at->edge.begin(), at->edge.end(),
+                      out.begin() + static_cast<std::ptrdiff_t>(at->depth - at->edge.size()));
+        }
+        return out;
+    }
+
+    // Visits every node but the root, parents before children.
+    template <typename F>
+    void for_each(F&& visit) {
+        std::vector<node*> stack{root_.get()};
+        while (!stack.empty()) {
+            node* at = stack.back();
+            stack.pop_back();
+            if (at != root_.get()) visit(*at);
+            for (auto& [token, child] : at->children) stack.push_back(child.get());
+        }
+    }
+
+private:
+    std::unique_ptr<node> root_;
+    size_t nodes_ = 0;
+};
+
+}  // namespace keepwarm
