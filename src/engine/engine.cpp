@@ -153,6 +153,11 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     slot_context_size_ = options_.context_size / options_.slots;
     can_truncate_memory_ = !llama_model_is_recurrent(model_.get()) && !llama_model_is_hybrid(model_.get());
 
+    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+        if (llama_vocab_is_eog(vocab, t)) eog_tokens_.push_back(t);
+    }
+
     batch_ = llama_batch_init(options_.batch_size, 0, 1);
     for (int i = 0; i < options_.slots; ++i) {
         auto s = std::make_unique<slot>();

@@ -69,6 +69,8 @@ public:
 
     const llama_model* model() const { return model_.get(); }
     const llama_vocab* vocab() const { return llama_model_get_vocab(model_.get()); }
+    // End-of-generation token ids, found once at load (a scan of the whole vocabulary).
+    const std::vector<llama_token>& eog_tokens() const { return eog_tokens_; }
     const engine_options& options() const { return options_; }
     int slot_context_size() const { return slot_context_size_; }  // max tokens (prompt + generated) per request
     int queued() const;
@@ -86,6 +88,7 @@ private:
     llama_model_ptr model_;
     llama_context_ptr ctx_;
     int slot_context_size_ = 0;
+    std::vector<llama_token> eog_tokens_;
     bool can_truncate_memory_ = true;  // false for recurrent/hybrid models: their state cannot be rolled back
 
     // CPU thread pools kept for the context's lifetime, as llama-bench does: without one, ggml starts and joins

@@ -128,9 +128,7 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
         }
     }
     if (!sampling.ignore_eos) return;
-    for (llama_token t = 0; t < n_vocab; ++t) {
-        if (llama_vocab_is_eog(vocab, t)) sampling.logit_bias.push_back({t, -INFINITY});
-    }
+    for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
 }
 
 void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w) {

@@ -2,6 +2,7 @@
 // cancellation, limits, and the accounting every response reports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -49,10 +50,7 @@ protected:
         r->prompt = common_tokenize(llm->vocab(), text, true, true);
         r->sampling.temp = 0;
         r->max_tokens = max_tokens;
-        const llama_vocab* vocab = llm->vocab();
-        for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
-            if (llama_vocab_is_eog(vocab, t)) r->sampling.logit_bias.push_back({t, -INFINITY});
-        }
+        for (const llama_token t : llm->eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
         return r;
     }
 
@@ -182,4 +180,11 @@ TEST_F(engine_test, stop_strings_end_generation_and_are_not_returned) {
     const generation_event e = run_to_end(*r, &cut);
     EXPECT_EQ(e.reason, finish_reason::stop);
     EXPECT_EQ(cut, text.substr(0, text.find(stop)));
+}
+
+TEST_F(engine_test, end_of_generation_tokens_include_the_vocab_eos) {
+    const auto& eog = llm->eog_tokens();
+    EXPECT_FALSE(eog.empty());
+    EXPECT_NE(std::find(eog.begin(), eog.end(), llama_vocab_eos(llm->vocab())), eog.end());
+    for (const llama_token t : eog) EXPECT_TRUE(llama_vocab_is_eog(llm->vocab(), t));
 }
