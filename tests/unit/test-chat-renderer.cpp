@@ -429,7 +429,7 @@ TEST(ChatRenderer, VocabMapsPreservedTokensAndTriggers) {
     // Gemma 4's vocab has its tool-call markers as single special tokens.
     auto model = load_vocab("ggml-vocab-gemma-4.gguf");
     if (!model) {
-        GTEST_SKIP() << "no vocab-only Gemma 4 GGUF in the llama.cpp tree";
+        FAIL() << "the pinned llama.cpp tree should hold models/ggml-vocab-gemma-4.gguf";
     }
     const llama_vocab* vocab = llama_model_get_vocab(model.get());
     chat_renderer renderer(model.get(), read_template("google-gemma-4-31B-it.jinja"));
@@ -465,7 +465,7 @@ TEST(ChatRenderer, VocabMapsPreservedTokensAndTriggers) {
 TEST(ChatRenderer, ModelWithoutTemplateFallsBackToChatml) {
     auto model = load_vocab("ggml-vocab-qwen35.gguf");
     if (!model) {
-        GTEST_SKIP() << "no vocab-only Qwen GGUF in the llama.cpp tree";
+        FAIL() << "the pinned llama.cpp tree should hold models/ggml-vocab-qwen35.gguf";
     }
     // This vocab file carries no chat template, so common falls back to ChatML.
     chat_renderer renderer(model.get());
