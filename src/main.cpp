@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/depth-bench.h"
 #include "model/model-commands.h"
 #include "server/serve-command.h"
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     keepwarm::add_serve_command(app);
     keepwarm::add_mkmodel_command(app);
     keepwarm::add_inspect_command(app);
+    keepwarm::add_bench_command(app);
 
     try {
         std::vector<std::string> args = llama_style_aliases(argc, argv);
