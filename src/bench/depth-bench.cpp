@@ -16,10 +16,9 @@
 #include <stdexcept>
 
 #include "common.h"
+#include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
-#include "llama.h"
+#include "llama-cpp.h"
 
 namespace keepwarm {
 
@@ -80,38 +79,6 @@ std::string xml_escape(const std::string& text) {
     }
     return out;
 }
-
-// Thread pool created through the CPU backend's registry, because the CPU backend may be a variant library loaded at
-// run time (the same pattern as engine::threadpools).
-struct cpu_threadpool {
-    using free_fn = void (*)(ggml_threadpool*);
-    ggml_threadpool* pool = nullptr;
-    free_fn release = nullptr;
-
-    explicit cpu_threadpool(int threads) {
-        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-        if (!cpu) return;
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
-        auto make = reinterpret_cast<ggml_threadpool* (*)(ggml_threadpool_params*)>(
-            ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new"));
-        release = reinterpret_cast<free_fn>(ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free"));
-        if (!make || !release) return;
-        ggml_threadpool_params params = ggml_threadpool_params_default(threads);
-        pool = make(&params);
-    }
-    ~cpu_threadpool() {
-        if (pool) release(pool);
-    }
-    cpu_threadpool(const cpu_threadpool&) = delete;
-    cpu_threadpool& operator=(const cpu_threadpool&) = delete;
-};
-
-struct model_deleter {
-    void operator()(llama_model* m) const { llama_model_free(m); }
-};
-struct context_deleter {
-    void operator()(llama_context* c) const { llama_free(c); }
-};
 
 using clock = std::chrono::steady_clock;
 
@@ -293,8 +260,7 @@ depth_bench_report run_depth_bench(const depth_bench_options& options, std::ostr
         // The benchmark itself only needs libllama; the KV sizes are a bonus when the GGUF's layout is known.
     }
 
-    std::unique_ptr<llama_model, model_deleter> model(
-        llama_model_load_from_file(options.model_path.c_str(), llama_model_default_params()));
+    llama_model_ptr model(llama_model_load_from_file(options.model_path.c_str(), llama_model_default_params()));
     if (!model) throw std::runtime_error("failed to load model from '" + options.model_path + "'");
     char desc[256];
     llama_model_desc(model.get(), desc, sizeof(desc));
@@ -317,7 +283,7 @@ depth_bench_report run_depth_bench(const depth_bench_options& options, std::ostr
             cparams.type_k = to_ggml_type(kv);
             cparams.type_v = to_ggml_type(kv);
             cparams.no_perf = true;
-            std::unique_ptr<llama_context, context_deleter> ctx(llama_init_from_model(model.get(), cparams));
+            llama_context_ptr ctx(llama_init_from_model(model.get(), cparams));
             if (!ctx) {
                 cell.error = "failed to create a context of " + std::to_string(cparams.n_ctx) + " tokens with " +
                              to_string(kv) + " KV cache";
@@ -325,7 +291,7 @@ depth_bench_report run_depth_bench(const depth_bench_options& options, std::ostr
                 report.results.push_back(cell);
                 continue;
             }
-            if (pool.pool) llama_attach_threadpool(ctx.get(), pool.pool, nullptr);
+            if (pool.get()) llama_attach_threadpool(ctx.get(), pool.get(), nullptr);
 
             try {
                 const int n_batch = static_cast<int>(llama_n_batch(ctx.get()));

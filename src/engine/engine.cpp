@@ -6,10 +6,9 @@
 #include <stdexcept>
 
 #include "common.h"
+#include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
 #include "engine/text-stream.h"
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
 
 namespace keepwarm {
 
@@ -64,39 +63,6 @@ std::optional<generation_event> generation_stream::pop(std::chrono::milliseconds
     return merged;
 }
 
-struct engine::threadpools {
-    using free_fn = void (*)(ggml_threadpool*);
-    ggml_threadpool* decode = nullptr;
-    ggml_threadpool* batch = nullptr;  // prompt processing; same as decode when the thread counts agree
-    free_fn release = nullptr;
-
-    // Creates pools through the CPU backend's registry (it may be a run-time loaded variant library).
-    static std::unique_ptr<threadpools> create(int threads, int threads_batch) {
-        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-        if (!cpu) return nullptr;
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
-        auto make = reinterpret_cast<ggml_threadpool* (*)(ggml_threadpool_params*)>(
-            ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new"));
-        auto release = reinterpret_cast<free_fn>(ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free"));
-        if (!make || !release) return nullptr;
-        auto pools = std::make_unique<threadpools>();
-        pools->release = release;
-        ggml_threadpool_params params = ggml_threadpool_params_default(threads);
-        pools->decode = make(&params);
-        if (threads_batch != threads) {
-            ggml_threadpool_params batch_params = ggml_threadpool_params_default(threads_batch);
-            pools->batch = make(&batch_params);
-        }
-        if (!pools->decode) return nullptr;
-        return pools;
-    }
-
-    ~threadpools() {
-        if (batch) release(batch);
-        if (decode) release(decode);
-    }
-};
-
 struct engine::slot {
     int id = 0;
     std::vector<llama_token> cached;  // tokens whose KV sequence `id` holds, in position order
@@ -145,8 +111,13 @@ engine::engine(engine_options options) : options_(std::move(options)) {
         throw std::runtime_error("failed to create the llama context (context size " +
                                  std::to_string(options_.context_size) + "; quantized V cache needs flash attention)");
     }
-    threadpools_ = threadpools::create(threads, static_cast<int>(cparams.n_threads_batch));
-    if (threadpools_) llama_attach_threadpool(ctx_.get(), threadpools_->decode, threadpools_->batch);
+    decode_pool_ = std::make_unique<cpu_threadpool>(threads);
+    if (static_cast<int>(cparams.n_threads_batch) != threads) {
+        prompt_pool_ = std::make_unique<cpu_threadpool>(static_cast<int>(cparams.n_threads_batch));
+    }
+    if (decode_pool_->get()) {
+        llama_attach_threadpool(ctx_.get(), decode_pool_->get(), prompt_pool_ ? prompt_pool_->get() : nullptr);
+    }
     options_.threads = threads;
     options_.threads_batch = cparams.n_threads_batch;
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
@@ -171,7 +142,8 @@ engine::~engine() {
     stop();
     llama_batch_free(batch_);
     ctx_.reset();  // before the thread pools it uses
-    threadpools_.reset();
+    prompt_pool_.reset();
+    decode_pool_.reset();
 }
 
 void engine::start() {

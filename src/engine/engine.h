@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/cpu-threadpool.h"
 #include "engine/generation.h"
 #include "llama-cpp.h"
 
@@ -91,10 +92,9 @@ private:
     std::vector<llama_token> eog_tokens_;
     bool can_truncate_memory_ = true;  // false for recurrent/hybrid models: their state cannot be rolled back
 
-    // CPU thread pools kept for the context's lifetime, as llama-bench does: without one, ggml starts and joins
-    // fresh threads on every llama_decode. Null where no CPU backend is loaded.
-    struct threadpools;
-    std::unique_ptr<threadpools> threadpools_;
+    // CPU thread pools kept for the context's lifetime: generation, and prompts when --threads-batch differs.
+    std::unique_ptr<cpu_threadpool> decode_pool_;
+    std::unique_ptr<cpu_threadpool> prompt_pool_;
 
     std::vector<std::unique_ptr<slot>> slots_;  // engine thread only
     llama_batch batch_{};                       // engine thread only

@@ -7,24 +7,14 @@
 #include <sstream>
 
 #include "bench/depth-bench.h"
-#include "model/model-builder.h"
+#include "generated-models.h"
 
 using namespace keepwarm;
 
 namespace {
 
 std::string tiny_model() {
-    static const std::string path = [] {
-        const std::filesystem::path dir = std::filesystem::path(KEEPWARM_TEST_MODELS_DIR) / "unit-depth-bench";
-        std::filesystem::create_directories(dir);
-        const auto file = dir / "tiny.gguf";
-        if (!std::filesystem::exists(file)) {
-            model_spec spec = preset_spec("tiny");
-            spec.seed = 1;
-            build_model(spec, file.string());
-        }
-        return file.string();
-    }();
+    static const std::string path = test_models::generated_model("unit-depth-bench");
     return path;
 }
 

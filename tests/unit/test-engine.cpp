@@ -10,7 +10,7 @@
 
 #include "common.h"
 #include "engine/engine.h"
-#include "model/model-builder.h"
+#include "generated-models.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -18,17 +18,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string tiny_model() {
-    static const std::string path = [] {
-        const std::filesystem::path dir = std::filesystem::path(KEEPWARM_TEST_MODELS_DIR) / "unit-engine";
-        std::filesystem::create_directories(dir);
-        const auto file = dir / "tiny.gguf";
-        if (!std::filesystem::exists(file)) {
-            model_spec spec = preset_spec("tiny");
-            spec.seed = 1;
-            build_model(spec, file.string());
-        }
-        return file.string();
-    }();
+    static const std::string path = test_models::generated_model("unit-engine");
     return path;
 }
 
