@@ -10,6 +10,7 @@ debian_packages=(
     libboost-dev         # Boost.Beast/Asio: HTTP server and client
     libcli11-dev         # command line parsing
     libgtest-dev         # unit tests
+    libxxhash-dev        # prefix-cache block keys and disk-entry checksums
     clang-format         # the formatting check in the test suite
     nodejs npm           # end-to-end tests drive the server with the official npm clients
 )

@@ -1,6 +1,7 @@
 // A radix tree over token ids: the index of every cached prefix, whatever tier holds its KV. Lookup walks the
 // prompt once, so its cost grows with the prompt's length, not with how many conversations are cached.
-// Each node ends a run of tokens (its edge) and carries a Value (e.g. where that span's KV lives).
+// Each node ends a run of tokens (its edge) and carries a Value (e.g. where that span's KV lives). When an edge is
+// split, a Value with a member `Value split_upper(size_t upper_depth)` hands the upper node what belongs to it.
 // Threading: not synchronized; the owner serializes access.
 #pragma once
 
@@ -61,15 +62,19 @@ public:
 
     // Makes `tokens` a path of the tree and returns the node that ends exactly at its last token (splitting an
     // edge if the path ended inside one). Inserting an empty sequence returns the root.
-    node* insert(std::span<const llama_token> tokens) {
-        node* at = root_.get();
+    node* insert(std::span<const llama_token> tokens) { return insert_below(root_.get(), tokens); }
+
+    // Like insert(), for the path `from`'s path + `tokens`.
+    node* insert_below(node* from, std::span<const llama_token> tokens) {
+        node* at = from;
+        const size_t base = from->depth;
         size_t i = 0;
         while (i < tokens.size()) {
             auto it = at->children.find(tokens[i]);
             if (it == at->children.end()) {
                 auto leaf = std::make_unique<node>();
                 leaf->edge.assign(tokens.begin() + static_cast<std::ptrdiff_t>(i), tokens.end());
-                leaf->depth = tokens.size();
+                leaf->depth = base + tokens.size();
                 leaf->parent = at;
                 node* raw = leaf.get();
                 at->children.emplace(tokens[i], std::move(leaf));
@@ -101,11 +106,33 @@ public:
         upper->parent = lower->parent;
         lower->edge.erase(lower->edge.begin(), lower->edge.begin() + static_cast<std::ptrdiff_t>(keep));
         lower->parent = upper.get();
+        if constexpr (requires(Value v) { v.split_upper(size_t{}); })
+            upper->value = lower->value.split_upper(upper->depth);
         node* raw = upper.get();
         upper->children.emplace(lower->edge.front(), std::move(lower));
         slot = std::move(upper);
         ++nodes_;
         return raw;
+    }
+
+    // Grows a leaf's edge in place (a sequence that keeps decoding past the end of its own path).
+    void extend_leaf(node* leaf, std::span<const llama_token> tokens) {
+        leaf->edge.insert(leaf->edge.end(), tokens.begin(), tokens.end());
+        leaf->depth += tokens.size();
+    }
+
+    // The node whose edge holds position `pos - 1` on the path from the root to `n` (the node that a prefix of
+    // `pos` tokens of that path ends in), or the root for pos 0. Requires pos <= n->depth.
+    static node* ancestor_at(node* n, size_t pos) {
+        while (n->parent && n->depth - n->edge.size() >= pos) n = n->parent;
+        return n;
+    }
+
+    // Makes a node end exactly after `pos` tokens of the path to `n`, splitting an edge if needed, and returns it.
+    node* node_ending_at(node* n, size_t pos) {
+        node* at = ancestor_at(n, pos);
+        if (at->depth == pos) return at;
+        return split(at, pos - (at->depth - at->edge.size()));
     }
 
     // Removes a leaf. Returns false (and does nothing) for the root or a node that has children.

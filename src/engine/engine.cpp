@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cache/block-key.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -67,6 +68,10 @@ struct engine::slot {
     int id = 0;
     std::vector<llama_token> cached;  // tokens whose KV sequence `id` holds, in position order
     std::shared_ptr<generation_request> request;
+    cache_restore restored;   // what the prefix cache supplied for this request
+    std::vector<int> cuts;    // hybrid models: message starts, where a checkpoint is taken
+    int follow = -1;          // waits for this slot to compute a prompt prefix shared with it ...
+    size_t follow_until = 0;  // ... up to here, then takes it from the cache instead of computing it twice
     common_sampler_ptr sampler;
     std::unique_ptr<text_stream> text;
     size_t prompt_done = 0;  // prompt tokens in the KV (reused + computed)
@@ -74,6 +79,8 @@ struct engine::slot {
     llama_token pending = -1;  // sampled but not yet decoded
     int batch_index = -1;      // index in the current batch whose logits belong to this slot
     int generated = 0;
+    std::vector<llama_token> generated_ids;  // sampled tokens, for the final event
+    std::vector<std::vector<float>> logits;  // request->keep_logits first positions
     clock::time_point admitted, prompt_started, first_token;
     clock::time_point last_used;
 
@@ -99,7 +106,17 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     cparams.n_ctx = options_.context_size;
     cparams.n_batch = options_.batch_size;
     cparams.n_ubatch = std::min(options_.ubatch_size, options_.batch_size);
-    cparams.n_seq_max = options_.slots;
+    prompt_cache_options cache_options{.slots = options_.slots,
+                                       .parked_sequences = options_.cache_parked_sequences,
+                                       .block_tokens = options_.cache_block_tokens,
+                                       .ram_budget = options_.cache_ram_bytes,
+                                       .disk_dir = options_.cache_dir,
+                                       .disk_budget = options_.cache_disk_bytes,
+                                       .model_fingerprint = {}};
+    if (options_.slots + options_.cache_parked_sequences + 1 > 256) {
+        throw std::invalid_argument("--parallel plus --cache-parked must stay below 256 sequences");
+    }
+    cparams.n_seq_max = static_cast<uint32_t>(prompt_cache::sequences_needed(cache_options));
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
     cparams.n_threads = threads;
     cparams.n_threads_batch = options_.threads_batch > 0 ? options_.threads_batch : threads;
@@ -122,7 +139,13 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     options_.threads_batch = cparams.n_threads_batch;
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
     slot_context_size_ = options_.context_size / options_.slots;
-    can_truncate_memory_ = !llama_model_is_recurrent(model_.get()) && !llama_model_is_hybrid(model_.get());
+    if (!cache_options.disk_dir.empty()) {
+        // Serialized KV depends on the model and the cache types; entries written under any other are never loaded.
+        cache_options.model_fingerprint = model_fingerprint(
+            options_.model_path, std::string("k=") + ggml_type_name(options_.cache_type_k) +
+                                     " v=" + ggml_type_name(options_.cache_type_v) + " state=llama.cpp-80fb11a");
+    }
+    cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
 
     const llama_vocab* vocab = llama_model_get_vocab(model_.get());
     for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
@@ -209,6 +232,7 @@ void engine::run() {
     for (auto& s : slots_) {
         if (s->busy()) finish(*s, finish_reason::error, "server shutting down");
     }
+    cache_->persist_all();  // so that a restarted server starts where this one stopped
 }
 
 // Places queued requests into free slots, picking for each the free slot whose cached tokens share the
@@ -241,6 +265,7 @@ void engine::admit_queued() {
             continue;
         }
 
+        // Any slot can take any cached prefix (sequences share cells); one whose own content matches saves parking it.
         slot* best = nullptr;
         size_t best_len = 0;
         for (auto& s : slots_) {
@@ -251,19 +276,7 @@ void engine::admit_queued() {
                 best_len = len;
             }
         }
-
         slot& s = *best;
-        // The last prompt token is always decoded: its logits give the first generated token.
-        size_t reuse = std::min(best_len, prompt.size() - 1);
-        llama_memory_t mem = llama_get_memory(ctx_.get());
-        if (reuse < s.cached.size()) {
-            if (!can_truncate_memory_ || !llama_memory_seq_rm(mem, s.id, static_cast<llama_pos>(reuse), -1)) {
-                llama_memory_seq_rm(mem, s.id, -1, -1);
-                reuse = 0;
-            }
-            s.cached.resize(reuse);
-        }
-
         s.sampler.reset(common_sampler_init(model_.get(), request->sampling));
         if (!s.sampler) {
             counters_.errors++;
@@ -275,15 +288,89 @@ void engine::admit_queued() {
         }
         s.text = std::make_unique<text_stream>(request->stop);
         s.request = std::move(request);
-        s.prompt_done = reuse;
-        s.reused = static_cast<int>(reuse);
+        s.cuts.clear();
+        if (cache_->needs_checkpoints()) {
+            // Message starts: positions of the token the rendered prompt opens every turn with (e.g. <|im_start|>).
+            const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+            const size_t first = prompt.size() > 1 && prompt[0] == llama_vocab_bos(vocab) ? 1 : 0;
+            const llama_token turn_start = prompt[first];
+            if (llama_vocab_get_attr(vocab, turn_start) & LLAMA_TOKEN_ATTR_CONTROL) {
+                for (size_t i = first + 1; i < prompt.size(); ++i) {
+                    if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
+                }
+            }
+        }
+        restore_prefix(s);
+        follow_shared_prefills(s);
         s.pending = -1;
         s.batch_index = -1;
         s.generated = 0;
+        s.generated_ids.clear();
         s.admitted = clock::now();
         s.prompt_started = {};
         counters_.requests++;
     }
+}
+
+// For the log: `diverged at token N: "...text before" + "prompt's text" where the cache has "cached text"`.
+std::string engine::describe_divergence(const std::vector<llama_token>& prompt, const cache_restore& r) const {
+    const auto text = [&](auto first, auto last) {
+        std::string out;
+        for (auto it = first; it != last; ++it) out += common_token_to_piece(ctx_.get(), *it, true);
+        std::string escaped;
+        for (const char c : out) escaped += c == '\n' ? std::string("\\n") : std::string(1, c);
+        return escaped;
+    };
+    const auto pos = static_cast<size_t>(r.divergence_pos);
+    const size_t context = 8;
+    const auto before = prompt.begin() + static_cast<std::ptrdiff_t>(pos > context ? pos - context : 0);
+    const auto at = prompt.begin() + static_cast<std::ptrdiff_t>(pos);
+    const auto after = prompt.begin() + static_cast<std::ptrdiff_t>(std::min(prompt.size(), pos + context));
+    return "diverged at token " + std::to_string(pos) + ": \"" + text(before, at) + "\" + \"" + text(at, after) +
+           "\" where the cache has \"" + text(r.cached_continuation.begin(), r.cached_continuation.end()) + "\"";
+}
+
+// Fills the slot's sequence with the longest cached prefix of its prompt (the last prompt token is always decoded:
+// its logits give the first generated token).
+void engine::restore_prefix(slot& s) {
+    const auto& prompt = s.request->prompt;
+    s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1);
+    s.cached.assign(prompt.begin(), prompt.begin() + s.restored.reused);
+    s.prompt_done = static_cast<size_t>(s.restored.reused);
+    s.reused = s.restored.reused;
+}
+
+// Two requests with the same new prefix: the later one waits for the earlier to compute it, then shares it.
+void engine::follow_shared_prefills(slot& s) {
+    s.follow = -1;
+    const auto& prompt = s.request->prompt;
+    for (auto& other : slots_) {
+        if (other.get() == &s || !other->prefilling()) continue;
+        const size_t shared = common_prefix_length(other->request->prompt, prompt);
+        const size_t limit = std::min(shared, prompt.size() - 1);
+        if (limit > s.prompt_done + 16 && other->prompt_done < limit) {
+            s.follow = other->id;
+            s.follow_until = limit;
+            if (cache_->needs_checkpoints()) {
+                other->cuts.insert(std::upper_bound(other->cuts.begin(), other->cuts.end(), static_cast<int>(limit)),
+                                   static_cast<int>(limit));
+            }
+            return;
+        }
+    }
+}
+
+// Where the slot's next prompt chunk must end: hybrid models stop at every block end and message start, so that
+// the recurrent state there can be kept as a checkpoint.
+int engine::next_cut(const slot& s) const {
+    const int total = static_cast<int>(s.request->prompt.size());
+    if (!cache_->needs_checkpoints()) return total;
+    const int done = static_cast<int>(s.prompt_done);
+    const int b = cache_->block_tokens();
+    int cut = std::min(total, (done / b + 1) * b);
+    auto it = std::upper_bound(s.cuts.begin(), s.cuts.end(), done);
+    if (it != s.cuts.end()) cut = std::min(cut, *it);
+    return cut;
 }
 
 void engine::finish(slot& s, finish_reason reason, const std::string& error) {
@@ -296,6 +383,10 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     event.reason = reason;
     event.error = error;
     if (reason == finish_reason::stop || reason == finish_reason::length) event.text = s.text->finish();
+    event.generated = std::move(s.generated_ids);
+    s.generated_ids.clear();
+    event.logits = std::move(s.logits);
+    s.logits.clear();
 
     const bool started = s.prompt_started != clock::time_point{};
     const bool sampled = s.first_token != clock::time_point{} && s.generated > 0;
@@ -303,6 +394,13 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     st.slot = s.id;
     st.prompt_tokens = static_cast<int>(request->prompt.size());
     st.reused_tokens = s.reused;
+    st.reused_device = s.restored.device;
+    st.reused_ram = s.restored.ram;
+    st.reused_disk = s.restored.disk;
+    st.checkpoint_pos = s.restored.checkpoint_pos;
+    st.matched_tokens = s.restored.matched;
+    if (s.restored.divergence_pos >= 0) st.divergence = describe_divergence(request->prompt, s.restored);
+    st.setup_ms = started ? ms_between(request->received, s.prompt_started) : 0;
     st.computed_tokens = static_cast<int>(s.prompt_done) - s.reused;
     st.generated_tokens = s.generated;
     st.queued_ms = ms_between(request->received, s.admitted);
@@ -318,10 +416,11 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     if (reason == finish_reason::cancelled) counters_.cancelled++;
     if (reason == finish_reason::error) {
         counters_.errors++;
-        // The KV of a failed step is in an unknown state: forget it.
-        llama_memory_seq_rm(llama_get_memory(ctx_.get()), s.id, -1, -1);
         s.cached.clear();
     }
+    // The KV of a failed step is in an unknown state: forget it. Otherwise prompt + generated tokens stay cached.
+    cache_->release_slot(s.id, reason == finish_reason::error);
+    s.follow = -1;
 
     s.sampler.reset();
     s.text.reset();
@@ -355,13 +454,29 @@ bool engine::step() {
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});
     }
+    // While other requests wait or generate, a step carries at most one physical batch of prompt, so that a long
+    // prefill delays them by one ubatch rather than by a whole logical batch.
+    const int busy = static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](auto& sp) { return sp->busy(); }));
+    const int budget = busy > 1 || queued() > 0 ? std::min(options_.batch_size, options_.ubatch_size + batch_.n_tokens)
+                                                : options_.batch_size;
     for (auto& sp : slots_) {
         slot& s = *sp;
-        if (!s.prefilling() || batch_.n_tokens >= options_.batch_size) continue;
+        if (!s.prefilling() || batch_.n_tokens >= budget) continue;
+        if (s.follow >= 0) {
+            const slot& leader = *slots_[static_cast<size_t>(s.follow)];
+            if (leader.prefilling() && leader.prompt_done < s.follow_until) continue;  // it is computing our prefix
+            s.follow = -1;
+            if (s.prompt_done < s.follow_until) {
+                const int before = s.reused;
+                restore_prefix(s);  // now in the cache: take it from there
+                if (s.reused < before) follow_shared_prefills(s);
+            }
+            if (!s.prefilling()) continue;
+        }
         if (s.prompt_started == clock::time_point{}) s.prompt_started = clock::now();
         const auto& prompt = s.request->prompt;
-        const size_t n =
-            std::min(prompt.size() - s.prompt_done, static_cast<size_t>(options_.batch_size - batch_.n_tokens));
+        const size_t cut = static_cast<size_t>(next_cut(s));
+        const size_t n = std::min(cut - s.prompt_done, static_cast<size_t>(budget - batch_.n_tokens));
         const int first = batch_.n_tokens;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = s.prompt_done + k;
@@ -373,7 +488,8 @@ bool engine::step() {
     }
     if (batch_.n_tokens == 0) return false;
 
-    const int rc = llama_decode(ctx_.get(), batch_);
+    int rc = llama_decode(ctx_.get(), batch_);
+    while (rc == 1 && cache_->make_room()) rc = llama_decode(ctx_.get(), batch_);  // KV full: free idle cells
     counters_.decode_steps++;
     if (parts.size() > 1) counters_.shared_decode_steps++;
     if (rc != 0) {
@@ -385,11 +501,16 @@ bool engine::step() {
 
     for (auto& p : parts) {
         slot& s = *p.s;
-        for (int k = 0; k < p.count; ++k) s.cached.push_back(batch_.token[p.first + k]);
+        const std::span<const llama_token> decoded(batch_.token + p.first, static_cast<size_t>(p.count));
+        s.cached.insert(s.cached.end(), decoded.begin(), decoded.end());
+        cache_->append(s.id, decoded);
         if (s.pending >= 0) {
             s.pending = -1;  // the generated token is now in the KV
         } else {
             s.prompt_done += p.count;
+            const bool at_cut = std::binary_search(s.cuts.begin(), s.cuts.end(), static_cast<int>(s.prompt_done)) ||
+                                s.prompt_done % static_cast<size_t>(cache_->block_tokens()) == 0;
+            if (cache_->needs_checkpoints() && s.prefilling() && at_cut) cache_->checkpoint(s.id);
         }
     }
 
@@ -397,6 +518,10 @@ bool engine::step() {
     for (auto& p : parts) {
         slot& s = *p.s;
         if (s.batch_index < 0 || !s.busy()) continue;
+        if (static_cast<int>(s.logits.size()) < s.request->keep_logits) {
+            const float* row = llama_get_logits_ith(ctx_.get(), s.batch_index);
+            s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
+        }
         const llama_token token = common_sampler_sample(s.sampler.get(), ctx_.get(), s.batch_index);
         common_sampler_accept(s.sampler.get(), token, true);
         if (s.generated == 0) s.first_token = clock::now();
@@ -406,6 +531,7 @@ bool engine::step() {
             finish(s, finish_reason::stop);
             continue;
         }
+        s.generated_ids.push_back(token);
         const bool special = s.request->render_special.count(token) > 0;
         const std::string piece = common_token_to_piece(ctx_.get(), token, special);
         std::string text = s.text->push(piece);

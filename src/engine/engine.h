@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/prompt-cache.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/generation.h"
 #include "llama-cpp.h"
@@ -31,6 +32,12 @@ struct engine_options {
     ggml_type cache_type_v = GGML_TYPE_F16;
     int gpu_layers = -1;  // -1: all that fit (no effect on CPU-only machines)
     bool verbose = false;
+    // Prefix cache (see cache/prompt-cache.h).
+    int cache_parked_sequences = 8;
+    int cache_block_tokens = 256;  // also the checkpoint interval of hybrid models
+    uint64_t cache_ram_bytes = 4ull << 30;
+    std::string cache_dir;  // empty: no disk tier
+    uint64_t cache_disk_bytes = 16ull << 30;
 };
 
 // Monotonic counters for /metrics. Read from any thread.
@@ -77,20 +84,26 @@ public:
     int queued() const;
     std::vector<slot_status> slots() const;
     const engine_counters& counters() const { return counters_; }
+    cache_snapshot cache_stats() const { return cache_->snapshot(); }
 
 private:
     struct slot;
     void run();
     void admit_queued();
+    void restore_prefix(slot& s);
+    void follow_shared_prefills(slot& s);
     void finish(slot& s, finish_reason reason, const std::string& error = {});
     bool step();
+    int next_cut(const slot& s) const;
+    std::string describe_divergence(const std::vector<llama_token>& prompt, const cache_restore& r) const;
 
     engine_options options_;
     llama_model_ptr model_;
     llama_context_ptr ctx_;
     int slot_context_size_ = 0;
     std::vector<llama_token> eog_tokens_;
-    bool can_truncate_memory_ = true;  // false for recurrent/hybrid models: their state cannot be rolled back
+    llama_token turn_start_token_ = LLAMA_TOKEN_NULL;  // hybrid checkpoints go before each of these (message starts)
+    std::unique_ptr<prompt_cache> cache_;              // engine thread only (snapshot() from any)
 
     // CPU thread pools kept for the context's lifetime: generation, and prompts when --threads-batch differs.
     std::unique_ptr<cpu_threadpool> decode_pool_;

@@ -22,11 +22,20 @@ const char* finish_reason_name(finish_reason reason);  // "stop", "length", "can
 
 // Per-request accounting, in tokens and milliseconds. Every response reports these.
 struct generation_stats {
-    int prompt_tokens = 0;     // tokens in the prompt
-    int reused_tokens = 0;     // prompt tokens whose KV was already cached and not recomputed
+    int prompt_tokens = 0;    // tokens in the prompt
+    int reused_tokens = 0;    // prompt tokens whose KV was already cached and not recomputed
+    int reused_device = 0;    // ... of which found in the context's own KV cells (shared, no copy)
+    int reused_ram = 0;       // ... restored from host RAM
+    int reused_disk = 0;      // ... restored from the disk cache
+    int checkpoint_pos = -1;  // models that cannot roll back: position of the state checkpoint restored (-1: none)
+    int matched_tokens = 0;   // prompt tokens found in the prefix cache's tree, whether or not their KV was usable
+    // Where the prompt departs from a cached path that continues differently: the position and the text on both
+    // sides (empty when the prompt only extends what was cached).
+    std::string divergence;
     int computed_tokens = 0;   // prompt tokens computed for this request (prompt_tokens - reused_tokens)
     int generated_tokens = 0;  // tokens sampled
     double queued_ms = 0;      // waiting for a free slot
+    double setup_ms = 0;       // from receiving the request to the first model call with its tokens
     double prompt_ms = 0;      // computing the prompt, up to the first sampled token
     double generation_ms = 0;  // after the first sampled token
     int slot = -1;             // which slot served it
@@ -38,6 +47,8 @@ struct generation_event {
     finish_reason reason = finish_reason::stop;  // valid when done
     std::string error;                           // set when reason == error
     generation_stats stats;                      // final numbers when done
+    std::vector<llama_token> generated;          // when done: every sampled token but a final end-of-generation
+    std::vector<std::vector<float>> logits;      // when done: see generation_request::keep_logits
 };
 
 // Single producer (engine thread), single consumer (the request's HTTP thread).
@@ -60,6 +71,7 @@ struct generation_request {
     int max_tokens = -1;                   // -1: until end of generation or the slot's context is full
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
+    int keep_logits = 0;  // the raw logits of this many first sampled positions come back with the final event
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 
     std::atomic<bool> cancelled{false};  // set by the HTTP thread when the client goes away

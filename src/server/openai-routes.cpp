@@ -1,6 +1,7 @@
 // See openai-routes.h. Each handler runs on its connection's thread: parse and validate the body, render the
 // chat template, tokenize, hand a generation_request to the engine, then relay its events to the client
-// (whole or as server-sent events), cancelling the generation if the client goes away.
+// (whole or as server-sent events), cancelling the generation if the client goes away. What the model read and
+// wrote goes back to the prompt tokenizer, so the next turn's prompt reuses those exact token ids.
 #include "server/openai-routes.h"
 
 #include <nlohmann/json.hpp>
@@ -31,7 +32,7 @@ json parse_body(const http::request& req) {
 }
 
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
-    auto tokens = common_tokenize(ctx.llm->vocab(), prompt, /*add_special=*/true, /*parse_special=*/true);
+    auto tokens = ctx.tokenizer->tokenize(prompt);
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
     const int limit = ctx.llm->slot_context_size();
     if (static_cast<int>(tokens.size()) >= limit) {
@@ -64,10 +65,28 @@ int64_t unix_now() {
 // Waits for the next event of a running generation. Returns nullopt once the client is gone, after telling the
 // generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer
 // writes nothing until the end, so only this check notices a client that left.
+// When the generation ends, its prompt and generated tokens are recorded in the prompt tokenizer. A handler that
+// leaves early (client gone, failed write, exception) cancels the generation, and the destructor waits briefly for
+// its final event so that what was generated still counts: the engine keeps that KV too.
 class event_waiter {
 public:
     event_waiter(generation_request& gen, http::response_writer& w, server_context& ctx, std::string id)
         : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
+    event_waiter(const event_waiter&) = delete;
+    event_waiter& operator=(const event_waiter&) = delete;
+
+    ~event_waiter() {
+        if (finished_) return;
+        gen_.cancelled = true;
+        // The engine answers a cancel at its next step; the limit only matters if it is stuck or stopping.
+        const auto deadline = std::chrono::steady_clock::now() + drain_limit;
+        while (std::chrono::steady_clock::now() < deadline) {
+            if (auto ev = gen_.output.pop(check_interval); ev && ev->done) {
+                finish(*ev);
+                return;
+            }
+        }
+    }
 
     std::optional<generation_event> next() {
         for (;;) {
@@ -82,13 +101,20 @@ public:
                 }
             }
             if (auto ev = gen_.output.pop(check_interval)) {
-                if (ev->done) log_request(*ev);
+                if (ev->done) finish(*ev);
                 return ev;
             }
         }
     }
 
 private:
+    void finish(const generation_event& ev) {
+        finished_ = true;
+        log_request(ev);
+        // A failed step leaves the KV in an unknown state; anything else is what the model saw and wrote.
+        if (ev.reason != finish_reason::error) ctx_.tokenizer->record(gen_.prompt, ev.generated);
+    }
+
     // One line per generation, so an operator sees what each request reused without reading responses.
     void log_request(const generation_event& ev) const {
         const generation_stats& st = ev.stats;
@@ -101,11 +127,13 @@ private:
     }
 
     static constexpr auto check_interval = 50ms;
+    static constexpr auto drain_limit = 2s;
     generation_request& gen_;
     http::response_writer& w_;
     server_context& ctx_;
     std::string id_;
     std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+    bool finished_ = false;  // the final event was seen
 };
 
 bool write_sse(http::response_writer& w, const json& data) {
@@ -131,13 +159,13 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
     for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
 }
 
-void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w) {
+void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w,
+                 const std::shared_ptr<generation_request>& gen) {
     ctx.http.chat_completions++;
     const json body = parse_body(req);
     const api::chat_request chat = api::parse_chat_request(body);
     const api::chat_renderer::rendered rendered = ctx.renderer->render(chat);
 
-    auto gen = std::make_shared<generation_request>();
     gen->prompt = tokenize_prompt(ctx, rendered.prompt);
     gen->sampling = api::to_sampling_params(chat.sampling, common_params_sampling{});
     api::chat_renderer::apply_to_sampling(rendered, gen->sampling, ctx.llm->vocab());
@@ -211,12 +239,12 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     }
 }
 
-void handle_completion(server_context& ctx, const http::request& req, http::response_writer& w) {
+void handle_completion(server_context& ctx, const http::request& req, http::response_writer& w,
+                       const std::shared_ptr<generation_request>& gen) {
     ctx.http.completions++;
     const json body = parse_body(req);
     const api::completion_request comp = api::parse_completion_request(body);
 
-    auto gen = std::make_shared<generation_request>();
     gen->prompt = tokenize_prompt(ctx, comp.prompt);
     gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
     bind_to_vocab(ctx, gen->sampling);
@@ -276,12 +304,16 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
     }
 }
 
-// Counts 4xx answers for /metrics, then lets the HTTP layer format the error.
+// Every generation route goes through here: its generation_request is created, and its clock started, before the
+// body is parsed, so the engine's setup_ms covers parsing, rendering and tokenizing. 4xx answers are counted for
+// /metrics; the HTTP layer formats the error.
 template <typename Handler>
-http::handler counted(server_context& ctx, Handler h) {
+http::handler generation_route(server_context& ctx, Handler h) {
     return [&ctx, h](const http::request& req, http::response_writer& w) {
+        auto gen = std::make_shared<generation_request>();
+        gen->received = std::chrono::steady_clock::now();
         try {
-            h(ctx, req, w);
+            h(ctx, req, w, gen);
         } catch (const http::http_error& e) {
             if (e.status >= 400 && e.status < 500) ctx.http.client_errors++;
             throw;
@@ -292,10 +324,10 @@ http::handler counted(server_context& ctx, Handler h) {
 }  // namespace
 
 void register_openai_routes(http::http_server& server, server_context& ctx) {
-    server.add_route("POST", "/v1/chat/completions", counted(ctx, handle_chat));
-    server.add_route("POST", "/chat/completions", counted(ctx, handle_chat));
-    server.add_route("POST", "/v1/completions", counted(ctx, handle_completion));
-    server.add_route("POST", "/completions", counted(ctx, handle_completion));
+    server.add_route("POST", "/v1/chat/completions", generation_route(ctx, handle_chat));
+    server.add_route("POST", "/chat/completions", generation_route(ctx, handle_chat));
+    server.add_route("POST", "/v1/completions", generation_route(ctx, handle_completion));
+    server.add_route("POST", "/completions", generation_route(ctx, handle_completion));
 }
 
 }  // namespace keepwarm

@@ -76,6 +76,7 @@ int run_serve(serve_options opts) {
     ctx.llm = std::make_unique<engine>(opts.engine);
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
+    ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());
 
     http::http_server server(opts.http);
     register_status_routes(server, ctx);

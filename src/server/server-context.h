@@ -1,5 +1,6 @@
-// What every route handler needs: the engine, the chat renderer, the served model's name and settings.
-// Built once by `keepwarm serve`; read-only afterwards except for the atomic counters.
+// What every route handler needs: the engine, the chat renderer, the prompt tokenizer, the served model's name and
+// settings. Built once by `keepwarm serve`; read-only afterwards except for the atomic counters and the prompt
+// tokenizer (thread-safe itself).
 #pragma once
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "api/chat-renderer.h"
+#include "api/prompt-tokenizer.h"
 #include "engine/engine.h"
 
 namespace keepwarm {
@@ -22,7 +24,8 @@ struct http_counters {
 struct server_context {
     std::unique_ptr<engine> llm;
     std::unique_ptr<api::chat_renderer> renderer;
-    std::string model_id;  // name reported by /v1/models and in responses
+    std::unique_ptr<api::prompt_tokenizer> tokenizer;  // over the engine's vocab; knows what the model saw and wrote
+    std::string model_id;                              // name reported by /v1/models and in responses
     std::string model_path;
     bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();

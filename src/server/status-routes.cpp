@@ -50,7 +50,35 @@ std::string render_metrics(const server_context& ctx) {
     metric(out, "keepwarm_slots", "gauge", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
     metric(out, "keepwarm_slots_busy", "gauge", "Slots serving a request", busy);
     metric(out, "keepwarm_queue_depth", "gauge", "Requests waiting for a slot", ctx.llm->queued());
+    const cache_snapshot cache = ctx.llm->cache_stats();
+    metric(out, "keepwarm_cache_hits_total", "counter", "Requests that reused cached KV", cache.hits);
+    metric(out, "keepwarm_cache_misses_total", "counter", "Requests that reused nothing", cache.misses);
+    metric(out, "keepwarm_cache_device_tokens", "gauge", "Tokens whose KV cells the context holds",
+           cache.device.tokens);
+    metric(out, "keepwarm_cache_ram_bytes", "gauge", "Bytes of KV blocks and checkpoints in RAM", cache.ram.bytes);
+    metric(out, "keepwarm_cache_disk_bytes", "gauge", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
+    metric(out, "keepwarm_cache_evictions_total", "counter", "Entries evicted from any tier",
+           cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
     return out.str();
+}
+
+static json cache_json(const cache_snapshot& c) {
+    const auto tier = [](const cache_tier_stats& t, const char* what) {
+        return json{{"entries", t.entries},     {"entry_kind", what}, {"tokens", t.tokens},      {"bytes", t.bytes},
+                    {"budget_bytes", t.budget}, {"hits", t.hits},     {"evictions", t.evictions}};
+    };
+    return {{"tiers",
+             {{"device", tier(c.device, "sequence")}, {"ram", tier(c.ram, "block")}, {"disk", tier(c.disk, "file")}}},
+            {"lookups", c.lookups},
+            {"hits", c.hits},
+            {"misses", c.misses},
+            {"tree_nodes", c.tree_nodes},
+            {"block_tokens", c.block_tokens},
+            {"checkpoints",
+             {{"enabled", c.checkpoints_enabled}, {"in_ram", c.checkpoints}, {"ram_bytes", c.checkpoint_bytes}}},
+            {"disk_rejected", c.disk_rejected},
+            {"disk_read_failures", c.disk_read_failures},
+            {"restore_failures", c.restore_failures}};
 }
 
 void register_status_routes(http::http_server& server, server_context& ctx) {
@@ -72,6 +100,10 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
 
     server.add_route("GET", "/metrics", [&ctx](const http::request&, http::response_writer& w) {
         w.send(200, "text/plain; version=0.0.4", render_metrics(ctx));
+    });
+
+    server.add_route("GET", "/v1/cache", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", cache_json(ctx.llm->cache_stats()).dump());
     });
 
     const auto models = [&ctx](const http::request&, http::response_writer& w) {

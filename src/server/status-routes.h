@@ -1,4 +1,5 @@
-// Routes that report on the server rather than run the model: /health, /metrics, /v1/models.
+// Routes that report on the server rather than run the model: /health, /metrics, /v1/models, /v1/cache (the prefix
+// cache: tiers, bytes, entries, hit/miss/eviction counts).
 #pragma once
 
 #include "http/http-server.h"

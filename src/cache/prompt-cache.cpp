@@ -1,0 +1,797 @@
+// See prompt-cache.h. Restoring a prompt: match it against the tree; take the deepest device span by sharing
+// cells (llama_memory_seq_cp), extend it with RAM/disk blocks through the scratch sequence, and on hybrid models
+// finish at a point whose recurrent state is known (a checkpoint, or the end of the sequence copied).
+#include "cache/prompt-cache.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+namespace keepwarm {
+
+namespace {
+using clock = std::chrono::steady_clock;
+
+// Every llama_state_seq_* buffer opens with this header (llama-context.cpp: io_magic, then the source seq id),
+// followed by the memory's own state_write output.
+constexpr uint32_t state_magic = 0xaf143cd8;
+constexpr size_t state_header = sizeof(uint32_t) + sizeof(llama_seq_id);
+
+constexpr uint32_t kind_block = 0;       // disk entry: KV of [end - block_tokens, end)
+constexpr uint32_t kind_checkpoint = 1;  // disk entry: recurrent state after `end` tokens
+
+// Prefill cost saved by restoring `tokens` tokens that end at position `depth`, in units of one token at depth 0:
+// attention work grows with depth, the rest does not.
+double compute_saved(int tokens, int depth) {
+    return tokens * (1.0 + depth / 8192.0);
+}
+
+// Recency weight: an entry untouched for five minutes counts half as much as one used just now.
+double recency(clock::time_point last_used, clock::time_point now) {
+    const double age_s = std::chrono::duration<double>(now - last_used).count();
+    return 1.0 / (1.0 + age_s / 300.0);
+}
+}  // namespace
+
+prompt_cache::span_value prompt_cache::span_value::split_upper(size_t upper_depth) {
+    span_value upper;
+    upper.holders = holders;  // every sequence through the lower part passes the upper part too
+    const auto depth = static_cast<int32_t>(upper_depth);
+    upper.blocks.insert(blocks.begin(), blocks.upper_bound(depth));
+    blocks.erase(blocks.begin(), blocks.upper_bound(depth));
+    upper.checkpoints.insert(checkpoints.begin(), checkpoints.upper_bound(depth));
+    checkpoints.erase(checkpoints.begin(), checkpoints.upper_bound(depth));
+    return upper;
+}
+
+prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : ctx_(ctx), options_(std::move(options)) {
+    if (options_.block_tokens < 16) throw std::invalid_argument("the cache block size must be at least 16 tokens");
+    const llama_model* model = llama_get_model(ctx_);
+    can_truncate_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    const int n = sequences_needed(options_);
+    scratch_ = n - 1;
+    for (int i = 0; i < n - 1; ++i) {
+        device_sequence s;
+        s.seq = i;
+        s.tip = tree_.root();
+        sequences_.push_back(s);
+    }
+    if (!can_truncate_) {
+        // The recurrent part of an empty sequence: appended to a block's attention KV so that a block can be
+        // loaded without carrying a stale recurrent state (the checkpoint restored afterwards supplies it).
+        llama_memory_seq_rm(llama_get_memory(ctx_), scratch_, -1, -1);
+        empty_partial_state_.resize(llama_state_seq_get_size_ext(ctx_, scratch_, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+        llama_state_seq_get_data_ext(ctx_, empty_partial_state_.data(), empty_partial_state_.size(), scratch_,
+                                     LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        empty_partial_state_.erase(empty_partial_state_.begin(), empty_partial_state_.begin() + state_header);
+    }
+    counters_.block_tokens = options_.block_tokens;
+    counters_.checkpoints_enabled = !can_truncate_;
+    counters_.ram.budget = options_.ram_budget;
+    if (!options_.disk_dir.empty() && options_.disk_budget > 0) {
+        disk_ = std::make_unique<disk_store>(options_.disk_dir, options_.disk_budget, options_.model_fingerprint);
+        index_disk();
+    }
+    publish();
+}
+
+prompt_cache::~prompt_cache() {
+    if (disk_) disk_->flush();
+}
+
+void prompt_cache::index_disk() {
+    const auto report = disk_->open();
+    for (const auto& why : report.rejected) std::fprintf(stderr, "keepwarm: disk cache: ignored %s\n", why.c_str());
+    counters_.disk_rejected = report.rejected.size();
+    size_t blocks = 0, checkpoints = 0;
+    for (auto& info : disk_->entries()) {
+        const bool shape_ok = info.start == 0 && info.end == static_cast<int32_t>(info.tokens.size()) && info.end > 0;
+        const bool kind_ok = info.kind == kind_block ? info.end % options_.block_tokens == 0
+                                                     : info.kind == kind_checkpoint && !can_truncate_;
+        if (!shape_ok || !kind_ok) {
+            std::fprintf(stderr, "keepwarm: disk cache: ignored %s.kwkv: written with another layout\n",
+                         info.key.hex().c_str());
+            disk_->erase(info.key);
+            counters_.disk_rejected++;
+            continue;
+        }
+        node* n = tree_.insert(info.tokens);
+        stored_state state;
+        state.on_disk = true;
+        state.key = info.key;
+        state.bytes = info.payload_bytes;
+        state.last_used = clock::now() - std::chrono::minutes(10);  // older than anything used in this run
+        (info.kind == kind_block ? n->value.blocks : n->value.checkpoints)[info.end] = state;
+        (info.kind == kind_block ? blocks : checkpoints)++;
+    }
+    if (blocks + checkpoints > 0 || !report.rejected.empty()) {
+        std::fprintf(stderr, "keepwarm: disk cache: %zu blocks and %zu checkpoints (%.1f MiB) in %s, %zu rejected\n",
+                     blocks, checkpoints, disk_->bytes() / 1048576.0, options_.disk_dir.c_str(),
+                     report.rejected.size());
+    }
+}
+
+// ---- device sequences and the tree ----
+
+void prompt_cache::hold(device_sequence& s, node* tip) {
+    s.tip = tip;
+    for (node* n = tip; n != tree_.root(); n = n->parent) n->value.holders++;
+}
+
+void prompt_cache::drop(device_sequence& s) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), s.seq, -1, -1);
+    node* tip = s.tip;
+    for (node* n = tip; n != tree_.root(); n = n->parent) n->value.holders--;
+    s.tip = tree_.root();
+    prune(tip);
+}
+
+void prompt_cache::prune(node* n) {
+    while (n != tree_.root() && n->value.holders == 0 && n->value.blocks.empty() && n->value.checkpoints.empty() &&
+           n->children.empty()) {
+        node* parent = n->parent;
+        tree_.erase_leaf(n);
+        n = parent;
+    }
+}
+
+void prompt_cache::truncate(device_sequence& s, int length) {
+    if (length >= static_cast<int>(s.tip->depth)) return;
+    if (length == 0) {
+        drop(s);
+        return;
+    }
+    llama_memory_seq_rm(llama_get_memory(ctx_), s.seq, length, -1);
+    node* old_tip = s.tip;
+    node* new_tip = tree_.node_ending_at(old_tip, static_cast<size_t>(length));
+    for (node* n = old_tip; n != new_tip; n = n->parent) n->value.holders--;
+    s.tip = new_tip;
+    prune(old_tip);
+}
+
+int prompt_cache::slot_length(int slot) const {
+    return static_cast<int>(sequences_[static_cast<size_t>(slot)].tip->depth);
+}
+
+void prompt_cache::append(int slot, std::span<const llama_token> tokens) {
+    if (tokens.empty()) return;
+    device_sequence& s = seq(slot);
+    node* tip = s.tip;
+    if (tip != tree_.root() && tip->children.empty() && tip->value.holders == 1) {
+        tree_.extend_leaf(tip, tokens);  // the common case: a conversation growing its own path
+        return;
+    }
+    node* new_tip = tree_.insert_below(tip, tokens);
+    for (node* n = new_tip; n != tip; n = n->parent) n->value.holders++;
+    s.tip = new_tip;
+}
+
+prompt_cache::device_sequence* prompt_cache::free_parking() {
+    for (size_t i = static_cast<size_t>(options_.slots); i < sequences_.size(); ++i) {
+        if (sequences_[i].tip == tree_.root()) return &sequences_[i];
+    }
+    return nullptr;
+}
+
+// The idle sequence whose loss costs least: least recently used first. Slots in use are never chosen.
+prompt_cache::device_sequence* prompt_cache::eviction_victim(const device_sequence* keep) {
+    device_sequence* victim = nullptr;
+    for (auto& s : sequences_) {
+        if (s.in_use || s.tip == tree_.root() || &s == keep) continue;
+        if (!victim || s.last_used < victim->last_used) victim = &s;
+    }
+    return victim;
+}
+
+// Keeps what sequence `s` holds alone (not shared with another device sequence) in RAM blocks, before its cells
+// are freed. Blocks already in RAM or on disk are not written again.
+void prompt_cache::demote(device_sequence& s) {
+    node* tip = s.tip;
+    if (tip == tree_.root()) return;
+    size_t shared_depth = 0;
+    for (node* n = tip; n != tree_.root(); n = n->parent) {
+        if (n->value.holders > 1) {
+            shared_depth = n->depth;
+            break;
+        }
+    }
+    const int b = options_.block_tokens;
+    const int length = static_cast<int>(tip->depth);
+    std::vector<llama_token> path;
+    for (int end = (static_cast<int>(shared_depth) / b + 1) * b; end <= length; end += b) {
+        node* n = tree_.ancestor_at(tip, static_cast<size_t>(end));
+        if (n->value.blocks.count(end)) continue;
+        if (path.empty()) path = tree_.path(tip);
+        store_block(n, end, serialize_span(s.seq, end - b, end), path);
+    }
+    if (!can_truncate_ && !tip->value.checkpoints.count(length)) {
+        if (path.empty()) path = tree_.path(tip);
+        store_checkpoint(tip, length, serialize_checkpoint(s.seq, length), path);
+    }
+    counters_.device.evictions++;
+}
+
+// The slot is about to serve another prompt: keep its current content on the device in a parked sequence
+// (sharing cells, no copy), evicting the least recently used idle sequence if none is free.
+bool prompt_cache::park(device_sequence& slot, const device_sequence* keep) {
+    device_sequence* p = free_parking();
+    if (!p) {
+        device_sequence* victim = eviction_victim(keep);
+        if (victim && victim != &slot && victim->seq >= options_.slots) {
+            demote(*victim);
+            drop(*victim);
+            p = victim;
+        }
+    }
+    if (!p) {
+        demote(slot);  // nowhere to park it on the device: RAM then
+        return false;
+    }
+    llama_memory_seq_cp(llama_get_memory(ctx_), slot.seq, p->seq, -1, -1);
+    hold(*p, slot.tip);
+    p->last_used = slot.last_used;
+    return true;
+}
+
+bool prompt_cache::make_room(const device_sequence* keep) {
+    device_sequence* victim = eviction_victim(keep);
+    if (!victim) return false;
+    demote(*victim);
+    drop(*victim);
+    publish();
+    return true;
+}
+
+void prompt_cache::persist_all() {
+    const int b = options_.block_tokens;
+    for (auto& s : sequences_) {
+        node* tip = s.tip;
+        if (tip == tree_.root()) continue;
+        std::vector<llama_token> path;
+        for (int end = b; end <= static_cast<int>(tip->depth); end += b) {
+            node* n = tree_.ancestor_at(tip, static_cast<size_t>(end));
+            auto it = n->value.blocks.find(end);
+            if (it != n->value.blocks.end() && it->second.on_disk) continue;
+            if (path.empty()) path = tree_.path(tip);
+            if (it != n->value.blocks.end() && it->second.ram && disk_) {
+                disk_->put({.key = it->second.key,
+                            .parent = root_block_key(options_.model_fingerprint),
+                            .start = 0,
+                            .end = end,
+                            .kind = kind_block,
+                            .tokens = {path.begin(), path.begin() + end},
+                            .payload_bytes = it->second.bytes},
+                           it->second.ram);
+                it->second.on_disk = true;
+                continue;
+            }
+            if (it == n->value.blocks.end()) store_block(n, end, serialize_span(s.seq, end - b, end), path);
+        }
+        if (!can_truncate_ && !tip->value.checkpoints.count(static_cast<int32_t>(tip->depth))) {
+            if (path.empty()) path = tree_.path(tip);
+            store_checkpoint(tip, static_cast<int32_t>(tip->depth),
+                             serialize_checkpoint(s.seq, static_cast<int32_t>(tip->depth)), path);
+        }
+    }
+    if (disk_) disk_->flush();
+}
+
+// ---- serialization ----
+
+std::vector<uint8_t> prompt_cache::serialize_span(llama_seq_id from, int p0, int p1) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    llama_memory_seq_rm(mem, scratch_, -1, -1);
+    llama_memory_seq_cp(mem, from, scratch_, p0, p1);
+    std::vector<uint8_t> out(llama_state_seq_get_size(ctx_, scratch_));
+    out.resize(llama_state_seq_get_data(ctx_, out.data(), out.size(), scratch_));
+    if (!can_truncate_) {
+        // Keep the attention KV only (written first); the recurrent part is the source sequence's latest state,
+        // which is not the state at p1.
+        const size_t partial =
+            llama_state_seq_get_size_ext(ctx_, scratch_, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) - state_header;
+        out.resize(out.size() >= partial + state_header ? out.size() - partial : 0);
+    }
+    llama_memory_seq_rm(mem, scratch_, -1, -1);
+    return out;
+}
+
+// Empty if the state is not the one after exactly `pos` tokens (then nothing is stored).
+std::vector<uint8_t> prompt_cache::serialize_checkpoint(llama_seq_id from, int32_t pos) {
+    std::vector<uint8_t> out(llama_state_seq_get_size_ext(ctx_, from, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    out.resize(llama_state_seq_get_data_ext(ctx_, out.data(), out.size(), from, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    if (!valid_checkpoint(out, pos)) {
+        std::fprintf(stderr, "keepwarm: cache: state of sequence %d at %d failed validation; no checkpoint kept\n",
+                     from, pos);
+
+        counters_.restore_failures++;
+        out.clear();
+    }
+    return out;
+}
+
+bool prompt_cache::load_block(const stored_state& state, std::vector<uint8_t>& out, bool& from_disk) {
+    from_disk = false;
+    if (state.ram) {
+        out = *state.ram;
+        return true;
+    }
+    if (!state.on_disk || !disk_) return false;
+    std::string error;
+    auto payload = disk_->get(state.key, &error);
+    if (!payload) {
+        std::fprintf(stderr, "keepwarm: disk cache: %s.kwkv not loaded: %s\n", state.key.hex().c_str(), error.c_str());
+        counters_.disk_read_failures++;
+        return false;
+    }
+    out = std::move(*payload);
+    from_disk = true;
+    return true;
+}
+
+bool prompt_cache::restore_block(llama_seq_id slot, const std::vector<uint8_t>& payload, int p0, int p1) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const std::vector<uint8_t>* bytes = &payload;
+    std::vector<uint8_t> with_empty_recurrent;
+    if (!can_truncate_) {
+        with_empty_recurrent.reserve(payload.size() + empty_partial_state_.size());
+        with_empty_recurrent.assign(payload.begin(), payload.end());
+        with_empty_recurrent.insert(with_empty_recurrent.end(), empty_partial_state_.begin(),
+                                    empty_partial_state_.end());
+        bytes = &with_empty_recurrent;
+    }
+    // No eviction here: the restore plan points into the tree. acquire() made room before it started.
+    const bool ok = llama_state_seq_set_data(ctx_, bytes->data(), bytes->size(), scratch_) != 0;
+    if (ok) llama_memory_seq_cp(mem, scratch_, slot, p0, p1);
+    llama_memory_seq_rm(mem, scratch_, -1, -1);
+    return ok;
+}
+
+bool prompt_cache::restore_checkpoint(llama_seq_id slot, const std::vector<uint8_t>& payload) {
+    return llama_state_seq_set_data_ext(ctx_, payload.data(), payload.size(), slot,
+                                        LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != 0;
+}
+
+// ---- RAM and disk entries ----
+
+void prompt_cache::store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path) {
+    if (payload.empty()) return;
+    stored_state state;
+    state.key = chain_block_key(root_block_key(options_.model_fingerprint), path.first(static_cast<size_t>(end)));
+    state.bytes = payload.size();
+    state.last_used = clock::now();
+    state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
+    if (disk_) {
+        disk_->put({.key = state.key,
+                    .parent = root_block_key(options_.model_fingerprint),
+                    .start = 0,
+                    .end = end,
+                    .kind = kind_block,
+                    .tokens = {path.begin(), path.begin() + end},
+                    .payload_bytes = state.bytes},
+                   state.ram);
+        state.on_disk = true;
+    }
+    ram_bytes_ += state.bytes;
+    n->value.blocks[end] = std::move(state);
+    enforce_ram_budget();
+    enforce_disk_budget();
+}
+
+void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload,
+                                    std::span<const llama_token> path) {
+    if (payload.empty()) return;
+    stored_state state;
+    const llama_token sentinel = -1;  // not a token id: keeps a checkpoint's key apart from the block ending there
+    state.key = chain_block_key(
+        chain_block_key(root_block_key(options_.model_fingerprint), path.first(static_cast<size_t>(pos))),
+        std::span<const llama_token>(&sentinel, 1));
+    state.bytes = payload.size();
+    state.last_used = clock::now();
+    state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
+    if (disk_) {
+        disk_->put({.key = state.key,
+                    .parent = root_block_key(options_.model_fingerprint),
+                    .start = 0,
+                    .end = pos,
+                    .kind = kind_checkpoint,
+                    .tokens = {path.begin(), path.begin() + pos},
+                    .payload_bytes = state.bytes},
+                   state.ram);
+        state.on_disk = true;
+    }
+    ram_bytes_ += state.bytes;
+    n->value.checkpoints[pos] = std::move(state);
+    counters_.checkpoints++;
+    enforce_ram_budget();
+    enforce_disk_budget();
+}
+
+void prompt_cache::checkpoint(int slot) {
+    device_sequence& s = seq(slot);
+    if (can_truncate_ || s.tip == tree_.root()) return;
+    const auto pos = static_cast<int32_t>(s.tip->depth);
+    if (s.tip->value.checkpoints.count(pos)) return;  // a valid one is never displaced
+    std::vector<uint8_t> state = serialize_checkpoint(s.seq, pos);
+    if (!state.empty()) store_checkpoint(s.tip, pos, std::move(state), tree_.path(s.tip));
+}
+
+// After the header, a recurrent-state snapshot (llama_memory_recurrent::state_write) starts with its cell count and,
+// per cell, the last position it has seen. One cell at pos - 1 is the state after exactly `pos` tokens.
+bool prompt_cache::valid_checkpoint(const std::vector<uint8_t>& state, int32_t pos) const {
+    if (state.size() < state_header + sizeof(uint32_t) + sizeof(int32_t) ||
+        state.size() <= state_header + empty_partial_state_.size()) {
+        return false;
+    }
+    uint32_t magic = 0, cells = 0;
+    int32_t last = 0;
+    std::memcpy(&magic, state.data(), sizeof magic);
+    std::memcpy(&cells, state.data() + state_header, sizeof cells);
+    std::memcpy(&last, state.data() + state_header + sizeof cells, sizeof last);
+    return magic == state_magic && cells == 1 && last == pos - 1;
+}
+
+// An entry that can be dropped from a tier without stranding others: a checkpoint (each stands alone), or a block
+// with no deeper block of the same tier below it (restoring needs a contiguous run of blocks).
+namespace {
+struct eviction_candidate {
+    double score;
+    void* n;
+    int32_t end;
+    bool checkpoint;
+};
+}  // namespace
+
+void prompt_cache::enforce_ram_budget() {
+    if (ram_bytes_ <= options_.ram_budget) return;
+    const auto now = clock::now();
+    while (ram_bytes_ > options_.ram_budget) {
+        std::vector<node*> order;
+        tree_.for_each([&](node& n) { order.push_back(&n); });
+        std::unordered_map<node*, bool> deeper_block;  // a RAM block exists below this node's edge
+        std::vector<eviction_candidate> candidates;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            node* n = *it;
+            bool below = false;
+            for (auto& [token, child] : n->children) below = below || deeper_block[child.get()];
+            for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
+                if (!b->second.ram) continue;
+                if (!below) {
+                    candidates.push_back({compute_saved(options_.block_tokens, b->first) /
+                                              static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
+                                          n, b->first, false});
+                }
+                below = true;
+            }
+            deeper_block[n] = below;
+            for (auto& [pos, c] : n->value.checkpoints) {
+                if (!c.ram) continue;
+                candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
+                                          recency(c.last_used, now),
+                                      n, pos, true});
+            }
+        }
+        if (candidates.empty()) break;
+        std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.score < b.score; });
+        for (const auto& c : candidates) {
+            if (ram_bytes_ <= options_.ram_budget) break;
+            node* n = static_cast<node*>(c.n);
+            auto& map = c.checkpoint ? n->value.checkpoints : n->value.blocks;
+            auto entry = map.find(c.end);
+            ram_bytes_ -= entry->second.bytes;
+            entry->second.ram.reset();
+            counters_.ram.evictions++;
+            if (!entry->second.on_disk) map.erase(entry);
+            // Pruning could free nodes later candidates point to; they are re-collected on the next round.
+            if (n->value.blocks.empty() && n->value.checkpoints.empty() && n->value.holders == 0 &&
+                n->children.empty()) {
+                prune(n);
+                break;
+            }
+        }
+    }
+}
+
+void prompt_cache::enforce_disk_budget() {
+    if (!disk_ || disk_->bytes() <= options_.disk_budget) return;
+    const auto now = clock::now();
+    while (disk_->bytes() > options_.disk_budget) {
+        std::vector<node*> order;
+        tree_.for_each([&](node& n) { order.push_back(&n); });
+        std::unordered_map<node*, bool> deeper_block;
+        std::vector<eviction_candidate> candidates;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            node* n = *it;
+            bool below = false;
+            for (auto& [token, child] : n->children) below = below || deeper_block[child.get()];
+            for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
+                if (!b->second.on_disk) continue;
+                if (!below) {
+                    candidates.push_back({compute_saved(options_.block_tokens, b->first) /
+                                              static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
+                                          n, b->first, false});
+                }
+                below = true;
+            }
+            deeper_block[n] = below;
+            for (auto& [pos, c] : n->value.checkpoints) {
+                if (!c.on_disk) continue;
+                candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
+                                          recency(c.last_used, now),
+                                      n, pos, true});
+            }
+        }
+        if (candidates.empty()) break;
+        std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.score < b.score; });
+        for (const auto& c : candidates) {
+            if (disk_->bytes() <= options_.disk_budget) break;
+            node* n = static_cast<node*>(c.n);
+            auto& map = c.checkpoint ? n->value.checkpoints : n->value.blocks;
+            auto entry = map.find(c.end);
+            disk_->erase(entry->second.key);
+            entry->second.on_disk = false;
+            counters_.disk.evictions++;
+            if (!entry->second.ram) map.erase(entry);
+            if (n->value.blocks.empty() && n->value.checkpoints.empty() && n->value.holders == 0 &&
+                n->children.empty()) {
+                prune(n);
+                break;
+            }
+        }
+    }
+}
+
+// ---- restoring a prompt ----
+
+int prompt_cache::device_tokens() {
+    int used = 0;
+    tree_.for_each([&](node& n) {
+        if (n.value.holders > 0) used += static_cast<int>(n.edge.size());
+    });
+    return used;
+}
+
+prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const device_sequence& s) {
+    device_match best;
+    for (node* n = m.deepest; n && n != tree_.root(); n = n->parent) {
+        if (n->value.holders == 0) continue;
+        best.length = static_cast<int>(n == m.deepest ? m.length : n->depth);
+        for (auto& cand : sequences_) {
+            bool through = false;
+            for (node* a = cand.tip; a != tree_.root() && a->depth >= n->depth; a = a->parent) {
+                if (a == n) {
+                    through = true;
+                    break;
+                }
+            }
+            if (!through) continue;
+            // Prefer the slot itself (nothing to copy), then the most recently used holder.
+            if (!best.holder || &cand == &s || (best.holder != &s && cand.last_used > best.holder->last_used)) {
+                best.holder = &cand;
+            }
+        }
+        break;
+    }
+    return best;
+}
+
+cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit) {
+    device_sequence& s = seq(slot);
+    s.in_use = true;
+    counters_.lookups++;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const int b = options_.block_tokens;
+    const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
+
+    struct block_step {
+        node* n;
+        int32_t end;
+    };
+    tree::match m;
+    device_match dm;
+    std::vector<block_step> blocks;
+    int device_len = 0, target = 0;
+    const stored_state* checkpoint = nullptr;
+    // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans; every round
+    // leaves `s` empty or the holder, so this ends.
+    bool kept_own = false;
+    for (int round = 0;; ++round) {
+        m = tree_.longest_prefix(prompt);
+        dm = find_holder(m, s);
+        if (dm.holder != &s && s.tip != tree_.root()) {
+            if (s.tip->value.holders == 1) park(s, dm.holder);  // nobody else holds what this slot has: keep it
+            drop(s);
+            continue;
+        }
+        // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
+        device_len = std::min(dm.length, limit);
+        blocks.clear();
+        int attention_end = device_len;
+        while (true) {
+            const int end = (attention_end / b + 1) * b;
+            if (end > static_cast<int>(m.length) || end - b >= limit) break;
+            node* n = tree_.ancestor_at(m.deepest, static_cast<size_t>(end));
+            if (!n->value.blocks.count(end)) break;
+            blocks.push_back({n, end});
+            attention_end = std::min(end, limit);
+        }
+        target = attention_end;
+        checkpoint = nullptr;
+        if (!can_truncate_) {
+            // The recurrent state is right only at the end of the holder's own sequence or at a checkpoint.
+            target = 0;
+            if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
+                target = dm.length;
+            }
+            for (node* n = m.deepest ? tree_.ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : tree_.root();
+                 n != tree_.root(); n = n->parent) {
+                auto& cps = n->value.checkpoints;
+                auto it = cps.upper_bound(attention_end);
+                if (it == cps.begin()) continue;
+                --it;
+                if (it->first > target) {
+                    target = it->first;
+                    checkpoint = &it->second;
+                }
+                break;
+            }
+            while (!blocks.empty() && blocks.back().end - b >= target) blocks.pop_back();
+        }
+        if (dm.holder == &s && target < static_cast<int>(s.tip->depth)) {
+            // The slot's own content goes on differently: keep the rest of it, parked.
+            if (s.tip->value.holders == 1 && !kept_own) {
+                kept_own = true;
+                if (park(s, nullptr)) continue;  // else it went to RAM blocks
+            }
+            if (!can_truncate_) {  // hybrid: restart from the parked copy (this slot's state cannot be cut)
+                drop(s);
+                continue;
+            }
+        }
+        // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
+        const int from_device = std::min(device_len, target);
+        const int needed = static_cast<int>(prompt.size()) - from_device + b;
+        if (round < 64 && n_ctx - device_tokens() < needed && make_room(dm.holder)) continue;
+        break;
+    }
+
+    cache_restore r;
+    r.matched = static_cast<int>(m.length);
+    bool ok = true;
+    // 1. Device: share the holder's cells.
+    const int from_device = std::min(device_len, target);
+    if (dm.holder == &s) {
+        if (can_truncate_) truncate(s, from_device);
+    } else if (dm.holder && from_device > 0) {
+        llama_memory_seq_cp(mem, dm.holder->seq, s.seq, 0, from_device);
+        hold(s, tree_.node_ending_at(dm.holder->tip, static_cast<size_t>(from_device)));
+        dm.holder->last_used = clock::now();
+    }
+    r.device = from_device;
+    // 2. RAM and disk blocks.
+    int restored = from_device;
+    std::vector<uint8_t> payload;
+    for (const auto& step : blocks) {
+        if (restored >= target) break;
+        auto& state = step.n->value.blocks.at(step.end);
+        bool from_disk = false;
+        if (!load_block(state, payload, from_disk)) {
+            state.on_disk = false;
+            if (!state.ram) step.n->value.blocks.erase(step.end);
+            ok = false;
+            break;
+        }
+        const int p1 = std::min(step.end, target);
+        if (!restore_block(s.seq, payload, restored, p1)) {
+            ok = false;
+            break;
+        }
+        state.last_used = clock::now();
+        if (from_disk && !state.ram && options_.ram_budget > 0) {
+            state.ram = std::make_shared<const std::vector<uint8_t>>(payload);  // promote to RAM
+            ram_bytes_ += state.bytes;
+        }
+        (from_disk ? r.disk : r.ram) += p1 - restored;
+        restored = p1;
+    }
+    // 3. Hybrid models: the recurrent state at `target`.
+    if (ok && checkpoint) {
+        bool from_disk = false;
+        if (!load_block(*checkpoint, payload, from_disk) || !restore_checkpoint(s.seq, payload)) {
+            ok = false;
+        } else {
+            r.checkpoint_pos = target;
+            llama_memory_seq_rm(mem, s.seq, target, -1);  // attention beyond the checkpoint (the holder's tail)
+        }
+    }
+    if (!ok) {
+        // Nothing half-restored is kept: this prompt starts from scratch. The failed entry is out of the tree.
+        counters_.restore_failures++;
+        drop(s);
+        r = {};
+        r.matched = static_cast<int>(tree_.longest_prefix(prompt).length);
+    } else {
+        r.reused = can_truncate_ ? restored : target;
+        if (r.reused > static_cast<int>(s.tip->depth)) {  // extend the slot's path over what was restored
+            m = tree_.longest_prefix(prompt);
+            node* tip = tree_.node_ending_at(m.deepest, static_cast<size_t>(r.reused));
+            for (node* n = s.tip; n != tree_.root(); n = n->parent) n->value.holders--;
+            hold(s, tip);
+        }
+        r.device = std::min(r.device, r.reused);
+    }
+
+    // Where the prompt leaves a cached path that goes on differently.
+    m = tree_.longest_prefix(prompt);
+    if (m.length < prompt.size()) {
+        const node* n = m.deepest ? m.deepest : tree_.root();
+        if (m.deepest && m.into_edge < m.deepest->edge.size()) {
+            auto from = m.deepest->edge.begin() + static_cast<std::ptrdiff_t>(m.into_edge);
+            r.cached_continuation.assign(from, from + std::min<std::ptrdiff_t>(8, m.deepest->edge.end() - from));
+        } else if (!n->children.empty()) {
+            const auto& edge = n->children.begin()->second->edge;
+            r.cached_continuation.assign(
+                edge.begin(), edge.begin() + std::min<std::ptrdiff_t>(8, static_cast<std::ptrdiff_t>(edge.size())));
+        }
+        if (!r.cached_continuation.empty()) r.divergence_pos = static_cast<int>(m.length);
+    }
+
+    (r.reused > 0 ? counters_.hits : counters_.misses)++;
+    if (r.device > 0) counters_.device.hits++;
+    if (r.ram > 0) counters_.ram.hits++;
+    if (r.disk > 0) counters_.disk.hits++;
+    s.last_used = clock::now();
+    publish();
+    return r;
+}
+
+void prompt_cache::release_slot(int slot, bool discard) {
+    device_sequence& s = seq(slot);
+    s.in_use = false;
+    s.last_used = clock::now();
+    if (discard) drop(s);
+    publish();
+}
+
+// ---- statistics ----
+
+void prompt_cache::publish() {
+    cache_snapshot snap = counters_;
+    snap.tree_nodes = tree_.node_count();
+    tree_.for_each([&](node& n) {
+        if (n.value.holders > 0) snap.device.tokens += n.edge.size();
+        for (auto& [end, st] : n.value.blocks) {
+            if (st.ram) {
+                snap.ram.entries++;
+                snap.ram.tokens += static_cast<uint64_t>(options_.block_tokens);
+            }
+        }
+        for (auto& [pos, st] : n.value.checkpoints) {
+            if (st.ram) {
+                snap.checkpoints++;
+                snap.checkpoint_bytes += st.bytes;
+            }
+        }
+    });
+    snap.checkpoints = snap.checkpoints;
+    for (auto& s : sequences_) {
+        if (s.tip != tree_.root()) snap.device.entries++;
+    }
+    snap.ram.bytes = ram_bytes_;
+    snap.ram.budget = options_.ram_budget;
+    if (disk_) {
+        snap.disk.entries = disk_->size();
+        snap.disk.bytes = disk_->bytes();
+        snap.disk.budget = options_.disk_budget;
+        snap.disk_read_failures = counters_.disk_read_failures;
+    }
+    std::lock_guard lock(published_mu_);
+    published_ = snap;
+}
+
+cache_snapshot prompt_cache::snapshot() const {
+    std::lock_guard lock(published_mu_);
+    return published_;
+}
+
+}  // namespace keepwarm

@@ -1,0 +1,178 @@
+// The prefix cache: one prefix tree over token ids indexes every span of KV that keepwarm holds, in three tiers:
+//   device  live cells of the llama context. Each slot is a sequence; an idle conversation is parked in a spare
+//           sequence (llama_memory_seq_cp shares cells, nothing is copied), so a system prompt used by many
+//           conversations is held once.
+//   RAM     serialized blocks of `block_tokens` positions (llama_state_seq_get_data of just that span, taken
+//           through a scratch sequence), one per tree position, never one copy per conversation.
+//   disk    the same blocks as content-addressed files (disk_store), written behind the RAM tier; indexed at
+//           start-up, so a restarted server picks up where it left off.
+// Models whose memory cannot roll back (hybrid recurrent/attention) also keep checkpoints: the recurrent state
+// alone (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) at block ends and message boundaries, captured while the prompt is
+// computed; a restore then costs at most the tokens since the last checkpoint.
+// Threading: engine thread only, except snapshot(), which any thread may call.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/block-key.h"
+#include "cache/disk-store.h"
+#include "cache/prefix-tree.h"
+#include "llama.h"
+
+namespace keepwarm {
+
+struct prompt_cache_options {
+    int slots = 1;             // sequences 0 .. slots-1 serve requests
+    int parked_sequences = 8;  // spare sequences that keep idle conversations on the device
+    int block_tokens = 256;    // RAM/disk block size, and the checkpoint interval of hybrid models
+    uint64_t ram_budget = 4ull << 30;
+    std::filesystem::path disk_dir;  // empty: no disk tier
+    uint64_t disk_budget = 16ull << 30;
+    std::string model_fingerprint;  // model file + KV format: disk entries of another model are never loaded
+};
+
+// Where the reused prompt tokens of one request came from.
+struct cache_restore {
+    int reused = 0;  // prompt positions now in the slot's sequence (device + ram + disk)
+    int device = 0, ram = 0, disk = 0;
+    int checkpoint_pos = -1;  // hybrid models: the checkpoint the recurrent state came from
+    int matched = 0;          // prompt tokens found in the tree, whatever tier (reused <= matched)
+    // When the prompt departs from a cached path that goes on differently: the first differing position (else -1).
+    int divergence_pos = -1;
+    std::vector<llama_token> cached_continuation;  // the cached tokens from divergence_pos on (a few)
+};
+
+struct cache_tier_stats {
+    uint64_t entries = 0, bytes = 0, budget = 0, tokens = 0;
+    uint64_t hits = 0, evictions = 0;  // hits: requests that reused at least one token from this tier
+};
+
+// A consistent copy of the cache's state, for /v1/cache and /metrics.
+struct cache_snapshot {
+    cache_tier_stats device, ram, disk;
+    uint64_t checkpoints = 0, checkpoint_bytes = 0;
+    uint64_t lookups = 0, hits = 0, misses = 0;  // misses: requests that reused nothing
+    uint64_t tree_nodes = 0;
+    uint64_t disk_rejected = 0, disk_read_failures = 0, restore_failures = 0;
+    int block_tokens = 0;
+    bool checkpoints_enabled = false;
+};
+
+class prompt_cache {
+public:
+    // Sequences the llama context must be created with (n_seq_max).
+    static int sequences_needed(const prompt_cache_options& options) {
+        return options.slots + options.parked_sequences + 1;
+    }
+
+    // `ctx` must outlive the cache and have kv_unified and sequences_needed() sequences. Opens the disk tier and
+    // indexes what it holds (problems are logged and counted, never fatal).
+    prompt_cache(llama_context* ctx, prompt_cache_options options);
+    ~prompt_cache();
+    prompt_cache(const prompt_cache&) = delete;
+    prompt_cache& operator=(const prompt_cache&) = delete;
+
+    bool needs_checkpoints() const { return !can_truncate_; }
+    int block_tokens() const { return options_.block_tokens; }
+
+    // Makes sequence `slot` hold the longest cached prefix of `prompt` it can, at most `limit` positions, from
+    // whichever tier holds it; the slot's previous content stays cached (parked or demoted). The slot is in use
+    // until release_slot().
+    cache_restore acquire(int slot, std::span<const llama_token> prompt, int limit);
+    // Tokens just decoded into `slot` at the end of its sequence (prompt or generated).
+    void append(int slot, std::span<const llama_token> tokens);
+    // The slot's request ended; its KV stays cached. With `discard`, its KV is in an unknown state: drop it.
+    void release_slot(int slot, bool discard);
+    // Hybrid models: keep the recurrent state of `slot` at its current length.
+    void checkpoint(int slot);
+    // Tokens held by `slot`'s sequence.
+    int slot_length(int slot) const;
+    // The KV is full: demote the least recently used idle sequence to RAM and free its cells. False if none.
+    bool make_room() { return make_room(nullptr); }
+    // Graceful shutdown: write what only the device holds to RAM and disk.
+    void persist_all();
+
+    cache_snapshot snapshot() const;
+
+private:
+    struct stored_state {
+        std::shared_ptr<const std::vector<uint8_t>> ram;  // null: not in RAM
+        bool on_disk = false;
+        block_key key;
+        uint64_t bytes = 0;
+        std::chrono::steady_clock::time_point last_used;
+    };
+    struct span_value {
+        int holders = 0;                              // device sequences whose path covers this whole node
+        std::map<int32_t, stored_state> blocks;       // KV of [end - block_tokens, end), keyed by end position
+        std::map<int32_t, stored_state> checkpoints;  // recurrent state after `pos` tokens, keyed by pos
+        span_value split_upper(size_t upper_depth);
+    };
+    using tree = prefix_tree<span_value>;
+    using node = tree::node;
+
+    struct device_sequence {
+        llama_seq_id seq = 0;
+        node* tip = nullptr;  // the path this sequence holds ends here (root: empty)
+        bool in_use = false;  // a slot serving a request
+        std::chrono::steady_clock::time_point last_used;
+    };
+
+    enum class tier { ram, disk };
+
+    device_sequence& seq(llama_seq_id id) { return sequences_[static_cast<size_t>(id)]; }
+    void hold(device_sequence& s, node* tip);  // s now holds the path to tip (holders counted)
+    void drop(device_sequence& s);             // s holds nothing
+    void truncate(device_sequence& s, int length);
+    void prune(node* n);
+    struct device_match {
+        device_sequence* holder = nullptr;  // holds the deepest matched span on the device
+        int length = 0;                     // prompt tokens it holds
+    };
+    device_match find_holder(const tree::match& m, const device_sequence& s);
+    int device_tokens();  // tokens whose KV cells some device sequence holds
+    device_sequence* free_parking();
+    device_sequence* eviction_victim(const device_sequence* keep);
+    bool make_room(const device_sequence* keep);
+    void demote(device_sequence& s);
+    bool park(device_sequence& slot, const device_sequence* keep);  // false: demoted to RAM instead
+
+    std::vector<uint8_t> serialize_span(llama_seq_id from, int p0, int p1);
+    std::vector<uint8_t> serialize_checkpoint(llama_seq_id from, int32_t pos);
+    bool valid_checkpoint(const std::vector<uint8_t>& state, int32_t pos) const;
+    bool load_block(const stored_state& state, std::vector<uint8_t>& out, bool& from_disk);
+    bool restore_block(llama_seq_id slot, const std::vector<uint8_t>& payload, int p0, int p1);
+    bool restore_checkpoint(llama_seq_id slot, const std::vector<uint8_t>& payload);
+
+    stored_state* find_block(node* path_tip, int end);
+    void store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path);
+    void store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload, std::span<const llama_token> path);
+    void enforce_ram_budget();
+    void enforce_disk_budget();
+    void index_disk();
+    void publish();
+
+    llama_context* ctx_;
+    prompt_cache_options options_;
+    bool can_truncate_ = true;
+    llama_seq_id scratch_ = 0;
+    std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
+    tree tree_;
+    std::vector<device_sequence> sequences_;
+    std::unique_ptr<disk_store> disk_;
+    uint64_t ram_bytes_ = 0;
+
+    cache_snapshot counters_;  // engine thread's running totals; copied into published_ by publish()
+    mutable std::mutex published_mu_;
+    cache_snapshot published_;  // guarded by published_mu_
+};
+
+}  // namespace keepwarm

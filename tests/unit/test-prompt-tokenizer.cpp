@@ -1,0 +1,439 @@
+// Unit tests for the prompt tokenizer (src/api/prompt-tokenizer.*): exactly common_tokenize's result after random
+// edits of long rendered chats (Qwen2 and Qwen3.5 vocabs, and every other BPE vocab in the pinned llama.cpp tree),
+// the model's own token ids surviving a round trip through text, the token budget, and concurrent use.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "api/chat-renderer.h"
+#include "api/openai-api.h"
+#include "api/prompt-tokenizer.h"
+#include "common.h"
+#include "engine/llama-runtime.h"
+#include "generated-models.h"
+#include "llama-cpp.h"
+
+using namespace keepwarm;
+using api::prompt_tokenizer;
+
+namespace {
+
+bool quiet_progress(float, void*) {
+    return true;
+}
+
+// Vocab-only models, loaded once per test binary.
+const llama_model* load_vocab(const std::string& path) {
+    static std::map<std::string, llama_model_ptr> loaded;
+    static std::mutex mu;
+    std::lock_guard lock(mu);
+    auto& m = loaded[path];
+    if (!m) {
+        init_llama_runtime();
+        llama_model_params mp = llama_model_default_params();
+        mp.vocab_only = true;
+        mp.progress_callback = quiet_progress;
+        m.reset(llama_model_load_from_file(path.c_str(), mp));
+        if (!m) throw std::runtime_error("cannot load " + path);
+    }
+    return m.get();
+}
+
+const llama_model* preset_model(const std::string& preset) {
+    return load_vocab(test_models::generated_model("unit-prompt-tokenizer", preset));
+}
+
+std::vector<llama_token> full_tokenize(const llama_model* model, const std::string& text) {
+    return common_tokenize(llama_model_get_vocab(model), text, /*add_special=*/true, /*parse_special=*/true);
+}
+
+// A multi-turn agent conversation with a system prompt, tools, tool calls and results, code with whitespace runs,
+// digits and non-ASCII text; `turns` user/assistant rounds.
+api::json conversation(int turns) {
+    api::json messages = api::json::array();
+    messages.push_back({{"role", "system"},
+                        {"content",
+                         "You are a coding agent. Answer briefly.\n\n  Rules:\n\t1. Never guess.\n\t2. Cite file:line "
+                         "numbers like src/main.cpp:42.\n   3. Use tools when needed.  "}});
+    const char* snippets[] = {
+        "def add(a, b):\n    return a + b\n\n\nprint(add(2, 40))  # 42\n",
+        "Grüße aus Köln! 東京の天気は？ naïve café — “quotes” and emoji 🎉🚀 ok",
+        "Numbers: 3.14159, 2718281828, 1,000,000 and -0.0001e-10; ids 0x1F600 1234567890123",
+        "    indented    with    runs     of      spaces\n\n\n\ttabs\t\tand\r\nCRLF lines   \n",
+        "<not a special token> <|im_start without end | >  </think > <tool_call",
+    };
+    for (int t = 0; t < turns; ++t) {
+        messages.push_back({{"role", "user"},
+                            {"content", "Turn " + std::to_string(t) + ": " + snippets[t % 5] + "\nPlease check it."}});
+        if (t % 3 == 1) {
+            const std::string args =
+                "{\"path\": \"src/file" + std::to_string(t) + ".cpp\", \"line\": " + std::to_string(100 + t) + "}";
+            messages.push_back({{"role", "assistant"},
+                                {"content", ""},
+                                {"tool_calls",
+                                 {{{"id", "call_" + std::to_string(t)},
+                                   {"type", "function"},
+                                   {"function", {{"name", "read_file"}, {"arguments", args}}}}}}});
+            messages.push_back({{"role", "tool"},
+                                {"tool_call_id", "call_" + std::to_string(t)},
+                                {"content", std::string(snippets[(t + 2) % 5]) + snippets[(t + 3) % 5]}});
+        }
+        messages.push_back({{"role", "assistant"},
+                            {"content", "Answer " + std::to_string(t) + ": " + snippets[(t + 1) % 5] + " Done."}});
+    }
+    messages.push_back({{"role", "user"}, {"content", "And now?"}});
+    api::json tools = api::json::parse(R"([{"type":"function","function":{"name":"read_file",
+        "description":"Read a file","parameters":{"type":"object","properties":{"path":{"type":"string"},
+        "line":{"type":"integer"}},"required":["path"]}}}])");
+    return {{"messages", messages}, {"tools", tools}};
+}
+
+std::string render(const llama_model* model, const api::json& body) {
+    const api::chat_renderer renderer(model);
+    return renderer.render(api::parse_chat_request(body)).prompt;
+}
+
+// Random edits that keep the text valid UTF-8, aimed at the places tokenization is most sensitive to: right after
+// and before special tokens, inside whitespace runs and numbers, and anywhere.
+class text_editor {
+public:
+    text_editor(uint32_t seed, std::vector<std::string> specials) : rng_(seed), specials_(std::move(specials)) {}
+
+    std::string edit(const std::string& text) {
+        std::string out = text;
+        const size_t at = position(out);
+        switch (pick(3)) {
+            case 0:
+                out.insert(at, snippet());
+                break;
+            case 1: {
+                const size_t end = boundary(out, std::min(out.size(), at + 1 + pick(12)));
+                out.erase(at, end - at);
+                break;
+            }
+            default: {
+                const size_t end = boundary(out, std::min(out.size(), at + 1 + pick(6)));
+                out.replace(at, end - at, snippet());
+                break;
+            }
+        }
+        return out;
+    }
+
+private:
+    size_t pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+
+    // Moves forward to the start of a UTF-8 character.
+    static size_t boundary(const std::string& s, size_t i) {
+        while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+        return i;
+    }
+
+    size_t position(const std::string& s) {
+        if (pick(2) == 0) {  // next to a special token
+            const std::string& sp = specials_[pick(specials_.size())];
+            std::vector<size_t> hits;
+            for (size_t p = s.find(sp); p != std::string::npos; p = s.find(sp, p + 1)) hits.push_back(p);
+            if (!hits.empty()) {
+                const size_t p = hits[pick(hits.size())];
+                return pick(2) == 0 ? p + sp.size() : p;
+            }
+        }
+        return boundary(s, pick(s.size() + 1));
+    }
+
+    std::string snippet() {
+        static const char* common[] = {" ",     "  ",    "   ",  "\n",   "\n\n",    "\t", " \n",   "123",
+                                       "45678", "9",     "3.14", "é",    "東京",    "🎉",  "hello", " world",
+                                       "'s",    "'ll",   "ing",  "<|",   "|>",      "<",  ">",     "</",
+                                       "_end",  "start", "x",    "\r\n", "    def", "()", "{}",    "\"a\": 1"};
+        if (pick(4) == 0) return specials_[pick(specials_.size())];
+        return common[pick(std::size(common))];
+    }
+
+    std::mt19937 rng_;
+    std::vector<std::string> specials_;
+};
+
+std::vector<std::string> qwen_specials() {
+    return {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<|endoftext|>"};
+}
+
+// Applies `edits` random edits (each to the original or to the previous edit's result) and checks every result
+// against the full tokenization. Most results are recorded back, as the server does, so the index branches.
+// `min_reused`: the share of all tokens that must come from the index (edits fall anywhere, so about half the text
+// precedes them on average; vocabs whose special tokens overlap each other have fewer resume points).
+void expect_exact_after_edits(const llama_model* model, const std::string& base, std::vector<std::string> specials,
+                              int edits, uint32_t seed, double min_reused) {
+    prompt_tokenizer pt(llama_model_get_vocab(model));
+    ASSERT_TRUE(pt.indexed());
+    pt.record(pt.tokenize(base), {});
+    text_editor editor(seed, std::move(specials));
+    std::string text = base;
+    int failures = 0;
+    size_t total = 0;
+    for (int i = 0; i < edits && failures < 5; ++i) {
+        text = editor.edit(i % 2 == 0 ? base : text);
+        const std::vector<llama_token> expected = full_tokenize(model, text);
+        const std::vector<llama_token> got = pt.tokenize(text);
+        total += expected.size();
+        if (got != expected) {
+            ++failures;
+            size_t d = 0;
+            while (d < got.size() && d < expected.size() && got[d] == expected[d]) ++d;
+            ADD_FAILURE() << "edit " << i << ": tokens differ at " << d << " of " << expected.size()
+                          << "; text around it: '"
+                          << common_detokenize(
+                                 llama_model_get_vocab(model),
+                                 std::vector<llama_token>(
+                                     expected.begin() + static_cast<std::ptrdiff_t>(d > 8 ? d - 8 : 0),
+                                     expected.begin() + static_cast<std::ptrdiff_t>(std::min(expected.size(), d + 8))),
+                                 true)
+                          << "'";
+        }
+        if (i % 4 != 3) pt.record(got, {});
+    }
+    const prompt_tokenizer::counters c = pt.snapshot();
+    // The index was used: the test exercises the resume rule, not the fallback.
+    EXPECT_GT(static_cast<double>(c.tokens_matched), min_reused * static_cast<double>(total))
+        << "matched " << c.tokens_matched << " of " << total;
+}
+
+}  // namespace
+
+TEST(prompt_tokenizer, equals_full_tokenization_after_random_edits_qwen2_vocab) {
+    const llama_model* model = preset_model("tiny");
+    const std::string base = render(model, conversation(16));
+    ASSERT_GT(full_tokenize(model, base).size(), 2000u);
+    expect_exact_after_edits(model, base, qwen_specials(), 400, 1, 0.35);
+}
+
+TEST(prompt_tokenizer, equals_full_tokenization_after_random_edits_qwen35_vocab) {
+    const llama_model* model = preset_model("tiny-hybrid");
+    const std::string base = render(model, conversation(16));
+    ASSERT_GT(full_tokenize(model, base).size(), 2000u);
+    expect_exact_after_edits(model, base, qwen_specials(), 400, 2, 0.35);
+}
+
+// The resume rule rests on how llama.cpp splits text at special tokens, which every BPE vocab shares: check it on
+// all of them with their own special tokens. Other vocab types must fall back and still be exact.
+TEST(prompt_tokenizer, equals_full_tokenization_for_every_vocab_in_the_llama_tree) {
+    const std::filesystem::path dir = std::filesystem::path(KEEPWARM_LLAMA_SOURCE_DIR) / "models";
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+        if (entry.path().extension() == ".gguf") files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    ASSERT_FALSE(files.empty());
+    int indexed = 0;
+    for (const auto& file : files) {
+        SCOPED_TRACE(file.filename().string());
+        const llama_model* model = load_vocab(file.string());
+        const llama_vocab* vocab = llama_model_get_vocab(model);
+        std::vector<std::string> specials;
+        for (llama_token id = 0; id < llama_vocab_n_tokens(vocab) && specials.size() < 40; ++id) {
+            // BOS is left out where the vocab adds it: llama.cpp warns about every doubled BOS.
+            if (id == llama_vocab_bos(vocab) && llama_vocab_get_add_bos(vocab)) continue;
+            if (llama_vocab_get_attr(vocab, id) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED)) {
+                const std::string text = common_token_to_piece(vocab, id, true);
+                if (!text.empty()) specials.push_back(text);
+            }
+        }
+        if (specials.empty()) specials.push_back("\n");
+        // A chat-like text made of the vocab's own special tokens around the same varied content.
+        std::string base;
+        const api::json body = conversation(4);
+        size_t k = 0;
+        for (const auto& m : body["messages"]) {
+            base += specials[k % specials.size()] + m.value("role", "") + "\n" + m.value("content", "");
+            base += specials[(k + 1) % specials.size()] + "\n";
+            k += 2;
+        }
+        prompt_tokenizer pt(vocab);
+        if (!pt.indexed()) {
+            EXPECT_NE(llama_vocab_type(vocab), LLAMA_VOCAB_TYPE_BPE);
+            pt.record(full_tokenize(model, base), {});
+            EXPECT_EQ(pt.tokenize(base), full_tokenize(model, base));
+            continue;
+        }
+        ++indexed;
+        expect_exact_after_edits(model, base, specials, 100, 3, 0.05);
+    }
+    EXPECT_GE(indexed, 10) << "the BPE vocabs (llama-bpe, qwen2, gpt-2, ...) are indexed";
+}
+
+// The model split a word differently from how its text tokenizes; when that answer comes back as history, the
+// model's split is what the KV cache holds and what tokenize() must return.
+TEST(prompt_tokenizer, generated_tokens_come_back_unchanged) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const api::chat_renderer renderer(model);
+    const std::string answer = "The weather in Copenhagen is lovely today.";
+    api::json first = {{"messages", {{{"role", "user"}, {"content", "How is the weather?"}}}}};
+    const std::string prompt_text = renderer.render(api::parse_chat_request(first)).prompt;
+
+    // The canonical tokens of the answer, with one multi-letter word token split into its first letter and the rest.
+    const std::vector<llama_token> canonical = common_tokenize(vocab, answer, false, true);
+    std::vector<llama_token> generated;
+    bool split = false;
+    for (const llama_token t : canonical) {
+        const std::string p = common_token_to_piece(vocab, t, true);
+        if (!split && p.size() >= 4) {
+            for (const std::string& part : {p.substr(0, 1), p.substr(1)}) {
+                for (const llama_token u : common_tokenize(vocab, part, false, true)) generated.push_back(u);
+            }
+            split = true;
+        } else {
+            generated.push_back(t);
+        }
+    }
+    ASSERT_NE(generated, canonical);
+    ASSERT_EQ(common_detokenize(vocab, generated, true), answer);
+
+    prompt_tokenizer pt(vocab);
+    const std::vector<llama_token> prompt = pt.tokenize(prompt_text);
+    ASSERT_EQ(prompt, full_tokenize(model, prompt_text));
+    pt.record(prompt, generated);
+
+    api::json second = first;
+    second["messages"].push_back({{"role", "assistant"}, {"content", answer}});
+    second["messages"].push_back({{"role", "user"}, {"content", "And tomorrow?"}});
+    const std::string next_text = renderer.render(api::parse_chat_request(second)).prompt;
+    ASSERT_EQ(next_text.rfind(prompt_text + answer + "<|im_end|>", 0), 0u) << next_text;
+
+    std::vector<llama_token> expected = prompt;
+    expected.insert(expected.end(), generated.begin(), generated.end());
+    const std::vector<llama_token> rest =
+        common_tokenize(vocab, next_text.substr(prompt_text.size() + answer.size()), false, true);
+    expected.insert(expected.end(), rest.begin(), rest.end());
+    const std::vector<llama_token> got = pt.tokenize(next_text);
+    EXPECT_EQ(got, expected);
+    EXPECT_NE(got, full_tokenize(model, next_text));
+
+    // The next turn extends the same path: the first answer's split survives a second round trip too.
+    pt.record(got, {});
+    const std::string third_text = next_text + "Probably rain.<|im_end|>\n";
+    const std::vector<llama_token> third = pt.tokenize(third_text);
+    ASSERT_GE(third.size(), got.size());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), third.begin()));
+}
+
+TEST(prompt_tokenizer, evicts_least_recently_used_paths_beyond_the_budget) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    auto text_of = [](const std::string& word) {
+        std::string t = "<|im_start|>user\n" + word;
+        for (int i = 0; i < 60; ++i) t += " " + word + std::to_string(i);
+        return t + "<|im_end|>\n";
+    };
+    const std::string a = text_of("alpha"), b = text_of("bravo"), c = text_of("charlie");
+    const size_t na = full_tokenize(model, a).size(), nb = full_tokenize(model, b).size();
+    const size_t nc = full_tokenize(model, c).size();
+
+    // Room for a and b, or a and c, but not all three.
+    const size_t budget = std::max(na + nb, na + nc);
+    prompt_tokenizer pt(vocab, {.token_budget = budget});
+    auto matched_by = [&](const std::string& text) {
+        const uint64_t before = pt.snapshot().tokens_matched;
+        EXPECT_EQ(pt.tokenize(text), full_tokenize(model, text));
+        return pt.snapshot().tokens_matched - before;
+    };
+    pt.record(full_tokenize(model, a), {});
+    pt.record(full_tokenize(model, b), {});
+    EXPECT_EQ(pt.snapshot().tokens_evicted, 0u);
+    // Everything up to the last special token, <|im_end|>, comes from the index; a is now more recent than b.
+    EXPECT_EQ(matched_by(a), na - 1);
+
+    pt.record(full_tokenize(model, c), {});
+    const prompt_tokenizer::counters after = pt.snapshot();
+    EXPECT_LE(after.tokens_held, budget);
+    EXPECT_EQ(after.tokens_evicted, nb - 3) << "b's own tokens go; the shared '<|im_start|>user\\n' stays";
+    EXPECT_EQ(matched_by(b), 1u) << "only the shared <|im_start|> is left of b";
+    EXPECT_EQ(matched_by(a), na - 1);
+    EXPECT_EQ(matched_by(c), nc - 1);
+}
+
+TEST(prompt_tokenizer, concurrent_tokenize_and_record_stay_exact) {
+    const llama_model* model = preset_model("tiny");
+    const std::string base = render(model, conversation(6));
+    prompt_tokenizer pt(llama_model_get_vocab(model), {.token_budget = 3 * full_tokenize(model, base).size()});
+    std::atomic<int> mismatches{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+        threads.emplace_back([&, t] {
+            text_editor editor(100 + t, qwen_specials());
+            for (int i = 0; i < 60; ++i) {
+                const std::string text = editor.edit(base);
+                const std::vector<llama_token> got = pt.tokenize(text);
+                if (got != full_tokenize(model, text)) mismatches++;
+                // Half the threads also record, so inserts, splits and evictions race with the walks.
+                if (t % 2 == 0) pt.record(got, {});
+            }
+        });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(mismatches.load(), 0);
+    const prompt_tokenizer::counters c = pt.snapshot();
+    EXPECT_EQ(c.lookups, 360u);
+    EXPECT_GT(c.tokens_evicted, 0u);
+    EXPECT_GT(c.tokens_matched, 0u);
+}
+
+// Not a timed test: prints what an agent's ~38K-token turn costs on the HTTP thread, for the record.
+TEST(prompt_tokenizer, reports_the_cost_of_a_38k_token_turn) {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    const llama_model* model = preset_model("tiny");
+    const api::chat_renderer renderer(model);
+    int turns = 300;
+    api::json body = conversation(turns);
+    while (full_tokenize(model, renderer.render(api::parse_chat_request(body)).prompt).size() < 38000) {
+        turns += 20;
+        body = conversation(turns);
+    }
+    // The previous turn: its prompt is recorded with a generated answer, as the server does.
+    api::json previous = body;
+    previous["messages"].erase(previous["messages"].size() - 1);
+    previous["messages"].erase(previous["messages"].size() - 1);
+    const std::string previous_text = renderer.render(api::parse_chat_request(previous)).prompt;
+    prompt_tokenizer pt(llama_model_get_vocab(model));
+    const std::vector<llama_token> previous_tokens = pt.tokenize(previous_text);
+    const std::string last_answer = body["messages"][body["messages"].size() - 2]["content"];
+    pt.record(previous_tokens, common_tokenize(llama_model_get_vocab(model), last_answer, false, true));
+
+    const std::string raw = body.dump();
+    double json_ms = 1e9, typed_ms = 1e9, render_ms = 1e9, full_ms = 1e9, indexed_ms = 1e9;
+    std::vector<llama_token> full, indexed;
+    for (int rep = 0; rep < 5; ++rep) {
+        const auto t00 = clock::now();
+        const api::json parsed = api::json::parse(raw);
+        const auto t0 = clock::now();
+        const api::chat_request req = api::parse_chat_request(parsed);
+        const auto t1 = clock::now();
+        const std::string text = renderer.render(req).prompt;
+        const auto t2 = clock::now();
+        full = full_tokenize(model, text);
+        const auto t3 = clock::now();
+        indexed = pt.tokenize(text);
+        const auto t4 = clock::now();
+        json_ms = std::min(json_ms, ms(t00, t0));
+        typed_ms = std::min(typed_ms, ms(t0, t1));
+        render_ms = std::min(render_ms, ms(t1, t2));
+        full_ms = std::min(full_ms, ms(t2, t3));
+        indexed_ms = std::min(indexed_ms, ms(t3, t4));
+    }
+    EXPECT_EQ(indexed, full);
+    std::printf(
+        "38K-token turn (%zu tokens, %zu bytes of JSON, %d turns), best of 5:\n"
+        "  JSON parse %.2f ms, typed request %.2f ms\n  render (Qwen3 template) %.2f ms\n  common_tokenize %.2f ms\n"
+        "  prompt_tokenizer::tokenize %.3f ms\n",
+        full.size(), raw.size(), turns, json_ms, typed_ms, render_ms, full_ms, indexed_ms);
+}
