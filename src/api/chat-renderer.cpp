@@ -30,16 +30,31 @@ common_chat_templates_ptr init_templates(const llama_model* model, const std::st
     }
 }
 
+// The bos_token / eos_token strings and add-BOS/EOS flags common_chat_templates_init derives from a model's vocab.
+chat_render_cache::template_tokens model_tokens(const llama_model* model) {
+    chat_render_cache::template_tokens t;
+    if (!model) return t;
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    if (llama_vocab_bos(vocab) != LLAMA_TOKEN_NULL) t.bos = common_token_to_piece(vocab, llama_vocab_bos(vocab), true);
+    if (llama_vocab_eos(vocab) != LLAMA_TOKEN_NULL) t.eos = common_token_to_piece(vocab, llama_vocab_eos(vocab), true);
+    t.add_bos = llama_vocab_get_add_bos(vocab);
+    t.add_eos = llama_vocab_get_add_eos(vocab);
+    return t;
+}
+
 }  // namespace
 
 chat_renderer::chat_renderer(const llama_model* model, const std::string& template_override)
-    : templates_(init_templates(model, template_override, "", "")) {
+    : templates_(init_templates(model, template_override, "", "")),
+      cache_(std::make_unique<chat_render_cache>(templates_.get(), model_tokens(model))) {
     init_caps();
 }
 
 chat_renderer::chat_renderer(const std::string& template_source, const std::string& bos_token,
                              const std::string& eos_token)
-    : templates_(init_templates(nullptr, template_source, bos_token, eos_token)) {
+    : templates_(init_templates(nullptr, template_source, bos_token, eos_token)),
+      cache_(std::make_unique<chat_render_cache>(templates_.get(),
+                                                 chat_render_cache::template_tokens{bos_token, eos_token})) {
     init_caps();
 }
 
@@ -97,12 +112,17 @@ chat_renderer::rendered chat_renderer::render(const chat_request& request) const
         r.continuation = true;
     }
 
-    try {
-        r.params = common_chat_templates_apply(templates_.get(), in);
-    } catch (const http::http_error&) {
-        throw;
-    } catch (const std::exception& e) {
-        fail(std::string("chat template error: ") + e.what());
+    if (auto spliced = cache_->render(in)) {
+        r.params = std::move(*spliced);
+    } else {
+        try {
+            r.params = common_chat_templates_apply(templates_.get(), in);
+        } catch (const http::http_error&) {
+            throw;
+        } catch (const std::exception& e) {
+            fail(std::string("chat template error: ") + e.what());
+        }
+        cache_->remember(in, r.params);
     }
     r.prompt = r.params.prompt;
 

@@ -2,9 +2,11 @@
 // parser config), using the model's Jinja chat template through llama.cpp common's chat API, like llama-server.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "api/chat-render-cache.h"
 #include "api/openai-api.h"
 #include "chat.h"
 #include "common.h"
@@ -37,6 +39,9 @@ public:
 
     // Applies the template. A trailing assistant message (without tool calls) is continued rather than answered,
     // like llama-server's default prefill. Template/render errors throw http_error 400 with the message.
+    // The result is always common_chat_templates_apply's; a chat that extends a recently rendered one is spliced
+    // from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms instead of ~150 ms.
+    // Thread-safe.
     rendered render(const chat_request& request) const;
 
     // Sets grammar (rendered.grammar), grammar_lazy, grammar_triggers and generation_prompt. With a vocab it also maps
@@ -56,10 +61,14 @@ public:
     // The template source actually used.
     std::string source() const;
 
+    // How often render() was spliced from an earlier render, and the render cache's other counters.
+    chat_render_cache::counters render_stats() const { return cache_->stats(); }
+
 private:
     void init_caps();
 
     common_chat_templates_ptr templates_;
+    std::unique_ptr<chat_render_cache> cache_;
     bool supports_thinking_ = false;
     bool supports_parallel_tool_calls_ = false;
 };

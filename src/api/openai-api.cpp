@@ -644,7 +644,13 @@ json usage_json(const usage_info& usage) {
         {"prompt_tokens", usage.prompt_tokens},
         {"completion_tokens", usage.completion_tokens},
         {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
-        {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}},
+        {"prompt_tokens_details",
+         {{"cached_tokens", usage.cached_tokens},
+          {"computed_tokens", usage.prompt_tokens - usage.cached_tokens},
+          {"cached_tokens_device", usage.cache.device},
+          {"cached_tokens_ram", usage.cache.ram},
+          {"cached_tokens_disk", usage.cache.disk},
+          {"checkpoint_pos", usage.cache.checkpoint_pos}}},
     };
 }
 
@@ -661,6 +667,12 @@ json timings_json(const timings_info& t) {
         {"predicted_ms", t.predicted_ms},
         {"predicted_per_token_ms", per_token(t.predicted_ms, t.predicted_n)},
         {"predicted_per_second", per_second(t.predicted_ms, t.predicted_n)},
+        {"cache_device_n", t.cache.device},
+        {"cache_ram_n", t.cache.ram},
+        {"cache_disk_n", t.cache.disk},
+        {"checkpoint_pos", t.cache.checkpoint_pos},
+        {"setup_ms", t.setup_ms},
+        {"queued_ms", t.queued_ms},
     };
 }
 

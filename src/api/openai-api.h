@@ -77,10 +77,17 @@ void validate_sampling(const sampling_options& options);
 // Copies `defaults` and applies the overrides (temp, top_k, top_p, min_p, penalty_*, seed). Validates first.
 common_params_sampling to_sampling_params(const sampling_options& options, const common_params_sampling& defaults);
 
+// Where a response's reused prompt tokens came from (keepwarm's prefix cache tiers).
+struct cache_detail {
+    int device = 0, ram = 0, disk = 0;  // reused tokens per tier
+    int checkpoint_pos = -1;            // hybrid models: the recurrent-state checkpoint restored (-1: none)
+};
+
 struct usage_info {
     int prompt_tokens = 0;
     int completion_tokens = 0;
     int cached_tokens = 0;  // prompt tokens reused from the KV cache
+    cache_detail cache;
 };
 
 struct timings_info {
@@ -89,6 +96,9 @@ struct timings_info {
     double prompt_ms = 0;
     int predicted_n = 0;
     double predicted_ms = 0;
+    cache_detail cache;
+    double setup_ms = 0;   // request received -> first model call with its tokens (parse, render, tokenize, match)
+    double queued_ms = 0;  // waiting for a free slot (part of setup_ms)
 };
 
 // "<prefix><32 random alphanumerics>"; thread-safe.

@@ -20,14 +20,14 @@ namespace keepwarm {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 fs::path cache_dir() {
     if (const char* dir = std::getenv("KEEPWARM_CACHE_DIR"); dir && *dir) return dir;
     if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "keepwarm";
     if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "keepwarm";
     throw std::runtime_error("no cache directory: set KEEPWARM_CACHE_DIR, XDG_CACHE_HOME or HOME");
 }
+
+namespace {
 
 // Holds an exclusive flock for its lifetime; the kernel drops it if the process dies, so a crash never wedges others.
 class file_lock {

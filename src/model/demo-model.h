@@ -2,9 +2,14 @@
 // so the server works out of the box with no download.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 namespace keepwarm {
+
+// keepwarm's own cache folder: ${KEEPWARM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/keepwarm}. Throws
+// std::runtime_error when none of them is set.
+std::filesystem::path cache_dir();
 
 // Path of the cached demo model, generating it first if needed (a few seconds, logged to stderr). Safe when several
 // processes start at once: one generates, the others wait for it, and nobody sees a partial file.

@@ -44,9 +44,15 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
     return tokens;
 }
 
+api::cache_detail cache_detail_of(const generation_stats& st) {
+    return {.device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
+}
+
 api::usage_info usage_of(const generation_stats& st) {
-    return {
-        .prompt_tokens = st.prompt_tokens, .completion_tokens = st.generated_tokens, .cached_tokens = st.reused_tokens};
+    return {.prompt_tokens = st.prompt_tokens,
+            .completion_tokens = st.generated_tokens,
+            .cached_tokens = st.reused_tokens,
+            .cache = cache_detail_of(st)};
 }
 
 api::timings_info timings_of(const generation_stats& st) {
@@ -54,7 +60,10 @@ api::timings_info timings_of(const generation_stats& st) {
             .cache_n = st.reused_tokens,
             .prompt_ms = st.prompt_ms,
             .predicted_n = st.generated_tokens,
-            .predicted_ms = st.generation_ms};
+            .predicted_ms = st.generation_ms,
+            .cache = cache_detail_of(st),
+            .setup_ms = st.setup_ms,
+            .queued_ms = st.queued_ms};
 }
 
 int64_t unix_now() {
@@ -118,12 +127,24 @@ private:
     // One line per generation, so an operator sees what each request reused without reading responses.
     void log_request(const generation_event& ev) const {
         const generation_stats& st = ev.stats;
+        std::string where;  // which tiers the reused tokens came from
+        const auto tier = [&](const char* name, int n) {
+            if (n > 0) where += (where.empty() ? "" : " + ") + std::to_string(n) + " " + name;
+        };
+        tier("device", st.reused_device);
+        tier("ram", st.reused_ram);
+        tier("disk", st.reused_disk);
+        if (st.checkpoint_pos >= 0) where += ", checkpoint at " + std::to_string(st.checkpoint_pos);
+        if (st.matched_tokens > st.reused_tokens + 1) {
+            where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
+        }
         std::fprintf(stderr,
-                     "keepwarm: %s slot %d: prompt %d tokens (reused %d, computed %d) in %.0f ms, generated %d in "
-                     "%.0f ms, %s%s%s\n",
-                     id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, st.computed_tokens, st.prompt_ms,
-                     st.generated_tokens, st.generation_ms, finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ",
-                     ev.error.c_str());
+                     "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s%s, computed %d) in %.0f ms (setup %.1f ms), "
+                     "generated %d in %.0f ms, %s%s%s\n",
+                     id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
+                     "", st.computed_tokens, st.prompt_ms, st.setup_ms, st.generated_tokens, st.generation_ms,
+                     finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
+        if (!st.divergence.empty()) std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
     }
 
     static constexpr auto check_interval = 50ms;

@@ -29,6 +29,7 @@ struct serve_options {
     std::string cache_type_v = "f16";
     std::string model_alias;
     std::string chat_template_file;
+    std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -72,6 +73,9 @@ int run_serve(serve_options opts) {
     ctx.model_id = !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(ctx.model_path).stem().string();
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
+    if (opts.engine.cache_disk_bytes > 0) {
+        opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
+    }
 
     ctx.llm = std::make_unique<engine>(opts.engine);
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
@@ -146,6 +150,23 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--chat-template-file", opts->chat_template_file,
                     "Jinja chat template to use instead of the model's")
         ->check(CLI::ExistingFile);
+    cmd->add_option("--cache-ram", e.cache_ram_bytes,
+                    "Host RAM for cached KV blocks and checkpoints, e.g. 8GiB (0: no RAM tier)")
+        ->transform(CLI::AsSizeValue(false))
+        ->capture_default_str();
+    cmd->add_option("--cache-disk", e.cache_disk_bytes, "Disk space for cached KV blocks, e.g. 64GiB (0: no disk tier)")
+        ->transform(CLI::AsSizeValue(false))
+        ->capture_default_str();
+    cmd->add_option("--cache-dir", opts->cache_dir,
+                    "Folder of the disk tier (default: $KEEPWARM_CACHE_DIR or ~/.cache/keepwarm, + /prefix-cache)");
+    cmd->add_option("--cache-parked", e.cache_parked_sequences,
+                    "Idle conversations kept on the device, sharing cells, besides the slots")
+        ->check(CLI::Range(0, 240))
+        ->capture_default_str();
+    cmd->add_option("--cache-block", e.cache_block_tokens,
+                    "Tokens per RAM/disk block; also the checkpoint interval of hybrid models")
+        ->check(CLI::Range(16, 65536))
+        ->capture_default_str();
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     cmd->callback([opts] {
         try {

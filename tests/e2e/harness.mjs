@@ -1,7 +1,8 @@
 // Shared helpers for the end-to-end tests: generated test models, and the real keepwarm binary started on a
 // free port. Each test file starts the servers it needs and stops them when it ends.
 import { spawn, execFile } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
+import os from 'node:os';
 import { promisify } from 'node:util';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -21,10 +22,12 @@ export async function testModel(preset = 'tiny') {
     return file;
 }
 
-// Starts `keepwarm serve` with the given extra arguments; resolves once it listens.
-export async function startServer(args = [], { preset = 'tiny', env = {} } = {}) {
+// Starts `keepwarm serve` with the given extra arguments; resolves once it listens. Each server gets its own
+// disk-cache folder (a fresh temporary one unless `cacheDir` is given, e.g. to restart on the same cache).
+export async function startServer(args = [], { preset = 'tiny', env = {}, cacheDir } = {}) {
     const model = await testModel(preset);
-    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', ...args], {
+    cacheDir ??= mkdtempSync(path.join(os.tmpdir(), 'keepwarm-e2e-'));
+    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--cache-dir', cacheDir, ...args], {
         stdio: ['ignore', 'pipe', 'pipe'],
         env: { ...process.env, ...env },
     });
@@ -50,10 +53,11 @@ export async function startServer(args = [], { preset = 'tiny', env = {} } = {})
     return {
         url,
         proc,
+        cacheDir,
         output: () => output,
         client: (options = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0, ...options }),
         async stop() {
-            if (proc.exitCode !== null) return proc.exitCode;
+            if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? proc.signalCode;
             const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(signal ?? code)));
             proc.kill('SIGTERM');
             const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);

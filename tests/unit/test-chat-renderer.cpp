@@ -1,10 +1,16 @@
 // Unit tests for chat template rendering and streaming output parsing (src/api/chat-renderer.*,
-// src/api/chat-output-parser.*) against real Qwen templates from the pinned llama.cpp tree; no model needed.
+// src/api/chat-output-parser.*) against real Qwen templates from the pinned llama.cpp tree; no model needed. The
+// render cache (src/api/chat-render-cache.*) is checked against common_chat_templates_apply on randomized agent
+// sessions for Qwen3, Qwen3.5, Llama 3.1, Mistral Nemo and Gemma 2/4.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
+#include <thread>
 
 #include "api/chat-output-parser.h"
 #include "api/chat-renderer.h"
@@ -474,4 +480,374 @@ TEST(ChatRenderer, ModelWithoutTemplateFallsBackToChatml) {
     common_params_sampling sampling;
     chat_renderer::apply_to_sampling(r, sampling, llama_model_get_vocab(model.get()));
     EXPECT_TRUE(sampling.grammar.empty());
+}
+
+namespace {
+
+// What chat_renderer passes to common_chat_templates_apply for `req` (no trailing assistant message): the reference
+// every render must equal, spliced or not.
+common_chat_params common_render(const common_chat_templates* templates, const chat_renderer& renderer,
+                                 const chat_request& req) {
+    common_chat_templates_inputs in;
+    in.messages = req.messages;
+    in.tools = req.tools;
+    in.tool_choice = req.tool_choice;
+    in.parallel_tool_calls = req.parallel_tool_calls.value_or(renderer.caps().at("supports_parallel_tool_calls"));
+    in.json_schema = req.json_schema;
+    in.use_jinja = true;
+    in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
+    in.enable_thinking = req.enable_thinking.value_or(renderer.supports_thinking());
+    in.add_generation_prompt = true;
+    in.chat_template_kwargs["preserve_reasoning"] = "true";
+    for (const auto& [k, v] : req.chat_template_kwargs) in.chat_template_kwargs[k] = v;
+    return common_chat_templates_apply(templates, in);
+}
+
+// Every field of common's result, compared one by one so a failure names the field.
+void expect_same(const common_chat_params& want, const common_chat_params& got, const std::string& where) {
+    EXPECT_EQ(want.prompt, got.prompt) << where;
+    EXPECT_EQ(want.generation_prompt, got.generation_prompt) << where;
+    EXPECT_EQ(want.format, got.format) << where;
+    EXPECT_EQ(want.grammar, got.grammar) << where;
+    EXPECT_EQ(want.grammar_lazy, got.grammar_lazy) << where;
+    EXPECT_EQ(want.supports_thinking, got.supports_thinking) << where;
+    EXPECT_EQ(want.thinking_start_tag, got.thinking_start_tag) << where;
+    EXPECT_EQ(want.thinking_end_tags, got.thinking_end_tags) << where;
+    ASSERT_EQ(want.grammar_triggers.size(), got.grammar_triggers.size()) << where;
+    for (size_t i = 0; i < want.grammar_triggers.size(); ++i) {
+        EXPECT_EQ(want.grammar_triggers[i].type, got.grammar_triggers[i].type) << where;
+        EXPECT_EQ(want.grammar_triggers[i].value, got.grammar_triggers[i].value) << where;
+        EXPECT_EQ(want.grammar_triggers[i].token, got.grammar_triggers[i].token) << where;
+    }
+    EXPECT_EQ(want.preserved_tokens, got.preserved_tokens) << where;
+    EXPECT_EQ(want.additional_stops, got.additional_stops) << where;
+    EXPECT_EQ(want.parser, got.parser) << where;
+    EXPECT_EQ(want.message_delimiters.to_json().dump(), got.message_delimiters.to_json().dump()) << where;
+}
+
+struct template_case {
+    const char* file;
+    const char* bos;
+    const char* eos;
+    bool tools = true;           // the template renders tool calls and results
+    size_t calls_per_turn = 3;   // most tool calls in one assistant message
+    bool expect_spliced = true;  // the render cache should splice most warm turns
+};
+
+// Text with what templates treat specially: surrounding whitespace, think tags, quotes, backslashes, JSON, unicode,
+// special-token lookalikes.
+const char* const pieces[] = {
+    "plain words",
+    " leading space",
+    "trailing space ",
+    "\nleading newline",
+    "trailing newline\n",
+    "\n\n",
+    "quotes \"q\" and 'single'",
+    "back\\slash and \\n literal",
+    "Grüße 東京 🎉 naïve",
+    "<think>inner thought</think>",
+    "</think>",
+    "<think>",
+    "{\"json\": [1, 2, {\"a\": null}]}",
+    "tabs\tand\r\nCRLF",
+    "<|im_end|> [INST] <end_of_turn>",
+    "x",
+};
+
+// Random agent sessions, request by request, as a client sends them: tool loops, answers, new user turns, retries
+// of the same request, and going back to an earlier request to branch differently.
+class session_simulator {
+public:
+    session_simulator(uint32_t seed, const template_case& tc) : rng_(seed), tc_(tc) {}
+
+    json start() {
+        json messages = json::array();
+        if (pick(3) > 0) messages.push_back({{"role", "system"}, {"content", text(2)}});
+        // A first user message in tags or only whitespace is never spliced (see chat-render-cache.h); real ones aren't.
+        messages.push_back({{"role", "user"}, {"content", "Task: " + text(2)}});
+        history_.push_back(messages);
+        return messages;
+    }
+
+    json next() {
+        json messages = history_.back();
+        const size_t r = pick(10);
+        if (r == 0) return messages;  // the same request again
+        if (r == 1 && history_.size() > 2) {
+            messages = history_[history_.size() - 1 - 1 - pick(history_.size() - 2)];  // branch from an earlier one
+        }
+        if (tc_.tools && pick(3) > 0) {
+            json calls = json::array();
+            const size_t n = 1 + pick(tc_.calls_per_turn);
+            for (size_t i = 0; i < n; ++i) {
+                json args{{"path", text(1)}, {"line", static_cast<int>(pick(500))}};
+                calls.push_back({{"id", call_id()},
+                                 {"type", "function"},
+                                 {"function", {{"name", "read_file"}, {"arguments", args.dump()}}}});
+            }
+            json assistant{{"role", "assistant"}, {"content", pick(2) ? "" : text(1)}, {"tool_calls", calls}};
+            if (pick(2)) assistant["reasoning_content"] = text(2);
+            messages.push_back(assistant);
+            for (const auto& call : calls) {
+                messages.push_back({{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", text(2)}});
+            }
+        } else {
+            json assistant{{"role", "assistant"}, {"content", text(2)}};
+            if (pick(2)) assistant["reasoning_content"] = text(1);
+            messages.push_back(assistant);
+            messages.push_back({{"role", "user"}, {"content", user_text()}});
+        }
+        history_.push_back(messages);
+        return messages;
+    }
+
+private:
+    size_t pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+
+    std::string text(size_t max_pieces) {
+        std::string out;
+        const size_t n = 1 + pick(max_pieces + 1);
+        for (size_t i = 0; i < n; ++i) out += pieces[pick(std::size(pieces))];
+        return out;
+    }
+
+    std::string user_text() {
+        // Qwen's templates do not count a user message wrapped in <tool_response> tags as a new query.
+        return pick(8) == 0 ? "<tool_response>\n" + text(1) + "\n</tool_response>" : text(2);
+    }
+
+    std::string call_id() {  // Mistral wants 9 alphanumeric characters
+        static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        std::string id;
+        for (int i = 0; i < 9; ++i) id += alnum[pick(sizeof alnum - 1)];
+        return id;
+    }
+
+    std::mt19937 rng_;
+    template_case tc_;
+    std::vector<json> history_;
+};
+
+const char* const session_tools = R"([{"type":"function","function":{"name":"read_file","description":"Read a file",
+    "parameters":{"type":"object","properties":{"path":{"type":"string"},"line":{"type":"integer"}},
+    "required":["path"]}}}])";
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int session_scale = 1;  // the template engine allocates a lot: ~10x slower under the sanitizers
+#else
+constexpr int session_scale = 3;
+#endif
+
+struct session_options {
+    bool tools = true;             // requests carry tool definitions
+    std::optional<bool> thinking;  // enable_thinking; unset: the template's default
+    uint32_t seed = 1000;          // first session's seed
+    int sessions = 2;              // times session_scale
+    int turns = 10;                // requests per session
+};
+
+// Sessions (of one request key), every request rendered by the renderer (cache included) and by common; all fields
+// must match.
+void check_sessions(const template_case& tc, const session_options& o) {
+    const std::string source = read_template(tc.file);
+    chat_renderer renderer(source, tc.bos, tc.eos);
+    auto templates = common_chat_templates_init(nullptr, source, tc.bos, tc.eos);
+    size_t renders = 0;
+    for (int s = 0; s < o.sessions * session_scale; ++s) {
+        session_simulator sim(o.seed + s, tc);
+        json messages = sim.start();
+        for (int t = 0; t < o.turns; ++t, messages = sim.next()) {
+            json body{{"messages", messages}};
+            if (o.tools) body["tools"] = json::parse(session_tools);
+            chat_request req = parse_chat_request(body);
+            req.enable_thinking = o.thinking;
+            const std::string where = std::string(tc.file) + " session " + std::to_string(s) + " turn " +
+                                      std::to_string(t) + "\n" + messages.dump();
+            common_chat_params want;
+            try {
+                want = common_render(templates.get(), renderer, req);
+            } catch (const std::exception& e) {
+                EXPECT_THROW(renderer.render(req), http_error) << where;
+                continue;
+            }
+            auto got = renderer.render(req);
+            ++renders;
+            expect_same(want, got.params, where);
+            if (::testing::Test::HasFailure()) return;
+        }
+    }
+    const auto stats = renderer.render_stats();
+    std::printf("%s: %zu renders, %lu spliced, %lu keys trusted, %lu refused, %lu self-checks failed\n", tc.file,
+                renders, static_cast<unsigned long>(stats.spliced), static_cast<unsigned long>(stats.keys_trusted),
+                static_cast<unsigned long>(stats.keys_refused), static_cast<unsigned long>(stats.cuts_rejected));
+    if (tc.expect_spliced) {
+        EXPECT_GE(stats.spliced * 2, renders) << "most renders of " << tc.file << " should have been spliced";
+    } else {
+        EXPECT_EQ(stats.spliced, 0u);
+    }
+}
+
+const template_case qwen3_case{"Qwen-Qwen3-0.6B.jinja", "", "<|im_end|>"};
+const template_case qwen35_case{"Qwen3.5-4B.jinja", "", "<|im_end|>"};
+
+}  // namespace
+
+// Each test checks one request key (tools, thinking): the first full render of a key runs the cache's own check.
+TEST(ChatRenderCache, Qwen3ToolSessionsMatchCommon) {
+    check_sessions(qwen3_case, {});
+}
+
+TEST(ChatRenderCache, Qwen3SessionsWithoutToolsOrThinkingMatchCommon) {
+    check_sessions(qwen3_case, {.tools = false, .thinking = false, .seed = 2000});
+}
+
+TEST(ChatRenderCache, Qwen35ToolSessionsMatchCommon) {
+    check_sessions(qwen35_case, {});
+}
+
+TEST(ChatRenderCache, Qwen35SessionsWithoutToolsOrThinkingMatchCommon) {
+    check_sessions(qwen35_case, {.tools = false, .thinking = false, .seed = 2000});
+}
+
+TEST(ChatRenderCache, Llama31SessionsMatchCommon) {
+    check_sessions({"meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>", true, 1}, {});
+}
+
+TEST(ChatRenderCache, Gemma2SessionsMatchCommon) {
+    check_sessions({"google-gemma-2-2b-it.jinja", "<bos>", "<eos>", false}, {.tools = false});
+}
+
+TEST(ChatRenderCache, MistralNemoIsNeverSplicedButMatchesCommon) {
+    // Nemo moves the system prompt into the user message that ends the chat, so a head renders differently on its
+    // own than in front of a window: no window can be cut out, every render is common's.
+    check_sessions({"mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>", true, 3, false},
+                   {.sessions = 1, .turns = 8});
+}
+
+TEST(ChatRenderCache, Gemma4IsNeverSplicedButMatchesCommon) {
+    // common renders Gemma 4 through a handler that merges tool results into assistant messages: not spliceable.
+    check_sessions({"google-gemma-4-31B-it.jinja", "<bos>", "<eos>", true, 3, false}, {.sessions = 1, .turns = 6});
+}
+
+TEST(ChatRenderCache, TemplateCarryingStateAcrossMessagesIsNeverSpliced) {
+    // DeepSeek R1's template opens the tool-call block for the first tool call of the whole chat only: a window
+    // cannot know whether it comes first. The cache's check of the request key finds that out and refuses the key.
+    check_sessions({"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "", "", true, 3, false},
+                   {.sessions = 1, .turns = 8});
+}
+
+TEST(ChatRenderCache, ConcurrentSessionsMatchCommon) {
+    // Three threads extend their own conversations through one renderer at once.
+    const template_case& tc = qwen3_case;
+    const std::string source = read_template(tc.file);
+    chat_renderer renderer(source, tc.bos, tc.eos);
+    auto templates = common_chat_templates_init(nullptr, source, tc.bos, tc.eos);
+    std::vector<std::vector<std::pair<chat_request, common_chat_params>>> expected(3);
+    for (int s = 0; s < 3; ++s) {
+        session_simulator sim(7000 + s, tc);
+        json messages = sim.start();
+        for (int t = 0; t < 6; ++t, messages = sim.next()) {
+            chat_request req = parse_chat_request(json{{"messages", messages}, {"tools", json::parse(session_tools)}});
+            expected[s].emplace_back(req, common_render(templates.get(), renderer, req));
+        }
+    }
+    std::vector<std::string> failures(3);
+    std::vector<std::thread> threads;
+    for (int s = 0; s < 3; ++s) {
+        threads.emplace_back([&, s] {
+            for (const auto& [req, want] : expected[s]) {
+                const auto got = renderer.render(req);
+                if (got.params.prompt != want.prompt || got.params.parser != want.parser ||
+                    got.params.generation_prompt != want.generation_prompt) {
+                    failures[s] = "session " + std::to_string(s) + " differs at " + req.messages.back().content;
+                    return;
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+    EXPECT_GT(renderer.render_stats().spliced, 0u);
+}
+
+namespace {
+
+// The long agent conversation of test-prompt-tokenizer's reports_the_cost_of_a_38k_token_turn: system prompt, one
+// tool, tool calls and results every third turn, code, whitespace runs, digits and non-ASCII text.
+json agent_conversation(int turns) {
+    json messages = json::array();
+    messages.push_back({{"role", "system"},
+                        {"content",
+                         "You are a coding agent. Answer briefly.\n\n  Rules:\n\t1. Never guess.\n\t2. Cite file:line "
+                         "numbers like src/main.cpp:42.\n   3. Use tools when needed.  "}});
+    const char* snippets[] = {
+        "def add(a, b):\n    return a + b\n\n\nprint(add(2, 40))  # 42\n",
+        "Grüße aus Köln! 東京の天気は？ naïve café — “quotes” and emoji 🎉🚀 ok",
+        "Numbers: 3.14159, 2718281828, 1,000,000 and -0.0001e-10; ids 0x1F600 1234567890123",
+        "    indented    with    runs     of      spaces\n\n\n\ttabs\t\tand\r\nCRLF lines   \n",
+        "<not a special token> <|im_start without end | >  </think > <tool_call",
+    };
+    for (int t = 0; t < turns; ++t) {
+        messages.push_back({{"role", "user"},
+                            {"content", "Turn " + std::to_string(t) + ": " + snippets[t % 5] + "\nPlease check it."}});
+        if (t % 3 == 1) {
+            const std::string args =
+                "{\"path\": \"src/file" + std::to_string(t) + ".cpp\", \"line\": " + std::to_string(100 + t) + "}";
+            messages.push_back({{"role", "assistant"},
+                                {"content", ""},
+                                {"tool_calls",
+                                 {{{"id", "call_" + std::to_string(t)},
+                                   {"type", "function"},
+                                   {"function", {{"name", "read_file"}, {"arguments", args}}}}}}});
+            messages.push_back({{"role", "tool"},
+                                {"tool_call_id", "call_" + std::to_string(t)},
+                                {"content", std::string(snippets[(t + 2) % 5]) + snippets[(t + 3) % 5]}});
+        }
+        messages.push_back({{"role", "assistant"},
+                            {"content", "Answer " + std::to_string(t) + ": " + snippets[(t + 1) % 5] + " Done."}});
+    }
+    messages.push_back({{"role", "user"}, {"content", "And now?"}});
+    return {{"messages", messages}, {"tools", json::parse(session_tools)}};
+}
+
+}  // namespace
+
+TEST(ChatRenderCache, ReportsTheCostOfA38kTokenTurn) {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    for (const char* file : {"Qwen-Qwen3-0.6B.jinja", "Qwen3.5-4B.jinja"}) {
+        const std::string source = read_template(file);
+        chat_renderer renderer(source, "", "<|im_end|>");
+        // 300 turns: ~40K tokens with Qwen's vocab (fewer under the sanitizers, where timings mean nothing). The
+        // previous request lacks the last answer and user message.
+#if defined(__SANITIZE_ADDRESS__)
+        const json body = agent_conversation(30);
+#else
+        const json body = agent_conversation(300);
+#endif
+        json previous = body;
+        previous["messages"].erase(previous["messages"].size() - 1);
+        previous["messages"].erase(previous["messages"].size() - 1);
+        const chat_request previous_req = parse_chat_request(previous);
+        const chat_request req = parse_chat_request(body);
+
+        const auto t0 = clock::now();
+        renderer.render(previous_req);
+        const auto t1 = clock::now();
+        const auto warm = renderer.render(req);
+        const auto t2 = clock::now();
+        auto templates = common_chat_templates_init(nullptr, source, "", "<|im_end|>");
+        const common_chat_params want = common_render(templates.get(), renderer, req);
+        const auto t3 = clock::now();
+
+        expect_same(want, warm.params, file);
+        EXPECT_EQ(renderer.render_stats().spliced, 1u);
+        std::printf(
+            "38K-token turn, %s (%zu messages, %zu-byte prompt):\n  first render %.1f ms (common + checks), next turn "
+            "%.2f ms (spliced); common_chat_templates_apply %.1f ms\n",
+            file, req.messages.size(), warm.prompt.size(), ms(t0, t1), ms(t1, t2), ms(t2, t3));
+    }
 }

@@ -1,0 +1,144 @@
+// The prefix cache seen from outside: per-response accounting by tier, GET /v1/cache, a restart that picks up the
+// disk tier, damaged disk entries reported and ignored, and a kill -9 during disk writes that loads nothing bad.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync, writeFileSync, truncateSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { startServer, curl, waitFor } from './harness.mjs';
+
+const servers = [];
+after(async () => {
+    for (const s of servers) await s.stop();
+});
+
+async function start(args, options) {
+    const s = await startServer(args, options);
+    servers.push(s);
+    return s;
+}
+
+// Deterministic filler text of roughly `n` words.
+function words(n, seed) {
+    const vocab = ['cache', 'prefix', 'agent', 'tool', 'model', 'turn', 'state', 'block', 'the', 'of', 'and', 'with'];
+    let x = seed;
+    const out = [];
+    for (let i = 0; i < n; i++) {
+        x = (x * 1103515245 + 12345) % 2147483648;
+        out.push(vocab[x % vocab.length]);
+    }
+    return out.join(' ');
+}
+
+function chat(system, user) {
+    return {
+        model: 'any',
+        temperature: 0,
+        max_tokens: 4,
+        messages: [
+            { role: 'system', content: system },
+            { role: 'user', content: user },
+        ],
+    };
+}
+
+async function complete(server, body) {
+    const res = await curl(`${server.url}/v1/chat/completions`, { method: 'POST', body });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    return res.body;
+}
+
+const kwkvFiles = (dir) => readdirSync(dir).filter((f) => f.endsWith('.kwkv'));
+
+test('responses say which tier the reused tokens came from, and /v1/cache lists the tiers', async () => {
+    const server = await start(['--parallel', '1', '--cache-parked', '0', '--cache-block', '32']);
+    const a = chat(words(300, 1), 'first question');
+    const b = chat(words(300, 2), 'second question');
+    const cold = await complete(server, a);
+    assert.equal(cold.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal(cold.usage.prompt_tokens_details.computed_tokens, cold.usage.prompt_tokens);
+
+    const warm = await complete(server, a);
+    assert.equal(warm.timings.cache_device_n, warm.usage.prompt_tokens - 1, 'same prompt: all but the last token');
+    assert.equal(warm.usage.prompt_tokens_details.cached_tokens_device, warm.usage.prompt_tokens - 1);
+    assert.ok(warm.timings.setup_ms >= 0 && warm.timings.setup_ms < 1000, `setup_ms ${warm.timings.setup_ms}`);
+
+    await complete(server, b); // the only slot takes B; with no parked sequences A goes to RAM blocks
+    const fromRam = await complete(server, a);
+    assert.ok(fromRam.timings.cache_ram_n >= 32, JSON.stringify(fromRam.timings));
+    assert.equal(
+        fromRam.timings.cache_n,
+        fromRam.timings.cache_device_n + fromRam.timings.cache_ram_n + fromRam.timings.cache_disk_n,
+    );
+
+    const res = await curl(`${server.url}/v1/cache`);
+    assert.equal(res.status, 200);
+    const cache = res.body;
+    for (const tier of ['device', 'ram', 'disk']) {
+        for (const key of ['entries', 'bytes', 'budget_bytes', 'hits', 'evictions']) {
+            assert.equal(typeof cache.tiers[tier][key], 'number', `${tier}.${key}`);
+        }
+    }
+    assert.ok(cache.tiers.ram.bytes > 0 && cache.tiers.ram.hits >= 1);
+    assert.ok(cache.hits >= 2 && cache.misses >= 1, JSON.stringify(cache));
+    assert.match(server.output(), /reused \d+: .*\d+ ram/);
+});
+
+test('the log shows where a prompt departs from the cached one', async () => {
+    const server = await start(['--parallel', '1']);
+    const system = words(200, 3);
+    await complete(server, chat(system + ' version one of the rules', 'hello'));
+    await complete(server, chat(system + ' version two of the rules', 'hello'));
+    assert.ok(
+        await waitFor(() => /diverged at token \d+: ".*" \+ ".*" where the cache has ".*"/.test(server.output())),
+        server.output(),
+    );
+});
+
+test('a restarted server restores from disk; damaged entries are reported and never loaded', async () => {
+    const first = await start(['--parallel', '1', '--cache-block', '32']);
+    const body = chat(words(400, 4), 'a question that will come back');
+    const cold = await complete(first, body);
+    await first.stop(); // SIGTERM: the device tier is written to disk before exit
+    assert.ok(kwkvFiles(first.cacheDir).length > 0, 'disk entries written at shutdown');
+
+    const second = await start(['--parallel', '1', '--cache-block', '32'], { cacheDir: first.cacheDir });
+    const warm = await complete(second, body);
+    assert.ok(warm.timings.cache_disk_n >= cold.usage.prompt_tokens - 64, JSON.stringify(warm.timings));
+    assert.deepEqual(warm.choices[0].message, cold.choices[0].message);
+    await second.stop();
+
+    // Flip a payload byte in one entry, truncate another, and drop a file of another "model" in.
+    const files = kwkvFiles(first.cacheDir).map((f) => path.join(first.cacheDir, f));
+    assert.ok(files.length >= 2);
+    const bytes = readFileSync(files[0]);
+    bytes[bytes.length - 5] ^= 0xff;
+    writeFileSync(files[0], bytes);
+    truncateSync(files[1], Math.floor(statSync(files[1]).size / 2));
+    const third = await start(['--parallel', '1', '--cache-block', '32'], { cacheDir: first.cacheDir });
+    const cache = (await curl(`${third.url}/v1/cache`)).body;
+    assert.ok(cache.disk_rejected >= 2, JSON.stringify(cache));
+    assert.match(third.output(), /disk cache: ignored/);
+    const after = await complete(third, body);
+    assert.equal(after.usage.prompt_tokens, cold.usage.prompt_tokens);
+    assert.equal((await curl(`${third.url}/v1/cache`)).body.restore_failures, 0);
+});
+
+test('kill -9 during heavy disk writes: the next start loads only whole entries', async () => {
+    const args = ['--parallel', '1', '--cache-parked', '0', '--cache-block', '16'];
+    const server = await start(args);
+    // Every new prompt pushes the previous one out of the only slot into RAM blocks, which are written to disk.
+    const pending = [];
+    for (let i = 0; i < 12; i++) pending.push(complete(server, chat(words(300, 100 + i), `q${i}`)).catch(() => null));
+    assert.ok(await waitFor(() => kwkvFiles(server.cacheDir).length >= 20, { timeoutMs: 60_000 }));
+    server.proc.kill('SIGKILL');
+    await Promise.all(pending);
+
+    const restarted = await start(args, { cacheDir: server.cacheDir });
+    const cache = (await curl(`${restarted.url}/v1/cache`)).body;
+    assert.equal(cache.disk_rejected, 0, 'an interrupted write leaves a temporary file, never a bad entry');
+    assert.ok(cache.tiers.disk.entries > 0);
+    assert.ok(!readdirSync(server.cacheDir).some((f) => f.includes('.tmp.')), 'temporary files removed');
+    const res = await complete(restarted, chat(words(300, 100), 'q0'));
+    assert.ok(res.usage.prompt_tokens > 0);
+    assert.equal((await curl(`${restarted.url}/v1/cache`)).body.restore_failures, 0);
+});
