@@ -93,8 +93,9 @@ test('usage reports cached tokens and llama-server timings', async () => {
     assert.equal(second.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens - 1);
     assert.equal(second.timings.prompt_n, 1);
     // The server's log names each request with what it reused.
+    const reused = second.usage.prompt_tokens - 1;
     const line = new RegExp(`${second.id} slot \\d+: prompt ${second.usage.prompt_tokens} tokens ` +
-                            `\\(reused ${second.usage.prompt_tokens - 1}, computed 1\\)`);
+                            `\\(reused ${reused}: ${reused} device, computed 1\\)`);
     assert.match(server.output(), line);
 });
 
