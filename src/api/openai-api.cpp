@@ -673,6 +673,7 @@ json timings_json(const timings_info& t) {
         {"checkpoint_pos", t.cache.checkpoint_pos},
         {"setup_ms", t.setup_ms},
         {"queued_ms", t.queued_ms},
+        {"prepare_ms", t.prepare_ms},
     };
 }
 

@@ -274,6 +274,7 @@ void prompt_cache::persist_all() {
                              serialize_checkpoint(s.seq, static_cast<int32_t>(tip->depth)), path);
         }
     }
+    enforce_disk_budget();
     if (disk_) disk_->flush();
 }
 

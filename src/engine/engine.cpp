@@ -194,6 +194,7 @@ void engine::stop() {
 }
 
 void engine::submit(std::shared_ptr<generation_request> request) {
+    request->submitted = clock::now();
     {
         std::lock_guard lock(mu_);
         queue_.push_back(std::move(request));
@@ -401,9 +402,10 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     st.matched_tokens = s.restored.matched;
     if (s.restored.divergence_pos >= 0) st.divergence = describe_divergence(request->prompt, s.restored);
     st.setup_ms = started ? ms_between(request->received, s.prompt_started) : 0;
+    st.prepare_ms = ms_between(request->received, request->submitted);
     st.computed_tokens = static_cast<int>(s.prompt_done) - s.reused;
     st.generated_tokens = s.generated;
-    st.queued_ms = ms_between(request->received, s.admitted);
+    st.queued_ms = ms_between(request->submitted, s.admitted);
     st.prompt_ms = started ? ms_between(s.prompt_started, sampled ? s.first_token : now) : 0;
     st.generation_ms = sampled ? ms_between(s.first_token, now) : 0;
 

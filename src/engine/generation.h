@@ -34,8 +34,9 @@ struct generation_stats {
     std::string divergence;
     int computed_tokens = 0;   // prompt tokens computed for this request (prompt_tokens - reused_tokens)
     int generated_tokens = 0;  // tokens sampled
-    double queued_ms = 0;      // waiting for a free slot
+    double queued_ms = 0;      // in the engine queue, waiting for a free slot
     double setup_ms = 0;       // from receiving the request to the first model call with its tokens
+    double prepare_ms = 0;     // ... of which before the engine got it (parse, render, tokenize)
     double prompt_ms = 0;      // computing the prompt, up to the first sampled token
     double generation_ms = 0;  // after the first sampled token
     int slot = -1;             // which slot served it
@@ -73,6 +74,7 @@ struct generation_request {
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
     int keep_logits = 0;  // the raw logits of this many first sampled positions come back with the final event
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point submitted;  // set by engine::submit
 
     std::atomic<bool> cancelled{false};  // set by the HTTP thread when the client goes away
     generation_stream output;

@@ -63,7 +63,8 @@ api::timings_info timings_of(const generation_stats& st) {
             .predicted_ms = st.generation_ms,
             .cache = cache_detail_of(st),
             .setup_ms = st.setup_ms,
-            .queued_ms = st.queued_ms};
+            .queued_ms = st.queued_ms,
+            .prepare_ms = st.prepare_ms};
 }
 
 int64_t unix_now() {
@@ -139,10 +140,10 @@ private:
             where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
         }
         std::fprintf(stderr,
-                     "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s%s, computed %d) in %.0f ms (setup %.1f ms), "
+                     "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s%s, computed %d) in %.0f ms (setup %.1f ms, prepare %.1f), "
                      "generated %d in %.0f ms, %s%s%s\n",
                      id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
-                     "", st.computed_tokens, st.prompt_ms, st.setup_ms, st.generated_tokens, st.generation_ms,
+                     "", st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens, st.generation_ms,
                      finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
         if (!st.divergence.empty()) std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
     }

@@ -338,6 +338,29 @@ TEST(prompt_cache, ram_stays_within_its_budget_under_new_prefixes) {
     EXPECT_GT(e.cache_stats().ram.evictions, 0u);
 }
 
+TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
+    const fs::path dir = temp_dir("disk-budget");
+    engine_options o = base_options(dense_model());
+    o.cache_parked_sequences = 0;
+    o.cache_dir = dir.string();
+    o.cache_disk_bytes = 4u << 20;
+    {
+        engine e(o);
+        e.start();
+        for (unsigned i = 0; i < 8; ++i) {
+            generate(e, tokenize(e, chatml(words(300, 160 + i), {words(10, 170 + i)})), 4);
+            EXPECT_LE(e.cache_stats().disk.bytes, o.cache_disk_bytes);
+        }
+        EXPECT_GT(e.cache_stats().disk.evictions, 0u);
+    }
+    uintmax_t on_disk = 0;
+    for (const auto& f : fs::recursive_directory_iterator(dir)) {
+        if (f.is_regular_file() && f.path().extension() == ".kwkv") on_disk += f.file_size();
+    }
+    EXPECT_LE(on_disk, o.cache_disk_bytes);
+    fs::remove_all(dir);
+}
+
 TEST(prompt_cache, two_requests_with_the_same_new_prefix_compute_it_once) {
     engine_options o = base_options(dense_model());
     o.slots = 2;
