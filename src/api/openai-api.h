@@ -97,9 +97,9 @@ struct timings_info {
     int predicted_n = 0;
     double predicted_ms = 0;
     cache_detail cache;
-    double setup_ms = 0;   // request received -> first model call with its tokens (parse, render, tokenize, match)
-    double queued_ms = 0;  // waiting for a free slot (part of setup_ms)
-    double prepare_ms = 0; // parse, render, tokenize (part of setup_ms)
+    double setup_ms = 0;    // request received -> first model call with its tokens (parse, render, tokenize, match)
+    double queued_ms = 0;   // waiting for a free slot (part of setup_ms)
+    double prepare_ms = 0;  // parse, render, tokenize (part of setup_ms)
 };
 
 // "<prefix><32 random alphanumerics>"; thread-safe.

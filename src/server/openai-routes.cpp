@@ -45,7 +45,8 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
 }
 
 api::cache_detail cache_detail_of(const generation_stats& st) {
-    return {.device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
+    return {
+        .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
 }
 
 api::usage_info usage_of(const generation_stats& st) {
@@ -140,11 +141,12 @@ private:
             where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
         }
         std::fprintf(stderr,
-                     "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s%s, computed %d) in %.0f ms (setup %.1f ms, prepare %.1f), "
+                     "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s%s, computed %d) in %.0f ms (setup %.1f ms, "
+                     "prepare %.1f), "
                      "generated %d in %.0f ms, %s%s%s\n",
                      id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
-                     "", st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens, st.generation_ms,
-                     finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
+                     "", st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens,
+                     st.generation_ms, finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
         if (!st.divergence.empty()) std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
     }
 
