@@ -55,7 +55,7 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --keepwarm-args "..."     extra arguments for keepwarm serve (split on spaces), e.g. "--cache-ram 8GiB"
   --llama-server-args "..." extra arguments for llama-server
   --restart-args "..."      c: extra keepwarm arguments; {dir} becomes a fresh cache directory
-                            (default "--cache-disk {dir}")
+                            (default "--cache-dir {dir}")
   --seed N                  text generator seed (default 1)
   --start-timeout S         seconds for a server to load and answer /health (default 600)
   --request-timeout S       seconds for one request (default 3600)
@@ -88,7 +88,7 @@ function parseArgs(argv) {
         kv: 'f16',
         keepwarmArgs: [],
         llamaServerArgs: [],
-        restartArgs: ['--cache-disk', '{dir}'],
+        restartArgs: ['--cache-dir', '{dir}'],
         seed: 1,
         startTimeout: 600,
         requestTimeout: 3600,

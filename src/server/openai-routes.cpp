@@ -198,11 +198,11 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     gen->max_tokens = chat.max_tokens.value_or(-1);
     gen->stop = rendered.stop;
 
-    api::chat_output_parser parser(ctx.renderer->parser_params(rendered, chat));
     const std::string id = api::gen_chat_completion_id();
     const int64_t created = unix_now();
-    ctx.llm->submit(gen);
-    event_waiter events(*gen, w, ctx, id);
+    ctx.llm->submit(gen);  // first: building the output parser costs milliseconds the engine need not wait for
+    event_waiter events(*gen, w, ctx, id);  // from here on, leaving this handler cancels the generation
+    api::chat_output_parser parser(ctx.renderer->parser_params(rendered, chat));
 
     if (!chat.stream) {
         for (;;) {
