@@ -212,6 +212,21 @@ void prompt_cache::demote(device_sequence& s) {
     counters_.device.evictions++;
 }
 
+// Whether what `s` alone holds (beyond what other device sequences share) is long enough to keep when the slot
+// moves on. A few tokens (typically the end of a turn that the next request renders differently) are cheaper to
+// recompute than to keep a parked sequence for: each one costs a sequence and adds to every cell walk.
+bool prompt_cache::worth_keeping(const device_sequence& s) const {
+    if (s.tip == tree_.root() || s.tip->value.holders > 1) return false;
+    size_t shared_depth = 0;
+    for (const node* n = s.tip; n != tree_.root(); n = n->parent) {
+        if (n->value.holders > 1) {
+            shared_depth = n->depth;
+            break;
+        }
+    }
+    return s.tip->depth - shared_depth >= static_cast<size_t>(std::min(64, options_.block_tokens));
+}
+
 // The slot is about to serve another prompt: keep its current content on the device in a parked sequence
 // (sharing cells, no copy), evicting the least recently used idle sequence if none is free.
 bool prompt_cache::park(device_sequence& slot, const device_sequence* keep) {
@@ -600,7 +615,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         m = tree_.longest_prefix(prompt);
         dm = find_holder(m, s);
         if (dm.holder != &s && s.tip != tree_.root()) {
-            if (s.tip->value.holders == 1) park(s, dm.holder);  // nobody else holds what this slot has: keep it
+            if (worth_keeping(s)) park(s, dm.holder);  // nobody else holds enough of what this slot has: keep it
             drop(s);
             continue;
         }
@@ -639,8 +654,10 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             while (!blocks.empty() && blocks.back().end - b >= target) blocks.pop_back();
         }
         if (dm.holder == &s && target < static_cast<int>(s.tip->depth)) {
-            // The slot's own content goes on differently: keep the rest of it, parked.
-            if (s.tip->value.holders == 1 && !kept_own) {
+            // The slot's own content goes on differently: keep the rest of it, parked, unless it is a few tokens
+            // that a dense model simply drops (a hybrid model needs the copy: its slot cannot be cut).
+            const bool long_tail = static_cast<int>(s.tip->depth) - target >= std::min(64, b);
+            if (s.tip->value.holders == 1 && (long_tail || !can_truncate_) && !kept_own) {
                 kept_own = true;
                 if (park(s, nullptr)) continue;  // else it went to RAM blocks
             }

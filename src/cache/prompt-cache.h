@@ -142,6 +142,7 @@ private:
     device_sequence* free_parking();
     device_sequence* eviction_victim(const device_sequence* keep);
     bool make_room(const device_sequence* keep);
+    bool worth_keeping(const device_sequence& s) const;
     void demote(device_sequence& s);
     bool park(device_sequence& slot, const device_sequence* keep);  // false: demoted to RAM instead
 
