@@ -600,14 +600,13 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
 
     struct block_step {
-        node* n;
-        int32_t end;
+        int32_t end;  // the block covers [end - block_tokens, end)
     };
     tree::match m;
     device_match dm;
     std::vector<block_step> blocks;
     int device_len = 0, target = 0;
-    const stored_state* checkpoint = nullptr;
+    bool use_checkpoint = false;  // hybrid: `target` comes from a checkpoint
     // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans; every round
     // leaves `s` empty or the holder, so this ends.
     bool kept_own = false;
@@ -628,11 +627,11 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             if (end > static_cast<int>(m.length) || end - b >= limit) break;
             node* n = tree_.ancestor_at(m.deepest, static_cast<size_t>(end));
             if (!n->value.blocks.count(end)) break;
-            blocks.push_back({n, end});
+            blocks.push_back({end});
             attention_end = std::min(end, limit);
         }
         target = attention_end;
-        checkpoint = nullptr;
+        use_checkpoint = false;
         if (!can_truncate_) {
             // The recurrent state is right only at the end of the holder's own sequence or at a checkpoint.
             target = 0;
@@ -647,7 +646,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
                 --it;
                 if (it->first > target) {
                     target = it->first;
-                    checkpoint = &it->second;
+                    use_checkpoint = true;
                 }
                 break;
             }
@@ -686,16 +685,34 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         dm.holder->last_used = clock::now();
     }
     r.device = from_device;
+    // Step 1 may have split nodes (entries move to the upper part) or pruned the slot's old path: planned entries
+    // are found again by position on the prompt's path.
+    const auto entry_at = [&](bool is_checkpoint, int32_t pos) -> stored_state* {
+        const tree::match now = tree_.longest_prefix(prompt);
+        if (!now.deepest || static_cast<size_t>(pos) > now.length) return nullptr;
+        node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
+        auto& map = is_checkpoint ? n->value.checkpoints : n->value.blocks;
+        auto it = map.find(pos);
+        return it == map.end() ? nullptr : &it->second;
+    };
+    const auto forget_unreadable = [&](bool is_checkpoint, int32_t pos) {
+        stored_state* state = entry_at(is_checkpoint, pos);
+        if (!state) return;
+        state->on_disk = false;
+        if (state->ram) return;
+        const tree::match now = tree_.longest_prefix(prompt);
+        node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
+        (is_checkpoint ? n->value.checkpoints : n->value.blocks).erase(pos);
+    };
     // 2. RAM and disk blocks.
     int restored = from_device;
     std::vector<uint8_t> payload;
     for (const auto& step : blocks) {
         if (restored >= target) break;
-        auto& state = step.n->value.blocks.at(step.end);
+        stored_state* state = entry_at(false, step.end);
         bool from_disk = false;
-        if (!load_block(state, payload, from_disk)) {
-            state.on_disk = false;
-            if (!state.ram) step.n->value.blocks.erase(step.end);
+        if (!state || !load_block(*state, payload, from_disk)) {
+            forget_unreadable(false, step.end);
             ok = false;
             break;
         }
@@ -704,20 +721,23 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             ok = false;
             break;
         }
-        state.last_used = clock::now();
-        if (from_disk && !state.ram && options_.ram_budget > 0) {
-            state.ram = std::make_shared<const std::vector<uint8_t>>(payload);  // promote to RAM
-            ram_bytes_ += state.bytes;
+        state->last_used = clock::now();
+        if (from_disk && !state->ram && options_.ram_budget > 0) {
+            state->ram = std::make_shared<const std::vector<uint8_t>>(payload);  // promote to RAM
+            ram_bytes_ += state->bytes;
         }
         (from_disk ? r.disk : r.ram) += p1 - restored;
         restored = p1;
     }
     // 3. Hybrid models: the recurrent state at `target`.
-    if (ok && checkpoint) {
+    if (ok && use_checkpoint) {
+        stored_state* state = entry_at(true, target);
         bool from_disk = false;
-        if (!load_block(*checkpoint, payload, from_disk) || !restore_checkpoint(s.seq, payload)) {
+        if (!state || !load_block(*state, payload, from_disk) || !restore_checkpoint(s.seq, payload)) {
+            forget_unreadable(true, target);
             ok = false;
         } else {
+            state->last_used = clock::now();
             r.checkpoint_pos = target;
             llama_memory_seq_rm(mem, s.seq, target, -1);  // attention beyond the checkpoint (the holder's tail)
         }
