@@ -609,6 +609,23 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     bool use_checkpoint = false;  // hybrid: `target` comes from a checkpoint
     // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans; every round
     // leaves `s` empty or the holder, so this ends.
+    // Where the prompt leaves a cached path that goes on differently, before this slot's own tail is dropped.
+    cache_restore divergence;
+    const tree::match first = tree_.longest_prefix(prompt);
+    if (first.length < prompt.size()) {
+        const node* n = first.deepest ? first.deepest : tree_.root();
+        if (first.deepest && first.into_edge < first.deepest->edge.size()) {
+            auto from = first.deepest->edge.begin() + static_cast<std::ptrdiff_t>(first.into_edge);
+            divergence.cached_continuation.assign(from,
+                                                  from + std::min<std::ptrdiff_t>(8, first.deepest->edge.end() - from));
+        } else if (!n->children.empty()) {
+            const auto& edge = n->children.begin()->second->edge;
+            divergence.cached_continuation.assign(
+                edge.begin(), edge.begin() + std::min<std::ptrdiff_t>(8, static_cast<std::ptrdiff_t>(edge.size())));
+        }
+        if (!divergence.cached_continuation.empty()) divergence.divergence_pos = static_cast<int>(first.length);
+    }
+
     bool kept_own = false;
     for (int round = 0;; ++round) {
         m = tree_.longest_prefix(prompt);
@@ -759,21 +776,8 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         r.device = std::min(r.device, r.reused);
     }
 
-    // Where the prompt leaves a cached path that goes on differently.
-    m = tree_.longest_prefix(prompt);
-    if (m.length < prompt.size()) {
-        const node* n = m.deepest ? m.deepest : tree_.root();
-        if (m.deepest && m.into_edge < m.deepest->edge.size()) {
-            auto from = m.deepest->edge.begin() + static_cast<std::ptrdiff_t>(m.into_edge);
-            r.cached_continuation.assign(from, from + std::min<std::ptrdiff_t>(8, m.deepest->edge.end() - from));
-        } else if (!n->children.empty()) {
-            const auto& edge = n->children.begin()->second->edge;
-            r.cached_continuation.assign(
-                edge.begin(), edge.begin() + std::min<std::ptrdiff_t>(8, static_cast<std::ptrdiff_t>(edge.size())));
-        }
-        if (!r.cached_continuation.empty()) r.divergence_pos = static_cast<int>(m.length);
-    }
-
+    r.divergence_pos = divergence.divergence_pos;
+    r.cached_continuation = std::move(divergence.cached_continuation);
     (r.reused > 0 ? counters_.hits : counters_.misses)++;
     if (r.device > 0) counters_.device.hits++;
     if (r.ram > 0) counters_.ram.hits++;
