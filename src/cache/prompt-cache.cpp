@@ -459,69 +459,44 @@ struct eviction_candidate {
 }  // namespace
 
 void prompt_cache::enforce_ram_budget() {
-    if (ram_bytes_ <= options_.ram_budget) return;
-    const auto now = clock::now();
-    while (ram_bytes_ > options_.ram_budget) {
-        std::vector<node*> order;
-        tree_.for_each([&](node& n) { order.push_back(&n); });
-        std::unordered_map<node*, bool> deeper_block;  // a RAM block exists below this node's edge
-        std::vector<eviction_candidate> candidates;
-        for (auto it = order.rbegin(); it != order.rend(); ++it) {
-            node* n = *it;
-            bool below = false;
-            for (auto& [token, child] : n->children) below = below || deeper_block[child.get()];
-            for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
-                if (!b->second.ram) continue;
-                if (!below) {
-                    candidates.push_back({compute_saved(options_.block_tokens, b->first) /
-                                              static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
-                                          n, b->first, false});
-                }
-                below = true;
-            }
-            deeper_block[n] = below;
-            for (auto& [pos, c] : n->value.checkpoints) {
-                if (!c.ram) continue;
-                candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
-                                          recency(c.last_used, now),
-                                      n, pos, true});
-            }
-        }
-        if (candidates.empty()) break;
-        std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.score < b.score; });
-        for (const auto& c : candidates) {
-            if (ram_bytes_ <= options_.ram_budget) break;
-            node* n = static_cast<node*>(c.n);
-            auto& map = c.checkpoint ? n->value.checkpoints : n->value.blocks;
-            auto entry = map.find(c.end);
-            ram_bytes_ -= entry->second.bytes;
-            entry->second.ram.reset();
-            counters_.ram.evictions++;
-            if (!entry->second.on_disk) map.erase(entry);
-            // Pruning could free nodes later candidates point to; they are re-collected on the next round.
-            if (n->value.blocks.empty() && n->value.checkpoints.empty() && n->value.holders == 0 &&
-                n->children.empty()) {
-                prune(n);
-                break;
-            }
-        }
-    }
+    const auto in_ram = [](const stored_state& st) { return st.ram != nullptr; };
+    const auto over = [&] { return ram_bytes_ > options_.ram_budget; };
+    evict_until(in_ram, over, [&](stored_state& st) {
+        ram_bytes_ -= st.bytes;
+        st.ram.reset();
+        counters_.ram.evictions++;
+        return st.on_disk;  // still held on disk
+    });
 }
 
 void prompt_cache::enforce_disk_budget() {
-    if (!disk_ || disk_->bytes() <= options_.disk_budget) return;
+    if (!disk_) return;
+    const auto on_disk = [](const stored_state& st) { return st.on_disk; };
+    const auto over = [&] { return disk_->bytes() > options_.disk_budget; };
+    evict_until(on_disk, over, [&](stored_state& st) {
+        disk_->erase(st.key);
+        st.on_disk = false;
+        counters_.disk.evictions++;
+        return st.ram != nullptr;  // still held in RAM
+    });
+}
+
+// Drops entries of one tier (`in_tier`) while `over()`, lowest score first; `drop` removes the tier's copy and says
+// whether another tier still holds the entry (otherwise it leaves the tree).
+template <typename InTier, typename Over, typename Drop>
+void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
     const auto now = clock::now();
-    while (disk_->bytes() > options_.disk_budget) {
+    while (over()) {
         std::vector<node*> order;
         tree_.for_each([&](node& n) { order.push_back(&n); });
-        std::unordered_map<node*, bool> deeper_block;
+        std::unordered_map<node*, bool> deeper_block;  // a block of this tier exists below this node's edge
         std::vector<eviction_candidate> candidates;
         for (auto it = order.rbegin(); it != order.rend(); ++it) {
             node* n = *it;
             bool below = false;
             for (auto& [token, child] : n->children) below = below || deeper_block[child.get()];
             for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
-                if (!b->second.on_disk) continue;
+                if (!in_tier(b->second)) continue;
                 if (!below) {
                     candidates.push_back({compute_saved(options_.block_tokens, b->first) /
                                               static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
@@ -531,7 +506,7 @@ void prompt_cache::enforce_disk_budget() {
             }
             deeper_block[n] = below;
             for (auto& [pos, c] : n->value.checkpoints) {
-                if (!c.on_disk) continue;
+                if (!in_tier(c)) continue;
                 candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
                                           recency(c.last_used, now),
                                       n, pos, true});
@@ -540,14 +515,12 @@ void prompt_cache::enforce_disk_budget() {
         if (candidates.empty()) break;
         std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.score < b.score; });
         for (const auto& c : candidates) {
-            if (disk_->bytes() <= options_.disk_budget) break;
+            if (!over()) break;
             node* n = static_cast<node*>(c.n);
             auto& map = c.checkpoint ? n->value.checkpoints : n->value.blocks;
             auto entry = map.find(c.end);
-            disk_->erase(entry->second.key);
-            entry->second.on_disk = false;
-            counters_.disk.evictions++;
-            if (!entry->second.ram) map.erase(entry);
+            if (!drop(entry->second)) map.erase(entry);
+            // Pruning could free nodes later candidates point to; they are re-collected on the next round.
             if (n->value.blocks.empty() && n->value.checkpoints.empty() && n->value.holders == 0 &&
                 n->children.empty()) {
                 prune(n);

@@ -158,6 +158,8 @@ private:
     void store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload, std::span<const llama_token> path);
     void enforce_ram_budget();
     void enforce_disk_budget();
+    template <typename InTier, typename Over, typename Drop>
+    void evict_until(InTier in_tier, Over over, Drop drop);
     void index_disk();
     void publish();
 
