@@ -11,6 +11,8 @@ debian_packages=(
     libcli11-dev         # command line parsing
     libgtest-dev         # unit tests
     libxxhash-dev        # prefix-cache block keys and disk-entry checksums
+    libtomlplusplus-dev  # the policy file (TOML)
+    libre2-dev           # policy patterns: linear-time regular expressions
     clang-format         # the formatting check in the test suite
     nodejs npm           # end-to-end tests drive the server with the official npm clients
 )

@@ -1,0 +1,138 @@
+// See generation-relay.h.
+#include "server/generation-relay.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace keepwarm {
+
+using json = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr auto check_interval = 50ms;
+constexpr auto drain_limit = 2s;  // the engine answers a cancel at its next step; this only matters if it is stuck
+}  // namespace
+
+json parse_json_body(const http::request& req) {
+    if (req.body.empty()) throw http::http_error(400, "request body is empty; expected a JSON object");
+    json body;
+    try {
+        body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+        throw http::http_error(400, std::string("request body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw http::http_error(400, "request body must be a JSON object");
+    return body;
+}
+
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
+    auto tokens = ctx.tokenizer->tokenize(prompt);
+    if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
+    const int limit = ctx.llm->slot_context_size();
+    if (static_cast<int>(tokens.size()) >= limit) {
+        throw http::http_error(400,
+                               "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                                   std::to_string(limit) + " tokens per request",
+                               "exceed_context_size_error");
+    }
+    return tokens;
+}
+
+void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) {
+    const llama_vocab* vocab = ctx.llm->vocab();
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    for (const auto& bias : sampling.logit_bias) {
+        if (bias.token >= n_vocab) {
+            throw http::http_error(400, "'logit_bias' names token " + std::to_string(bias.token) +
+                                            " but the vocabulary has " + std::to_string(n_vocab) + " tokens");
+        }
+    }
+    if (!sampling.ignore_eos) return;
+    for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
+}
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+generation_relay::generation_relay(generation_request& gen, http::response_writer& w, server_context& ctx,
+                                   std::string id)
+    : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
+
+generation_relay::~generation_relay() {
+    if (finished_) return;
+    gen_.cancelled = true;
+    const auto deadline = std::chrono::steady_clock::now() + drain_limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (auto ev = gen_.output.pop(check_interval); ev && ev->done) {
+            finish(*ev);
+            return;
+        }
+    }
+}
+
+std::optional<generation_event> generation_relay::next() {
+    for (;;) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_check_ >= check_interval) {
+            last_check_ = now;
+            if (w_.client_gone()) {
+                gen_.cancelled = true;
+                ctx_.http.disconnects++;
+                std::fprintf(stderr, "keepwarm: %s client went away, generation cancelled\n", id_.c_str());
+                return std::nullopt;
+            }
+        }
+        if (auto ev = gen_.output.pop(check_interval)) {
+            if (ev->done) finish(*ev);
+            return ev;
+        }
+    }
+}
+
+void generation_relay::finish(const generation_event& ev) {
+    finished_ = true;
+    log_request(ev);
+    // A failed step leaves the KV in an unknown state; anything else is what the model saw and wrote.
+    if (ev.reason != finish_reason::error) ctx_.tokenizer->record(gen_.prompt, ev.generated);
+}
+
+// One line per generation, so an operator sees what each request reused without reading responses.
+void generation_relay::log_request(const generation_event& ev) const {
+    const generation_stats& st = ev.stats;
+    std::string where;  // which tiers the reused tokens came from
+    const auto tier = [&](const char* name, int n) {
+        if (n > 0) where += (where.empty() ? "" : " + ") + std::to_string(n) + " " + name;
+    };
+    tier("device", st.reused_device);
+    tier("ram", st.reused_ram);
+    tier("disk", st.reused_disk);
+    if (st.checkpoint_pos >= 0) where += ", checkpoint at " + std::to_string(st.checkpoint_pos);
+    if (st.matched_tokens > st.reused_tokens + 1) {
+        where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
+    }
+    std::fprintf(stderr,
+                 "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s, computed %d) in %.0f ms (setup %.1f ms, "
+                 "prepare %.1f), generated %d in %.0f ms, %s%s%s\n",
+                 id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
+                 st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens, st.generation_ms,
+                 finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
+    if (!st.divergence.empty()) std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
+}
+
+http::handler generation_route(server_context& ctx, generation_handler h) {
+    return [&ctx, h = std::move(h)](const http::request& req, http::response_writer& w) {
+        auto gen = std::make_shared<generation_request>();
+        gen->received = std::chrono::steady_clock::now();
+        try {
+            h(ctx, req, w, gen);
+        } catch (const http::http_error& e) {
+            if (e.status >= 400 && e.status < 500) ctx.http.client_errors++;
+            throw;
+        }
+    };
+}
+
+}  // namespace keepwarm

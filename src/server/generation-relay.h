@@ -1,0 +1,68 @@
+// What every generation route shares, whatever API it speaks: parsing the JSON body, tokenizing the prompt against
+// the slot's context, checking sampling against the vocab, and relaying a running generation's events to the
+// handler while watching for a client that went away.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "engine/generation.h"
+#include "http/http-server.h"
+#include "server/server-context.h"
+
+namespace keepwarm {
+
+// The body as a JSON object; http_error 400 when it is empty, not JSON, or not an object.
+nlohmann::ordered_json parse_json_body(const http::request& req);
+
+// Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and
+// wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error").
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt);
+
+// Checks the request's token ids against the vocab, and turns ignore_eos into bans on end-of-generation tokens.
+void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling);
+
+int64_t unix_now();
+
+// Waits for the next event of a submitted generation. Returns nullopt once the client is gone, after telling the
+// generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer
+// writes nothing until the end, so only this check notices a client that left.
+// When the generation ends, its prompt and generated tokens are recorded in the prompt tokenizer and one log line
+// says what it reused. A relay destroyed early (client gone, failed write, exception) cancels the generation and
+// waits briefly for its final event so that what was generated still counts: the engine keeps that KV too.
+class generation_relay {
+public:
+    generation_relay(generation_request& gen, http::response_writer& w, server_context& ctx, std::string id);
+    generation_relay(const generation_relay&) = delete;
+    generation_relay& operator=(const generation_relay&) = delete;
+    ~generation_relay();
+
+    std::optional<generation_event> next();
+
+private:
+    void finish(const generation_event& ev);
+    void log_request(const generation_event& ev) const;
+
+    generation_request& gen_;
+    http::response_writer& w_;
+    server_context& ctx_;
+    std::string id_;
+    std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+    bool finished_ = false;  // the final event was seen
+};
+
+using generation_handler = std::function<void(server_context&, const http::request&, http::response_writer&,
+                                              const std::shared_ptr<generation_request>&)>;
+
+// Wraps a generation route: its generation_request is created, and its clock started, before the body is parsed, so
+// the engine's setup_ms covers parsing, rendering and tokenizing. 4xx answers are counted for /metrics; the HTTP
+// layer formats the error in the route's API shape.
+http::handler generation_route(server_context& ctx, generation_handler h);
+
+}  // namespace keepwarm
