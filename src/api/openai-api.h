@@ -55,6 +55,11 @@ struct chat_request {
     // Extra template variables; values are JSON text (as common expects), e.g. {"preserve_reasoning", "true"}.
     std::map<std::string, std::string> chat_template_kwargs;
     int n = 1;  // only 1 is accepted
+    // Which API the request came in through ("openai", "anthropic", "ollama"): the policy layer and the log name it.
+    std::string api = "openai";
+    // A context size the client asked for (Ollama's options.num_ctx). Never applied: the context is the server's;
+    // the policy layer reports that it ignored it.
+    std::optional<int> requested_context;
 };
 
 struct completion_request {
