@@ -537,7 +537,9 @@ bool engine::step() {
         const bool special = s.request->render_special.count(token) > 0;
         const std::string piece = common_token_to_piece(ctx_.get(), token, special);
         std::string text = s.text->push(piece);
-        if (!text.empty()) s.request->output.push({.text = std::move(text)});
+        // The first token is announced even when its text is held back (a possible stop string, half a UTF-8
+        // character): the client's first event, and so its measured TTFT, should not wait for the next step.
+        if (!text.empty() || s.generated == 1) s.request->output.push({.text = std::move(text)});
         if (s.text->stopped()) {
             finish(s, finish_reason::stop);
         } else if (s.request->max_tokens >= 0 && s.generated >= s.request->max_tokens) {

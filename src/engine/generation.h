@@ -43,7 +43,7 @@ struct generation_stats {
 };
 
 struct generation_event {
-    std::string text;  // new, stop-safe, valid UTF-8 text; may be empty
+    std::string text;  // new, stop-safe, valid UTF-8 text; may be empty (the first sampled token always has an event)
     bool done = false;
     finish_reason reason = finish_reason::stop;  // valid when done
     std::string error;                           // set when reason == error
