@@ -1047,11 +1047,19 @@ async function main() {
             });
             meta.server_commands[`${b}/${kind}`] = make(bench.custom ? o.restartArgs : []).commandLine();
             let server;
+            let scratchDir;
             try {
                 if (bench.custom) {
                     results[b][kind] = await bench.run(null, o, texts, make);
                 } else {
-                    server = make();
+                    // A fresh disk tier per run: the default cache directory may hold these very prompts from an
+                    // earlier run (same generator seed), which would make "cold" requests warm.
+                    if (kind === 'keepwarm' && !o.keepwarmArgs.includes('--cache-dir')) {
+                        scratchDir = fs.mkdtempSync(path.join(os.tmpdir(), 'keepwarm-bench-cache-'));
+                        server = make(['--cache-dir', scratchDir]);
+                    } else {
+                        server = make();
+                    }
                     await server.start();
                     log(`  ${kind} ready in ${fmt(server.loadMs)} ms (pid ${server.proc.pid}, log ${server.logFile})`);
                     await warmUp(server);
@@ -1068,6 +1076,7 @@ async function main() {
                         log(`  ${kind} exited with ${code} on SIGTERM`);
                     }
                 }
+                if (scratchDir) fs.rmSync(scratchDir, { recursive: true, force: true });
             }
         }
     }
