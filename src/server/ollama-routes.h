@@ -1,0 +1,14 @@
+// The Ollama API: POST /api/chat, /api/generate and /api/show; GET /api/tags, /api/ps and /api/version; GET and
+// HEAD / ("Ollama is running", which clients probe). Errors in Ollama's shape, {"error": "..."}.
+#pragma once
+
+#include "http/http-server.h"
+#include "server/server-context.h"
+
+namespace keepwarm {
+
+// Reads what /api/tags, /api/show and /api/ps report about the model once, here: the loaded model's own numbers and
+// the GGUF file's metadata (its header only; the model is not loaded again).
+void register_ollama_routes(http::http_server& server, server_context& ctx);
+
+}  // namespace keepwarm
