@@ -11,6 +11,7 @@
 #include "api/chat-renderer.h"
 #include "api/prompt-tokenizer.h"
 #include "engine/engine.h"
+#include "policy/busters.h"
 
 namespace keepwarm {
 
@@ -25,7 +26,8 @@ struct server_context {
     std::unique_ptr<engine> llm;
     std::unique_ptr<api::chat_renderer> renderer;
     std::unique_ptr<api::prompt_tokenizer> tokenizer;  // over the engine's vocab; knows what the model saw and wrote
-    std::string model_id;                              // name reported by /v1/models and in responses
+    std::unique_ptr<policy::cache_buster_detector> busters;  // per-client prompt comparison (GET /v1/cache/busters)
+    std::string model_id;                                    // name reported by /v1/models and in responses
     std::string model_path;
     bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
