@@ -26,12 +26,12 @@ struct server_context {
     std::unique_ptr<engine> llm;
     std::unique_ptr<api::chat_renderer> renderer;
     std::unique_ptr<api::prompt_tokenizer> tokenizer;  // over the engine's vocab; knows what the model saw and wrote
-    std::unique_ptr<policy::cache_buster_detector> busters;  // per-client prompt comparison (GET /v1/cache/busters)
-    std::string model_id;                                    // name reported by /v1/models and in responses
+    std::string model_id;                              // name reported by /v1/models and in responses
     std::string model_path;
     bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
     http_counters http;
+    std::unique_ptr<policy::cache_buster_detector> busters;  // per-client prompt comparison (GET /v1/cache/busters)
 };
 
 }  // namespace keepwarm
