@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/depth-bench.h"
+#include "model/doctor-command.h"
 #include "model/model-commands.h"
 #include "server/serve-command.h"
 
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     keepwarm::add_mkmodel_command(app);
     keepwarm::add_inspect_command(app);
     keepwarm::add_bench_command(app);
+    keepwarm::add_doctor_command(app);
 
     try {
         std::vector<std::string> args = llama_style_aliases(argc, argv);

@@ -60,6 +60,7 @@ private:
     http::header_list headers_;
     std::optional<generation_relay> relay_;
     std::optional<api::chat_output_parser> parser_;
+    std::optional<policy::cache_buster_report> buster_;  // a span that may have cost this prompt its cached prefix
 };
 
 }  // namespace keepwarm

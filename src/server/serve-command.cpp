@@ -13,6 +13,7 @@
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
 #include "model/demo-model.h"
+#include "server/busters-routes.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
 #include "server/server-context.h"
@@ -88,6 +89,7 @@ int run_serve(serve_options opts) {
     register_openai_routes(server, ctx);
     register_ollama_routes(server, ctx);
     register_tokenizer_routes(server, ctx);
+    register_busters_routes(server, ctx);
     ctx.llm->start();
     server.start();
 

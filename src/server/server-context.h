@@ -11,6 +11,7 @@
 #include "api/chat-renderer.h"
 #include "api/prompt-tokenizer.h"
 #include "engine/engine.h"
+#include "policy/busters.h"
 
 namespace keepwarm {
 
@@ -30,6 +31,7 @@ struct server_context {
     bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
     http_counters http;
+    std::unique_ptr<policy::cache_buster_detector> busters;  // per-client prompt comparison (GET /v1/cache/busters)
 };
 
 }  // namespace keepwarm

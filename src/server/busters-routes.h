@@ -1,0 +1,18 @@
+// GET /v1/cache/busters: the cache busters the detector found (newest first), with the span, its position, the
+// tokens it cost and a suggested policy rule, and how often each (client, pattern) came up.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "http/http-server.h"
+#include "policy/busters.h"
+#include "server/server-context.h"
+
+namespace keepwarm {
+
+void register_busters_routes(http::http_server& server, server_context& ctx);
+
+// The body of GET /v1/cache/busters.
+nlohmann::ordered_json busters_json(const policy::cache_buster_detector& detector);
+
+}  // namespace keepwarm
