@@ -32,7 +32,8 @@ constexpr std::string_view option_keys[] = {"max_tokens_cap",
                                             "repeat_penalty",
                                             "repeat_last_n",
                                             "presence_penalty",
-                                            "frequency_penalty"};
+                                            "frequency_penalty",
+                                            "logit_bias"};
 
 bool contains(const auto& list, std::string_view key) {
     for (const auto& k : list) {
@@ -207,6 +208,14 @@ private:
             s.top_k = static_cast<int>(integer(n, what, 0, int_max));
         } else if (key == "repeat_last_n") {
             s.repeat_last_n = static_cast<int>(integer(n, what, -1, int_max));
+        } else if (key == "logit_bias") {
+            for (auto&& [text, bias] : table(n, what)) {
+                const double b = number(bias, what + "." + std::string(text.str()));
+                if (!(b >= -100 && b <= 100)) fail(bias.source(), "'" + what + "' values must be between -100 and 100");
+                std::erase_if(o.logit_bias, [&](const forced_bias& f) { return f.text == text.str(); });
+                o.logit_bias.push_back({std::string(text.str()), static_cast<float>(b)});
+            }
+            return;
         } else if (key == "seed") {
             s.seed = static_cast<uint32_t>(integer(n, what, 0, std::numeric_limits<uint32_t>::max()));
         } else {

@@ -5,7 +5,9 @@
 #include <re2/re2.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <type_traits>
 
 #include "http/http-server.h"
@@ -22,6 +24,14 @@ std::string number(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", v);
     return buf;
+}
+
+// A client-given name as the header may carry it: printable ASCII, bounded.
+std::string reportable(const std::string& name) {
+    std::string out;
+    for (const char c : name.substr(0, max_reported_name)) out += (c >= 0x20 && c < 0x7f && c != ';') ? c : '?';
+    if (name.size() > max_reported_name) out += "...";
+    return out;
 }
 
 // The text of the last user message (content, or its text parts joined); empty when there is none.
@@ -103,14 +113,12 @@ void apply_options(const forced_options& o, api::chat_request& chat, std::vector
     force(s.repeat_last_n, f.repeat_last_n, "repeat-last-n", fired);
     force(s.presence_penalty, f.presence_penalty, "presence-penalty", fired);
     force(s.frequency_penalty, f.frequency_penalty, "frequency-penalty", fired);
-}
-
-// A client-given name as the header may carry it: printable ASCII, bounded.
-std::string reportable(const std::string& name) {
-    std::string out;
-    for (const char c : name.substr(0, max_reported_name)) out += (c >= 0x20 && c < 0x7f && c != ';') ? c : '?';
-    if (name.size() > max_reported_name) out += "...";
-    return out;
+    for (const forced_bias& b : o.logit_bias) {
+        if (b.token < 0) continue;  // not bound to a vocabulary (a policy built without a model)
+        std::erase_if(s.logit_bias, [&](const auto& entry) { return entry.first == b.token; });
+        s.logit_bias.emplace_back(b.token, b.bias <= -100 ? -INFINITY : b.bias);
+        fired.push_back("logit-bias:" + reportable(b.text) + "=" + number(b.bias));
+    }
 }
 
 json matcher_json(const request_matcher& m) {
@@ -140,6 +148,11 @@ json options_json(const forced_options& o) {
     if (s.repeat_last_n) j["repeat_last_n"] = *s.repeat_last_n;
     if (s.presence_penalty) j["presence_penalty"] = *s.presence_penalty;
     if (s.frequency_penalty) j["frequency_penalty"] = *s.frequency_penalty;
+    if (!o.logit_bias.empty()) {
+        json biases = json::object();
+        for (const forced_bias& b : o.logit_bias) biases[b.text] = b.bias;
+        j["logit_bias"] = std::move(biases);
+    }
     return j;
 }
 
@@ -170,6 +183,10 @@ void forced_options::override_with(const forced_options& o) {
     take(sampling.repeat_last_n, o.sampling.repeat_last_n);
     take(sampling.presence_penalty, o.sampling.presence_penalty);
     take(sampling.frequency_penalty, o.sampling.frequency_penalty);
+    for (const forced_bias& b : o.logit_bias) {
+        std::erase_if(logit_bias, [&](const forced_bias& mine) { return mine.text == b.text; });
+        logit_bias.push_back(b);
+    }
 }
 
 std::string policy_outcome::header_value() const {
@@ -182,6 +199,21 @@ request_policy::request_policy(policy_config config, std::string served_model)
     : config_(std::move(config)),
       served_model_(std::move(served_model)),
       spans_(std::make_shared<const span_rule_set>(config_.spans)) {}
+
+void request_policy::bind_vocab(const std::function<std::optional<llama_token>(const std::string&)>& token_of) {
+    const auto bind = [&](forced_options& o) {
+        for (forced_bias& b : o.logit_bias) {
+            const auto token = token_of(b.text);
+            if (!token) {
+                throw std::runtime_error(config_.source + ": logit_bias names '" + b.text +
+                                         "', which is not a single token of this model");
+            }
+            b.token = *token;
+        }
+    };
+    bind(config_.options);
+    for (client_rule& rule : config_.clients) bind(rule.options);
+}
 
 policy_outcome request_policy::apply(api::chat_request& chat, const request_origin& origin, policy_use use) const {
     policy_outcome out;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,14 @@ struct request_matcher {
     bool empty() const;
 };
 
+// A bias forced on one token, named by its text (e.g. "<tool_call>"); the token id comes from the model's vocabulary
+// when the server binds the policy to it (request_policy::bind_vocab).
+struct forced_bias {
+    std::string text;
+    float bias = 0;  // -100 .. 100; -100 bans the token
+    llama_token token = -1;
+};
+
 // Options forced on requests; unset ones leave the client's choice alone.
 struct forced_options {
     std::optional<int> max_tokens_cap;      // at most this many generated tokens (also when the client gives none)
@@ -40,8 +49,12 @@ struct forced_options {
     std::optional<bool> thinking;           // reasoning on or off (the template's enable_thinking)
     std::optional<common_chat_tool_choice> tool_choice;  // when the request has tools
     api::sampling_options sampling;  // temperature, top_p, top_k, min_p, seed, repeat/presence/frequency penalties
+    // Replaces what the client asked for these tokens. With tool_choice "required", a bias on the template's
+    // tool-call opening token makes even a random-weight model start a call: common's grammar admits free text
+    // before the first call.
+    std::vector<forced_bias> logit_bias;
 
-    // Takes every option `other` sets.
+    // Takes every option `other` sets (a bias on the same text replaces the earlier one).
     void override_with(const forced_options& other);
 };
 
@@ -107,6 +120,10 @@ public:
     // `served_model` is the name the server reports for its one model (aliases map to it). The default config (no
     // policy file): any model name is served, a client's context size is reported as ignored, nothing else changes.
     explicit request_policy(policy_config config = {}, std::string served_model = "");
+
+    // Resolves the texts of forced logit biases to token ids: `token_of` returns the single token a text is, or
+    // nullopt. Throws std::runtime_error naming a text that is not exactly one token. Call once, before serving.
+    void bind_vocab(const std::function<std::optional<llama_token>(const std::string&)>& token_of);
 
     // Rewrites `chat` in place and says what it did. Throws http_error 404 ("model_not_found") in strict mode for a
     // model name that is neither the served one nor an alias; nothing has been changed then.

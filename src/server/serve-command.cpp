@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 
+#include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
 #include "model/demo-model.h"
@@ -96,6 +97,10 @@ int run_serve(serve_options opts) {
     }
 
     ctx.llm = std::make_unique<engine>(opts.engine);
+    ctx.policy->bind_vocab([vocab = ctx.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
+        const auto ids = common_tokenize(vocab, text, /*add_special=*/false, /*parse_special=*/true);
+        return ids.size() == 1 ? std::optional(ids[0]) : std::nullopt;
+    });
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
     ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());

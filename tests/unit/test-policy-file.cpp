@@ -60,6 +60,7 @@ repeat_penalty = 1.1
 repeat_last_n = 64
 presence_penalty = 0.5
 frequency_penalty = -0.5
+logit_bias = { "<|im_end|>" = 100, "Hello" = -100 }
 
 [[client]]
 client = "claude-cli"
@@ -113,6 +114,11 @@ action = "move"
     EXPECT_EQ(c.options.sampling.repeat_last_n, 64);
     EXPECT_FLOAT_EQ(*c.options.sampling.presence_penalty, 0.5f);
     EXPECT_FLOAT_EQ(*c.options.sampling.frequency_penalty, -0.5f);
+    ASSERT_EQ(c.options.logit_bias.size(), 2u);
+    EXPECT_EQ(c.options.logit_bias[0].text, "<|im_end|>");
+    EXPECT_FLOAT_EQ(c.options.logit_bias[0].bias, 100.0f);
+    EXPECT_EQ(c.options.logit_bias[1].text, "Hello");
+    EXPECT_EQ(c.options.logit_bias[1].token, -1);  // bound to token ids once the model is loaded
 
     ASSERT_EQ(c.clients.size(), 2u);
     EXPECT_EQ(c.clients[0].match.client, "claude-cli");
@@ -212,6 +218,8 @@ TEST(PolicyFile, WrongValuesNameTheirLine) {
     expect_error("[options]\nthinking = \"no\"\n", 2, "'thinking' must be true or false");
     expect_error("[options]\ntool_choice = \"always\"\n", 2, "'tool_choice' must be");
     expect_error("[options]\nseed = -2\n", 2, "'seed' must be between 0 and 4294967295");
+    expect_error("[options]\nlogit_bias = { a = 1, b = 101 }\n", 2, "'logit_bias' values must be between -100 and 100");
+    expect_error("[options]\nlogit_bias = [\"a\"]\n", 2, "'logit_bias' must be a table");
     expect_error("\n[[client]]\nthinking = false\n", 2, "needs at least one of client");
     expect_error("[[client]]\napi = \"grpc\"\n", 2, "'client.api' must be");
     expect_error("[ping]\nenabled = 1\n", 2, "'ping.enabled' must be true or false, not an integer");
@@ -237,4 +245,15 @@ TEST(PolicyFile, LoadsFromDiskAndReportsAMissingFile) {
     EXPECT_EQ(c.source, path.string());
     std::filesystem::remove(path);
     EXPECT_THROW(load_policy_file(path.string(), "tiny"), std::runtime_error);
+}
+
+TEST(PolicyFile, TheExampleFileReads) {
+    const auto example = std::filesystem::path(__FILE__).parent_path() / "../../etc/keepwarm-policy.toml";
+    const policy_config c = load_policy_file(example.string(), "Qwen3-8B-Q4_K_M");
+    EXPECT_EQ(c.model.mode, model_mode::any);
+    EXPECT_EQ(c.options.max_tokens_cap, 16384);
+    ASSERT_EQ(c.clients.size(), 1u);
+    EXPECT_EQ(c.clients[0].match.model, "claude-haiku-*");
+    EXPECT_TRUE(c.ping.enabled);
+    EXPECT_EQ(c.spans.size(), builtin_spans().size());
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "http/http-server.h"
@@ -208,6 +209,48 @@ temperature = 0
     no_header.api = "ollama";
     p.apply(no_header, {.client = "ollama-js"});
     EXPECT_FALSE(no_header.sampling.temperature);
+}
+
+TEST(PolicyOptions, LogitBiasByTokenText) {
+    request_policy p = policy_from(R"(
+[options]
+logit_bias = { "<|im_end|>" = 100, "Hello" = -100 }
+[[client]]
+client = "greeter"
+logit_bias = { "Hello" = 50 }
+)");
+    // Before it is bound to a vocabulary, a bias has no token to act on.
+    chat_request unbound = simple_chat();
+    EXPECT_TRUE(p.apply(unbound, {}).fired.empty());
+
+    const std::map<std::string, llama_token> vocab = {{"<|im_end|>", 7}, {"Hello", 9}};
+    p.bind_vocab([&](const std::string& text) -> std::optional<llama_token> {
+        auto it = vocab.find(text);
+        return it == vocab.end() ? std::nullopt : std::optional(it->second);
+    });
+    chat_request c = simple_chat();
+    c.sampling.logit_bias = {{9, 3.0f}, {11, 1.0f}};
+    const policy_outcome o = p.apply(c, {});
+    EXPECT_EQ(o.header_value(), "logit-bias:<|im_end|>=100; logit-bias:Hello=-100");
+    ASSERT_EQ(c.sampling.logit_bias.size(), 3u);  // the client's bias on token 9 is replaced, token 11 kept
+    EXPECT_EQ(c.sampling.logit_bias[0], (std::pair<llama_token, float>{11, 1.0f}));
+    EXPECT_EQ(c.sampling.logit_bias[1], (std::pair<llama_token, float>{7, 100.0f}));
+    EXPECT_EQ(c.sampling.logit_bias[2].first, 9);
+    EXPECT_TRUE(std::isinf(c.sampling.logit_bias[2].second));  // -100 bans, as in a request
+
+    chat_request greeter = simple_chat();
+    p.apply(greeter, {.client = "greeter"});
+    ASSERT_EQ(greeter.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(greeter.sampling.logit_bias[1], (std::pair<llama_token, float>{9, 50.0f}));
+
+    request_policy multi = policy_from("[options]\nlogit_bias = { \"</tool_call>\" = 10 }\n");
+    try {
+        multi.bind_vocab([](const std::string&) { return std::nullopt; });
+        ADD_FAILURE() << "expected an error";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("'</tool_call>', which is not a single token"), std::string::npos)
+            << e.what();
+    }
 }
 
 // --- ping absorption ---
