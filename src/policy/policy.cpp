@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "http/http-server.h"
@@ -51,11 +52,7 @@ bool matches(const request_matcher& m, const api::chat_request& chat, const std:
     if (!m.client.empty() && !glob_match(m.client, origin.client)) return false;
     if (!m.api.empty() && m.api != chat.api) return false;
     if (!m.model.empty() && !glob_match(m.model, asked_model)) return false;
-    if (!m.header.empty()) {
-        if (!origin.headers) return false;
-        auto it = origin.headers->find(m.header);
-        if (it == origin.headers->end()) return false;
-    }
+    if (!m.header.empty() && !(origin.headers && origin.headers->contains(m.header))) return false;
     if (m.max_tokens_at_most && !(chat.max_tokens && *chat.max_tokens <= *m.max_tokens_at_most)) return false;
     if (m.last_user_text && !re2::RE2::PartialMatch(last_user_text(chat), *m.last_user_text)) return false;
     return true;
@@ -132,6 +129,11 @@ json matcher_json(const request_matcher& m) {
     return j;
 }
 
+// A float option as the file wrote it (0.6, not 0.6000000238418579).
+double shown(float v) {
+    return std::stod(number(v));
+}
+
 json options_json(const forced_options& o) {
     json j = json::object();
     if (o.max_tokens_cap) j["max_tokens_cap"] = *o.max_tokens_cap;
@@ -139,18 +141,18 @@ json options_json(const forced_options& o) {
     if (o.thinking) j["thinking"] = *o.thinking;
     if (o.tool_choice) j["tool_choice"] = tool_choice_name(*o.tool_choice);
     const api::sampling_options& s = o.sampling;
-    if (s.temperature) j["temperature"] = *s.temperature;
-    if (s.top_p) j["top_p"] = *s.top_p;
-    if (s.min_p) j["min_p"] = *s.min_p;
+    if (s.temperature) j["temperature"] = shown(*s.temperature);
+    if (s.top_p) j["top_p"] = shown(*s.top_p);
+    if (s.min_p) j["min_p"] = shown(*s.min_p);
     if (s.top_k) j["top_k"] = *s.top_k;
     if (s.seed) j["seed"] = *s.seed;
-    if (s.repeat_penalty) j["repeat_penalty"] = *s.repeat_penalty;
+    if (s.repeat_penalty) j["repeat_penalty"] = shown(*s.repeat_penalty);
     if (s.repeat_last_n) j["repeat_last_n"] = *s.repeat_last_n;
-    if (s.presence_penalty) j["presence_penalty"] = *s.presence_penalty;
-    if (s.frequency_penalty) j["frequency_penalty"] = *s.frequency_penalty;
+    if (s.presence_penalty) j["presence_penalty"] = shown(*s.presence_penalty);
+    if (s.frequency_penalty) j["frequency_penalty"] = shown(*s.frequency_penalty);
     if (!o.logit_bias.empty()) {
         json biases = json::object();
-        for (const forced_bias& b : o.logit_bias) biases[b.text] = b.bias;
+        for (const forced_bias& b : o.logit_bias) biases[b.text] = shown(b.bias);
         j["logit_bias"] = std::move(biases);
     }
     return j;

@@ -580,6 +580,7 @@ mode = "strict"
 aliases = { "claude-*" = "qwen3" }
 [options]
 max_tokens_cap = 100
+temperature = 0.6
 [[client]]
 client = "claude-cli"
 thinking = false
@@ -594,6 +595,7 @@ timestamp = false
     EXPECT_EQ(j["model"]["mode"], "strict");
     EXPECT_EQ(j["model"]["aliases"]["claude-*"], "qwen3");
     EXPECT_EQ(j["options"]["max_tokens_cap"], 100);
+    EXPECT_EQ(j["options"]["temperature"], 0.6);  // as written, not as the float it is held in
     EXPECT_EQ(j["clients"][0]["match"]["client"], "claude-cli");
     EXPECT_EQ(j["clients"][0]["options"]["thinking"], false);
     EXPECT_EQ(j["ping"]["enabled"], true);
