@@ -1,6 +1,8 @@
 // See chat-generation.h.
 #include "server/chat-generation.h"
 
+#include <cstdio>
+
 #include "server/client-identity.h"
 
 namespace keepwarm {
@@ -8,6 +10,13 @@ namespace keepwarm {
 chat_generation::chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
                                  std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id)
     : ctx_(ctx), chat_(std::move(chat)), gen_(std::move(gen)), id_(std::move(id)) {
+    if (policy::policy_outcome outcome = apply_policy(req); outcome.ping) {
+        common_chat_msg reply;
+        reply.role = "assistant";
+        reply.content = std::move(outcome.ping_reply);
+        ping_reply_ = std::move(reply);
+        return;
+    }
     rendered_ = ctx_.renderer->render(chat_);
     gen_->prompt = tokenize_prompt(ctx_, rendered_.prompt);
     gen_->sampling = api::to_sampling_params(chat_.sampling, common_params_sampling{});
@@ -26,7 +35,31 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     }
 }
 
+policy::policy_outcome chat_generation::apply_policy(const http::request& req) {
+    const std::string client = client_name(req);
+    policy::policy_outcome outcome = ctx_.policy->apply(chat_, {.client = client, .headers = &req.headers});
+    if (!outcome.fired.empty()) {
+        const std::string rules = outcome.header_value();
+        headers_.emplace_back("x-keepwarm-policy", rules);
+        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id_.c_str(), client.c_str(), chat_.api.c_str(),
+                     rules.c_str());
+    }
+    return outcome;
+}
+
 std::optional<chat_generation::update> chat_generation::next() {
+    if (ping_reply_) {
+        // The whole answer at once: the reply text, then done with zero token counts (nothing was computed).
+        update u;
+        u.done = true;
+        if (!ping_answered_) {
+            common_chat_msg_diff diff;
+            diff.content_delta = ping_reply_->content;
+            u.diffs.push_back(std::move(diff));
+            ping_answered_ = true;
+        }
+        return u;
+    }
     auto ev = relay_->next();
     if (!ev) return std::nullopt;
     update u;
@@ -47,7 +80,9 @@ std::optional<chat_generation::update> chat_generation::next() {
 }
 
 int chat_generation::count_prompt_tokens(server_context& ctx, const api::chat_request& chat) {
-    return static_cast<int>(tokenize_prompt(ctx, ctx.renderer->render(chat).prompt).size());
+    api::chat_request served = chat;
+    ctx.policy->apply(served, {}, policy::policy_use::counting);
+    return static_cast<int>(tokenize_prompt(ctx, ctx.renderer->render(served).prompt).size());
 }
 
 }  // namespace keepwarm

@@ -21,8 +21,9 @@ namespace keepwarm {
 
 class chat_generation {
 public:
-    // Renders, tokenizes and submits. Throws http_error (4xx) when the request cannot be served; nothing has been
-    // sent to the client then. `id` names the request in the log.
+    // Applies the policy (see policy/policy.h), then renders, tokenizes and submits. Throws http_error (4xx) when the
+    // request cannot be served; nothing has been sent to the client then. `id` names the request in the log. A
+    // health ping the policy absorbs is answered by next() without rendering, the engine, a slot or the cache.
     chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
                     std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id);
 
@@ -38,7 +39,7 @@ public:
     std::optional<update> next();
 
     // The message parsed so far; final once an update with done was returned.
-    const common_chat_msg& message() const { return parser_->message(); }
+    const common_chat_msg& message() const { return ping_reply_ ? *ping_reply_ : parser_->message(); }
     // The request as served (after the policy layer's rewrites).
     const api::chat_request& request() const { return chat_; }
     const std::string& id() const { return id_; }
@@ -48,10 +49,13 @@ public:
     // Headers every response to this request carries (e.g. what the policy layer did).
     const http::header_list& response_headers() const { return headers_; }
 
-    // Renders and tokenizes without generating: what the model would read for `chat`, in tokens.
+    // Applies the policy, renders and tokenizes without generating: what the model would read for `chat`, in tokens.
     static int count_prompt_tokens(server_context& ctx, const api::chat_request& chat);
 
 private:
+    // Runs the policy on chat_, keeping what fired for the response headers and the log.
+    policy::policy_outcome apply_policy(const http::request& req);
+
     server_context& ctx_;
     api::chat_request chat_;
     std::shared_ptr<generation_request> gen_;
@@ -61,6 +65,8 @@ private:
     std::optional<generation_relay> relay_;
     std::optional<api::chat_output_parser> parser_;
     std::optional<policy::cache_buster_report> buster_;  // a span that may have cost this prompt its cached prefix
+    std::optional<common_chat_msg> ping_reply_;          // set for an absorbed ping: the whole answer
+    bool ping_answered_ = false;
 };
 
 }  // namespace keepwarm

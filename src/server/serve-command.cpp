@@ -10,9 +10,11 @@
 #include <iostream>
 #include <map>
 
+#include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
 #include "model/demo-model.h"
+#include "policy/policy-file.h"
 #include "server/busters-routes.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
@@ -32,6 +34,7 @@ struct serve_options {
     std::string model_alias;
     std::string chat_template_file;
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
+    std::string policy_file;
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -56,6 +59,18 @@ std::string read_file(const std::string& path) {
     return data;
 }
 
+// One line for the start-up banner: what the policy will do to requests.
+std::string describe_policy(const policy::request_policy& p) {
+    const policy::policy_config& c = p.config();
+    if (c.source.empty()) return "none (any model name is served; nothing else is changed)";
+    std::string spans;
+    for (const auto& rule : p.span_rules()->rules()) spans += (spans.empty() ? "" : ", ") + rule.name();
+    return c.source + " (model " + (c.model.mode == policy::model_mode::strict ? "strict" : "any") + ", " +
+           std::to_string(c.model.aliases.size()) + " aliases; " + std::to_string(c.clients.size()) +
+           " client rules; pings " + (c.ping.enabled ? "absorbed" : "served") +
+           "; spans: " + (spans.empty() ? "none" : spans) + ")";
+}
+
 int run_serve(serve_options opts) {
     // Signals go to the thread that waits for them; every other thread starts with them blocked.
     sigset_t signals;
@@ -73,6 +88,10 @@ int run_serve(serve_options opts) {
     ctx.model_path = opts.engine.model_path;
     ctx.random_weights = model_has_random_weights(ctx.model_path);
     ctx.model_id = !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(ctx.model_path).stem().string();
+    // Before the model loads: a mistake in the file stops start-up at once, naming its line.
+    policy::policy_config policy_config;
+    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     if (opts.engine.cache_disk_bytes > 0) {
@@ -80,6 +99,10 @@ int run_serve(serve_options opts) {
     }
 
     ctx.llm = std::make_unique<engine>(opts.engine);
+    ctx.policy->bind_vocab([vocab = ctx.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
+        const auto ids = common_tokenize(vocab, text, /*add_special=*/false, /*parse_special=*/true);
+        return ids.size() == 1 ? std::optional(ids[0]) : std::nullopt;
+    });
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
     ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());
@@ -98,7 +121,8 @@ int run_serve(serve_options opts) {
               << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
               << ctx.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
-              << "  compute: " << compute_features() << "\n";
+              << "  compute: " << compute_features() << "\n"
+              << "  policy: " << describe_policy(*ctx.policy) << "\n";
     if (ctx.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
@@ -171,6 +195,10 @@ void add_serve_command(CLI::App& app) {
                     "Tokens per RAM/disk block; also the checkpoint interval of hybrid models")
         ->check(CLI::Range(16, 65536))
         ->capture_default_str();
+    cmd->add_option("--policy", opts->policy_file,
+                    "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
+                    "(docs/policy.md)")
+        ->check(CLI::ExistingFile);
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     cmd->callback([opts] {
         try {

@@ -1,6 +1,6 @@
-// What every route handler needs: the engine, the chat renderer, the prompt tokenizer, the served model's name and
-// settings. Built once by `keepwarm serve`; read-only afterwards except for the atomic counters and the prompt
-// tokenizer (thread-safe itself).
+// What every route handler needs: the engine, the chat renderer, the prompt tokenizer, the policy, the served model's
+// name and settings. Built once by `keepwarm serve`; read-only afterwards except for the atomic counters, the prompt
+// tokenizer and the policy's span rules (both thread-safe themselves).
 #pragma once
 
 #include <atomic>
@@ -12,6 +12,7 @@
 #include "api/prompt-tokenizer.h"
 #include "engine/engine.h"
 #include "policy/busters.h"
+#include "policy/policy.h"
 
 namespace keepwarm {
 
@@ -26,7 +27,9 @@ struct server_context {
     std::unique_ptr<engine> llm;
     std::unique_ptr<api::chat_renderer> renderer;
     std::unique_ptr<api::prompt_tokenizer> tokenizer;  // over the engine's vocab; knows what the model saw and wrote
-    std::string model_id;                              // name reported by /v1/models and in responses
+    // What requests go through before rendering (--policy FILE); without a file it changes nothing but reports.
+    std::unique_ptr<policy::request_policy> policy = std::make_unique<policy::request_policy>();
+    std::string model_id;  // name reported by /v1/models and in responses
     std::string model_path;
     bool random_weights = false;  // generated test model: output is noise
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();

@@ -106,6 +106,10 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
         w.send(200, "application/json", cache_json(ctx.llm->cache_stats()).dump());
     });
 
+    server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", ctx.policy->to_json().dump());
+    });
+
     const auto models = [&ctx](const http::request&, http::response_writer& w) {
         const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
         const auto& eo = ctx.llm->options();

@@ -1,0 +1,27 @@
+// Reads the policy file (TOML, described in docs/policy.md) into a policy_config. Every mistake stops with the
+// file's line and column: TOML syntax, unknown keys, wrong types, values out of range, patterns RE2 cannot compile
+// (backreferences, lookaround), an alias that does not map to the served model.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "policy/policy.h"
+
+namespace keepwarm::policy {
+
+// what() is "FILE:LINE:COLUMN: message".
+struct policy_file_error : std::runtime_error {
+    int line = 0;
+    int column = 0;
+    policy_file_error(const std::string& message, int line, int column)
+        : std::runtime_error(message), line(line), column(column) {}
+};
+
+// `served_model`: the name the server reports for its model; aliases must map to it (empty: not checked).
+policy_config load_policy_file(const std::string& path, const std::string& served_model);
+// The same from text; `source_name` names it in errors.
+policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model);
+
+}  // namespace keepwarm::policy

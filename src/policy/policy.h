@@ -1,0 +1,156 @@
+// The policy layer: what keepwarm does to a chat request before rendering it, whatever API it came through: maps
+// the model name a client asks for to the one served model, forces options (globally or per client), answers
+// health pings without the engine, and rewrites volatile spans. Every rule that changes something is named in the
+// outcome, which the response carries in `x-keepwarm-policy` and the log prints.
+// Threading: request_policy::apply is called concurrently by request threads; span rules can be added and removed
+// while it runs (the rule set is swapped atomically, copy on write).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/openai-api.h"
+#include "policy/span-rules.h"
+
+namespace keepwarm::policy {
+
+// Conditions on a request, as [[client]] and [[ping.match]] tables give them; all that are set must hold.
+struct request_matcher {
+    std::string client;                     // glob (fnmatch) over the client's name (see server/client-identity.h)
+    std::string api;                        // "openai", "anthropic" or "ollama"
+    std::string model;                      // glob over the model name the client asked for
+    std::string header;                     // a header (lowercase name) the request must carry
+    std::optional<int> max_tokens_at_most;  // the client asked for at most this many tokens
+    std::shared_ptr<const re2::RE2> last_user_text;  // found (RE2 search) in the last user message's text
+
+    bool empty() const;
+};
+
+// A bias forced on one token, named by its text (e.g. "<tool_call>"); the token id comes from the model's vocabulary
+// when the server binds the policy to it (request_policy::bind_vocab).
+struct forced_bias {
+    std::string text;
+    float bias = 0;  // -100 .. 100; -100 bans the token
+    llama_token token = -1;
+};
+
+// Options forced on requests; unset ones leave the client's choice alone.
+struct forced_options {
+    std::optional<int> max_tokens_cap;      // at most this many generated tokens (also when the client gives none)
+    std::optional<int> max_tokens_default;  // the limit when the client gives none (then capped)
+    std::optional<bool> thinking;           // reasoning on or off (the template's enable_thinking)
+    std::optional<common_chat_tool_choice> tool_choice;  // when the request has tools
+    api::sampling_options sampling;  // temperature, top_p, top_k, min_p, seed, repeat/presence/frequency penalties
+    // Replaces what the client asked for these tokens. With tool_choice "required", a bias on the template's
+    // tool-call opening token makes even a random-weight model start a call: common's grammar admits free text
+    // before the first call.
+    std::vector<forced_bias> logit_bias;
+
+    // Takes every option `other` sets (a bias on the same text replaces the earlier one).
+    void override_with(const forced_options& other);
+};
+
+struct client_rule {
+    request_matcher match;
+    forced_options options;
+};
+
+struct ping_policy {
+    bool enabled = false;
+    std::string reply = "ok";               // the assistant's text in a ping's answer
+    std::vector<request_matcher> matchers;  // a request matching any of them is a ping
+};
+
+enum class model_mode {
+    any,     // every name is served by the loaded model
+    strict,  // only the served model's name and the aliases; other names get a 404
+};
+
+struct model_alias {
+    std::string pattern;  // a name or a glob
+    std::string target;   // the served model's name
+};
+
+struct model_policy {
+    model_mode mode = model_mode::any;
+    std::vector<model_alias> aliases;
+};
+
+struct policy_config {
+    std::string source;  // the file it was read from; empty: no policy file
+    model_policy model;
+    forced_options options;            // for every request
+    std::vector<client_rule> clients;  // then every matching [[client]], in file order
+    ping_policy ping;
+    std::vector<span_rule> spans;  // enabled built-ins, then the file's rules
+};
+
+// What the policy sees of a request besides its body.
+struct request_origin {
+    std::string client;                                           // client_name(req)
+    const std::map<std::string, std::string>* headers = nullptr;  // lowercase names; null: none
+};
+
+// What the policy did to one request.
+struct policy_outcome {
+    // Rules that changed something, in the order they applied: "model-alias:claude-sonnet-4->qwen3",
+    // "num-ctx-ignored:65536", "ping-absorbed", "max-tokens-cap:4096", "thinking:off", "tool-choice:required",
+    // "temperature:0.6", "span:claude-code-billing(replace)", ...
+    std::vector<std::string> fired;
+    bool ping = false;       // answer with ping_reply and touch nothing else
+    std::string ping_reply;  // valid when ping
+
+    // `fired` joined by "; " for the x-keepwarm-policy header (only printable ASCII; client-given names shortened).
+    std::string header_value() const;
+};
+
+// A request is rendered for generation, or only counted (count_tokens endpoints: never a ping).
+enum class policy_use { generation, counting };
+
+class request_policy {
+public:
+    // `served_model` is the name the server reports for its one model (aliases map to it). The default config (no
+    // policy file): any model name is served, a client's context size is reported as ignored, nothing else changes.
+    explicit request_policy(policy_config config = {}, std::string served_model = "");
+
+    // Resolves the texts of forced logit biases to token ids: `token_of` returns the single token a text is, or
+    // nullopt. Throws std::runtime_error naming a text that is not exactly one token. Call once, before serving.
+    void bind_vocab(const std::function<std::optional<llama_token>(const std::string&)>& token_of);
+
+    // Rewrites `chat` in place and says what it did. Throws http_error 404 ("model_not_found") in strict mode for a
+    // model name that is neither the served one nor an alias; nothing has been changed then.
+    policy_outcome apply(api::chat_request& chat, const request_origin& origin,
+                         policy_use use = policy_use::generation) const;
+
+    // Adds a span rule while the server runs (the cache-buster detector's auto rules), after the others, replacing a
+    // rule of the same name. Requests already being prepared keep the rules they started with.
+    void add_span_rule(span_rule rule);
+    // Removes the rule named `name`; false when there is none.
+    bool remove_span_rule(std::string_view name);
+    // The span rules in force now.
+    std::shared_ptr<const span_rule_set> span_rules() const { return spans_.load(); }
+
+    const policy_config& config() const { return config_; }
+    const std::string& served_model() const { return served_model_; }
+    // The effective policy (GET /v1/policy): every section with its values, and the live span rules.
+    nlohmann::ordered_json to_json() const;
+
+private:
+    policy_config config_;  // as loaded; its spans are the initial rule set
+    std::string served_model_;
+    std::atomic<std::shared_ptr<const span_rule_set>> spans_;
+    std::mutex spans_write_mu_;  // serializes add/remove (read, copy, swap)
+};
+
+// fnmatch(3) without flags: '*', '?', '[...]'.
+bool glob_match(const std::string& pattern, const std::string& text);
+
+}  // namespace keepwarm::policy

@@ -1,0 +1,261 @@
+// The policy layer (--policy FILE) through the official `openai` client: a per-request nonce no longer costs the
+// prefix, pings are answered without the engine or the cache, strict model pinning, forced options, and the
+// x-keepwarm-policy header that names what fired. A bad policy file stops start-up with its line.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { startServer, curl, metrics } from './harness.mjs';
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-policy-'));
+const policyFile = path.join(dir, 'policy.toml');
+writeFileSync(policyFile, `
+[model]
+mode = "strict"
+aliases = { "claude-*" = "tiny" }
+
+[[client]]
+client = "tool-test"
+tool_choice = "required"
+
+[[client]]
+client = "capped"
+max_tokens_cap = 8
+
+[[client]]
+client = "greeter"
+logit_bias = { "Hello" = 100 }
+
+[[spans.rule]]
+name = "request-nonce"
+pattern = ' ?nonce-[0-9a-z]{12}'
+action = "drop"
+`);
+
+let server;  // with the policy
+let plain;   // the same model without one
+before(async () => {
+    [server, plain] = await Promise.all([
+        startServer(['-c', '4096', '-np', '2', '--policy', policyFile]),
+        startServer(['-c', '4096', '-np', '2']),
+    ]);
+});
+after(async () => Promise.all([server?.stop(), plain?.stop()]));
+
+const hex = (n) => randomBytes(n).toString('hex').slice(0, n);
+// Claude Code's first system block: cc_version's suffix hashes the first user message, cch the request body.
+const billing = () => `x-anthropic-billing-header: cc_version=2.1.197.${hex(3)}; cc_entrypoint=cli; cch=${hex(5)};`;
+const instructions = Array.from({ length: 60 }, (_, i) =>
+    `Rule ${i}: read the files you change, keep each edit small, and run the tests before you answer.`).join('\n');
+const agentRequest = (extra = {}) => ({
+    model: 'tiny',
+    messages: [
+        { role: 'system', content: `${billing()}\n${instructions}` },
+        { role: 'user', content: 'List the files in the repository.' },
+    ],
+    temperature: 0,
+    max_tokens: 4,
+    ...extra,
+});
+
+const cacheCounters = async (url) => {
+    const { body } = await curl(`${url}/v1/cache`);
+    return { lookups: body.lookups, hits: body.hits, misses: body.misses };
+};
+
+test('a per-request cch= nonce: the policy keeps the whole prefix, without it the prefix is recomputed', async () => {
+    for (const s of [server, plain]) {
+        const openai = s.client();
+        await openai.chat.completions.create(agentRequest());
+        const second = await openai.chat.completions.create(agentRequest());
+        const { cached_tokens: cached } = second.usage.prompt_tokens_details;
+        assert.ok(second.usage.prompt_tokens > 900, `a long prefix: ${second.usage.prompt_tokens} tokens`);
+        if (s === server) {
+            assert.equal(cached, second.usage.prompt_tokens - 1, 'everything but the last token reused');
+        } else {
+            assert.ok(cached < 50, `the nonce near the start ends reuse there: ${cached} cached`);
+        }
+    }
+});
+
+test('x-keepwarm-policy names every rule that fired, whole and streamed, and the log says the same', async () => {
+    const openai = server.client({ defaultHeaders: { 'x-keepwarm-client': 'capped' } });
+    const params = agentRequest({ model: 'claude-sonnet-4', max_tokens: 50, ignore_eos: true });
+    params.messages[1].content += ` Request nonce-${hex(12)}.`;
+    const expected = 'model-alias:claude-sonnet-4->tiny; max-tokens-cap:8; span:claude-code-billing(replace); ' +
+                     'span:request-nonce(drop)';
+    const { data, response } = await openai.chat.completions.create(params).withResponse();
+    assert.equal(response.headers.get('x-keepwarm-policy'), expected);
+    assert.equal(data.usage.completion_tokens, 8, 'the cap applies');
+    assert.equal(data.choices[0].finish_reason, 'length');
+    assert.match(server.output(), new RegExp(`${data.id} policy \\(capped via openai\\): ${expected.replace(/[()]/g, '\\$&')}`));
+
+    const streamed = await openai.chat.completions.create({ ...params, stream: true }).withResponse();
+    assert.equal(streamed.response.headers.get('x-keepwarm-policy'), expected);
+    let chunks = 0;
+    for await (const chunk of streamed.data) chunks += chunk.choices.length;
+    assert.ok(chunks > 0);
+
+    // A request the policy leaves alone carries no header.
+    const untouched = await server.client().chat.completions.create(
+        { model: 'tiny', messages: [{ role: 'user', content: 'Nothing to change here.' }], max_tokens: 2 }).withResponse();
+    assert.equal(untouched.response.headers.get('x-keepwarm-policy'), null);
+});
+
+test('a ping is answered without the engine, a slot or the cache', async () => {
+    const openai = server.client();
+    // A conversation whose next turn must still find all of its prefix.
+    const turn = agentRequest({ max_tokens: 6 });
+    const first = await openai.chat.completions.create(turn);
+    const cacheBefore = await cacheCounters(server.url);
+    const metricsBefore = await metrics(server.url);
+
+    const ping = { model: 'tiny', messages: [{ role: 'user', content: 'ping' }], max_tokens: 1 };
+    const { data, response } = await openai.chat.completions.create(ping).withResponse();
+    assert.equal(response.headers.get('x-keepwarm-policy'), 'ping-absorbed');
+    assert.equal(data.object, 'chat.completion');
+    assert.equal(data.choices[0].message.role, 'assistant');
+    assert.equal(data.choices[0].message.content, 'ok');
+    assert.equal(data.choices[0].finish_reason, 'stop');
+    assert.equal(data.usage.prompt_tokens, 0);
+    assert.equal(data.usage.completion_tokens, 0);
+
+    const stream = await openai.chat.completions.create({ ...ping, stream: true, stream_options: { include_usage: true } })
+        .withResponse();
+    assert.equal(stream.response.headers.get('x-keepwarm-policy'), 'ping-absorbed');
+    let text = '';
+    let finish = null;
+    let usage = null;
+    for await (const chunk of stream.data) {
+        usage = chunk.usage ?? usage;
+        for (const choice of chunk.choices) {
+            text += choice.delta?.content ?? '';
+            finish = choice.finish_reason ?? finish;
+        }
+    }
+    assert.equal(text, 'ok');
+    assert.equal(finish, 'stop');
+    assert.equal(usage.prompt_tokens, 0);
+
+    // Another client's health check with a whole conversation is a ping too (max_tokens <= 1).
+    await openai.chat.completions.create({ ...agentRequest(), max_tokens: 1 });
+
+    assert.deepEqual(await cacheCounters(server.url), cacheBefore, '/v1/cache lookups, hits and misses unchanged');
+    const metricsAfter = await metrics(server.url);
+    for (const name of ['keepwarm_requests_total', 'keepwarm_prompt_tokens_total', 'keepwarm_generated_tokens_total',
+                        'keepwarm_decode_steps_total', 'keepwarm_cache_hits_total', 'keepwarm_cache_misses_total']) {
+        assert.equal(metricsAfter[name], metricsBefore[name], name);
+    }
+
+    const next = await openai.chat.completions.create({
+        ...turn,
+        messages: [...turn.messages, first.choices[0].message, { role: 'user', content: 'And the tests?' }],
+    });
+    assert.ok(next.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1,
+              `cached ${next.usage.prompt_tokens_details.cached_tokens} of the first turn's ${first.usage.prompt_tokens}`);
+});
+
+test('strict mode rejects an unknown model with a 404 and touches nothing', async () => {
+    const before = await cacheCounters(server.url);
+    await assert.rejects(
+        server.client().chat.completions.create({ ...agentRequest(), model: 'llama3:70b' }),
+        (err) => {
+            assert.equal(err.status, 404);
+            assert.match(err.message, /model 'llama3:70b' is not served here; this server serves 'tiny'/);
+            assert.equal(err.type, 'model_not_found');
+            return true;
+        });
+    assert.deepEqual(await cacheCounters(server.url), before);
+    // The server without a policy serves any name.
+    const any = await plain.client().chat.completions.create({ ...agentRequest(), model: 'llama3:70b' }).withResponse();
+    assert.equal(any.response.headers.get('x-keepwarm-policy'), 'model-alias:llama3:70b->tiny');
+});
+
+test('a forced tool_choice makes a random model answer with a tool call', async () => {
+    // The reply starts a call (a trailing assistant message is continued); only with tool_choice "required" does the
+    // grammar force that call to complete (under "auto" the grammar waits for a trigger the prompt already holds).
+    const tokenize = async (content) =>
+        (await curl(`${server.url}/tokenize`, { method: 'POST', body: { content } })).body.tokens;
+    const [endOfTurn] = await tokenize('<|im_end|>');
+    const [closeTag] = await tokenize('</tool_call>');
+    const params = {
+        model: 'tiny',
+        messages: [{ role: 'user', content: 'What is the weather in Paris?' },
+                   { role: 'assistant', content: '<tool_call>\n' }],
+        tools: [{
+            type: 'function',
+            function: {
+                name: 'get_weather',
+                parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] } },
+                              required: ['city'], additionalProperties: false },
+            },
+        }],
+        temperature: 0,
+        max_tokens: 60,
+        logit_bias: { [endOfTurn]: 100, [closeTag]: 100 },
+    };
+    const forced = await server.client({ defaultHeaders: { 'x-keepwarm-client': 'tool-test' } }).chat.completions
+        .create(params).withResponse();
+    assert.equal(forced.response.headers.get('x-keepwarm-policy'), 'tool-choice:required');
+    const choice = forced.data.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+    assert.equal(choice.message.tool_calls[0].function.name, 'get_weather');
+    assert.ok(['Paris', 'Rome'].includes(JSON.parse(choice.message.tool_calls[0].function.arguments).city));
+
+    const free = await server.client().chat.completions.create(params);
+    assert.equal(free.choices[0].message.tool_calls, undefined, 'without the rule: no call');
+});
+
+test('a forced logit bias, named by its token text, steers every reply of that client', async () => {
+    const params = { model: 'tiny', messages: [{ role: 'user', content: 'Say something.' }], temperature: 0,
+                     max_tokens: 4, ignore_eos: true };
+    const greeter = server.client({ defaultHeaders: { 'x-keepwarm-client': 'greeter' } });
+    const { data, response } = await greeter.chat.completions.create(params).withResponse();
+    assert.equal(response.headers.get('x-keepwarm-policy'), 'logit-bias:Hello=100');
+    assert.equal(data.choices[0].message.content, 'Hello'.repeat(4));
+    // The policy's bias replaces the client's own for that token.
+    const [hello] = (await curl(`${server.url}/tokenize`, { method: 'POST', body: { content: 'Hello' } })).body.tokens;
+    const banned = await greeter.chat.completions.create({ ...params, logit_bias: { [hello]: -100 } });
+    assert.equal(banned.choices[0].message.content, 'Hello'.repeat(4));
+    const other = await server.client().chat.completions.create(params);
+    assert.notEqual(other.choices[0].message.content, 'Hello'.repeat(4));
+});
+
+test('GET /v1/policy returns the effective policy', async () => {
+    const { status, body } = await curl(`${server.url}/v1/policy`);
+    assert.equal(status, 200);
+    assert.equal(body.source, policyFile);
+    assert.equal(body.served_model, 'tiny');
+    assert.equal(body.model.mode, 'strict');
+    assert.deepEqual(body.model.aliases, { 'claude-*': 'tiny' });
+    assert.deepEqual(body.clients.map((c) => c.match.client), ['tool-test', 'capped', 'greeter']);
+    assert.deepEqual(body.clients[2].options, { logit_bias: { Hello: 100 } });
+    assert.equal(body.ping.enabled, true);
+    assert.deepEqual(body.spans.map((s) => s.name), ['claude-code-billing', 'uuid', 'timestamp', 'request-nonce']);
+    const none = await curl(`${plain.url}/v1/policy`);
+    assert.equal(none.body.source, null);
+    assert.deepEqual(none.body.spans, []);
+});
+
+test('a bad policy file stops start-up with its line', async () => {
+    const bad = path.join(dir, 'bad.toml');
+    writeFileSync(bad, '[model]\nmode = "any"\n\n[[spans.rule]]\nname = "backref"\npattern = \'(a+)\\1\'\n');
+    const started = Date.now();
+    await assert.rejects(startServer(['--policy', bad]), (err) => {
+        assert.match(err.message, /server exited with 1/);
+        assert.match(err.message, new RegExp(`keepwarm serve: ${bad.replace(/[.]/g, '\\.')}:6:11: span rule 'backref': ` +
+                                             'invalid pattern'));
+        return true;
+    });
+    const unknownKey = path.join(dir, 'unknown.toml');
+    writeFileSync(unknownKey, '[options]\nthinking = false\ntemprature = 0.2\n');
+    await assert.rejects(startServer(['--policy', unknownKey]), /unknown\.toml:3:1: unknown key 'temprature' in \[options\]/);
+    assert.ok(Date.now() - started < 30_000, 'stopped before loading the model');
+    // A forced bias must name one token of the model: checked once the vocabulary is loaded.
+    const multiToken = path.join(dir, 'multi-token.toml');
+    writeFileSync(multiToken, '[options]\nlogit_bias = { "</tool_call>" = 100 }\n');
+    await assert.rejects(startServer(['--policy', multiToken]),
+                         /logit_bias names '<\/tool_call>', which is not a single token of this model/);
+});
