@@ -13,6 +13,7 @@
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
 #include "model/demo-model.h"
+#include "server/anthropic-routes.h"
 #include "server/openai-routes.h"
 #include "server/server-context.h"
 #include "server/status-routes.h"
@@ -85,6 +86,7 @@ int run_serve(serve_options opts) {
     http::http_server server(opts.http);
     register_status_routes(server, ctx);
     register_openai_routes(server, ctx);
+    register_anthropic_routes(server, ctx);
     register_tokenizer_routes(server, ctx);
     ctx.llm->start();
     server.start();
