@@ -9,8 +9,9 @@ import { parseArgs } from 'node:util';
 
 const secretHeaders = new Set(['authorization', 'x-api-key', 'cookie']);
 
-// Starts the proxy on a free port of 127.0.0.1. Resolves to { url, requests, close() }; `requests` fills as they come.
-// With `outDir`, each request is also written there as JSON.
+// Starts the proxy on a free port of 127.0.0.1. Resolves to { url, requests, close() }; `requests` fills as they come,
+// each with `response` ({ status, body as text }) once its answer is complete. With `outDir`, each request (without
+// its response) is also written there as JSON.
 export async function startCapture(target, { outDir, port = 0 } = {}) {
     const requests = [];
     if (outDir) mkdirSync(outDir, { recursive: true });
@@ -37,6 +38,11 @@ export async function startCapture(target, { outDir, port = 0 } = {}) {
                 { method: req.method, headers: req.headers, agent: false },
                 (up) => {
                     res.writeHead(up.statusCode, up.headers);
+                    const answer = [];
+                    up.on('data', (c) => answer.push(c));
+                    up.on('end', () => {
+                        record.response = { status: up.statusCode, body: Buffer.concat(answer).toString('utf8') };
+                    });
                     up.pipe(res);
                 });
             upstream.on('error', (e) => {

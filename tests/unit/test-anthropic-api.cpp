@@ -2,6 +2,9 @@
 // input (each a 400 naming the field), and the message, usage, error and stream-event JSON.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "api/anthropic-api.h"
 #include "http/http-server.h"
 
@@ -63,6 +66,14 @@ common_chat_msg_diff tool_diff(size_t index, const std::string& id, const std::s
     d.tool_call_delta.name = name;
     d.tool_call_delta.arguments = args;
     return d;
+}
+
+// A request Claude Code 2.1.197 sent, as captured in tests/fixtures/claude-code/.
+json claude_code_request(const std::string& name) {
+    const auto file = std::filesystem::path(__FILE__).parent_path() / "../fixtures/claude-code" / (name + ".json");
+    std::ifstream in(file);
+    EXPECT_TRUE(in) << file;
+    return json::parse(in)["body"];
 }
 
 }  // namespace
@@ -324,6 +335,33 @@ TEST(AnthropicParse, BadInputNamesTheField) {
     expect_400(with("output_config", {{"format", {{"type", "json_object"}}}}),
                "'output_config.format.type' must be 'json_schema'");
     expect_400(with("output_format", {{"type", "json_schema"}}), "'output_format.schema' must be an object");
+}
+
+TEST(AnthropicParse, ClaudeCodeRequests) {
+    // Its session title: no tools, a JSON-schema answer, no thinking.
+    chat_request title = parse_messages_request(claude_code_request("title"));
+    EXPECT_TRUE(title.tools.empty());
+    EXPECT_EQ(json::parse(title.json_schema)["required"], json::array({"title"}));
+    EXPECT_EQ(title.enable_thinking, false);
+    ASSERT_EQ(title.messages[0].role, "system");
+    EXPECT_EQ(title.messages[0].content_parts[0].text.rfind("x-anthropic-billing-header: cc_version=2.1.197.", 0), 0u);
+
+    // The main turn: 25 tools, adaptive thinking, and a system message after the first user message.
+    chat_request turn = parse_messages_request(claude_code_request("main-turn"));
+    EXPECT_EQ(turn.tools.size(), 25u);
+    EXPECT_EQ(turn.enable_thinking, true);
+    EXPECT_TRUE(turn.stream);
+    ASSERT_EQ(turn.messages.size(), 3u);
+    EXPECT_EQ(turn.messages[0].role, "system");
+    EXPECT_EQ(turn.messages[1].role, "user");
+    EXPECT_EQ(turn.messages[2].role, "user");
+    EXPECT_EQ(turn.messages[2].content.rfind("Available agent types", 0), 0u);
+
+    // After a max_tokens stop: the cut answer and a request to resume.
+    chat_request resumed = parse_messages_request(claude_code_request("max-tokens-continuation"));
+    ASSERT_EQ(resumed.messages.size(), 5u);
+    EXPECT_EQ(resumed.messages[3].role, "assistant");
+    EXPECT_EQ(resumed.messages[4].content.rfind("Output token limit hit.", 0), 0u);
 }
 
 TEST(AnthropicFormat, ErrorBodiesFollowTheStatus) {
