@@ -471,8 +471,21 @@ json error_json(const std::string& error_type, const std::string& message) {
     return json{{"type", "error"}, {"error", {{"type", error_type}, {"message", message}}}};
 }
 
-std::string error_body(int status, const std::string& /*type*/, const std::string& message) {
-    return error_json(error_type_for_status(status), message).dump(-1, ' ', false, json::error_handler_t::replace);
+std::string context_error_message(const std::string& message) {
+    std::vector<std::string> numbers;
+    for (size_t i = message.find_first_of("0123456789"); i != std::string::npos && numbers.size() < 2;
+         i = message.find_first_of("0123456789", i)) {
+        const size_t end = message.find_first_not_of("0123456789", i);
+        numbers.push_back(message.substr(i, end - i));
+        i = end;
+    }
+    if (numbers.size() < 2) return "prompt is too long: " + message;
+    return "prompt is too long: " + numbers[0] + " tokens > " + numbers[1] + " maximum (" + message + ")";
+}
+
+std::string error_body(int status, const std::string& type, const std::string& message) {
+    const std::string text = type == "exceed_context_size_error" ? context_error_message(message) : message;
+    return error_json(error_type_for_status(status), text).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string tool_use_id(const std::string& call_id) {

@@ -50,7 +50,11 @@ chat_request parse_messages_request(const json& body, endpoint kind = endpoint::
 // {"type":"error","error":{"type":...,"message":...}}; the type follows the status (400 invalid_request_error,
 // 401 authentication_error, 403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
 // 503/529 overloaded_error, other 5xx api_error). An http::error_formatter.
+// A prompt over the context ("exceed_context_size_error") is worded as Anthropic words it, "prompt is too long:
+// N tokens > M maximum", which Claude Code recognizes to compact its conversation.
 std::string error_body(int status, const std::string& type, const std::string& message);
+// keepwarm's "the prompt has N tokens but the context holds M ..." (the first two numbers) in Anthropic's words.
+std::string context_error_message(const std::string& message);
 json error_json(const std::string& error_type, const std::string& message);
 std::string error_type_for_status(int status);
 

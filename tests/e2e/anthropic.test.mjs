@@ -240,7 +240,9 @@ test('bad requests surface as the SDK typed errors, in Anthropic error shape', a
         [{ ...params, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64',
             media_type: 'image/png', data: 'iVBORw0KGgo=' } }] }] }, /image blocks are not supported/],
         [{ ...params, tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, /server tool/],
-        [{ ...params, messages: [{ role: 'user', content: 'word '.repeat(5000) }] }, /tokens but the context holds/],
+        // Anthropic's wording, which Claude Code reads to compact its conversation.
+        [{ ...params, messages: [{ role: 'user', content: 'word '.repeat(5000) }] },
+         /^prompt is too long: \d+ tokens > 4096 maximum/],
     ];
     for (const [body, message] of badRequests) {
         await assert.rejects(client.messages.create(body), (err) => {

@@ -365,8 +365,16 @@ TEST(AnthropicParse, ClaudeCodeRequests) {
 }
 
 TEST(AnthropicFormat, ErrorBodiesFollowTheStatus) {
-    const json body = json::parse(error_body(400, "exceed_context_size_error", "too long"));
-    EXPECT_EQ(body, json::parse(R"({"type":"error","error":{"type":"invalid_request_error","message":"too long"}})"));
+    const json body = json::parse(error_body(400, "invalid_request_error", "bad field"));
+    EXPECT_EQ(body, json::parse(R"({"type":"error","error":{"type":"invalid_request_error","message":"bad field"}})"));
+    // Claude Code compacts its conversation when it reads Anthropic's wording of a prompt over the context.
+    const json too_long = json::parse(
+        error_body(400, "exceed_context_size_error", "the prompt has 18756 tokens but the context holds 16384 tokens"));
+    EXPECT_EQ(too_long["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(too_long["error"]["message"],
+              "prompt is too long: 18756 tokens > 16384 maximum (the prompt has 18756 tokens but the context holds "
+              "16384 tokens)");
+    EXPECT_EQ(context_error_message("too long"), "prompt is too long: too long");
     EXPECT_EQ(error_type_for_status(401), "authentication_error");
     EXPECT_EQ(error_type_for_status(403), "permission_error");
     EXPECT_EQ(error_type_for_status(404), "not_found_error");
