@@ -29,7 +29,8 @@
 // keepwarm's own detail (reuse per tier, checkpoint, setup_ms, ...) is the response's `timings` object, the one the
 // OpenAI routes send. A stream cannot know the split before the generation ends, so message_start counts the whole
 // prompt as cache_creation_input_tokens and message_delta carries the final three numbers: the SDK overwrites its
-// snapshot with them, and Claude Code (which keeps the earlier value when a later one is 0) ends with the same.
+// snapshot with them, and Claude Code, which keeps an earlier value when the later one is 0, ends with the same
+// (input_tokens and cache reads start at 0, and at least the last prompt token is always computed).
 #pragma once
 
 #include <cstddef>
