@@ -15,6 +15,7 @@
 #include "http/http-server.h"
 #include "model/demo-model.h"
 #include "policy/policy-file.h"
+#include "server/anthropic-routes.h"
 #include "server/busters-routes.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
@@ -110,6 +111,7 @@ int run_serve(serve_options opts) {
     http::http_server server(opts.http);
     register_status_routes(server, ctx);
     register_openai_routes(server, ctx);
+    register_anthropic_routes(server, ctx);
     register_ollama_routes(server, ctx);
     register_tokenizer_routes(server, ctx);
     register_busters_routes(server, ctx);

@@ -1,0 +1,131 @@
+// See anthropic-routes.h. Each handler runs on its connection's thread: the body becomes a chat_request
+// (anthropic-api), chat_generation renders, tokenizes, submits and parses, and this file only shapes what comes back
+// as Anthropic's message or event sequence.
+#include "server/anthropic-routes.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "api/anthropic-api.h"
+#include "server/chat-generation.h"
+#include "server/generation-relay.h"
+
+namespace keepwarm {
+
+namespace {
+using json = nlohmann::ordered_json;
+namespace anthropic = api::anthropic;
+
+// Anthropic sends `event: ping` to keep idle connections (and the proxies between) open; keepwarm does the same when
+// a generation has produced nothing to send for this long (e.g. while a tool call is being parsed).
+constexpr auto ping_interval = std::chrono::seconds(10);
+
+api::cache_detail cache_detail_of(const generation_stats& st) {
+    return {
+        .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
+}
+
+api::usage_info usage_of(const generation_stats& st) {
+    return {.prompt_tokens = st.prompt_tokens,
+            .completion_tokens = st.generated_tokens,
+            .cached_tokens = st.reused_tokens,
+            .cache = cache_detail_of(st)};
+}
+
+api::timings_info timings_of(const generation_stats& st) {
+    return {.prompt_n = st.computed_tokens,
+            .cache_n = st.reused_tokens,
+            .prompt_ms = st.prompt_ms,
+            .predicted_n = st.generated_tokens,
+            .predicted_ms = st.generation_ms,
+            .cache = cache_detail_of(st),
+            .setup_ms = st.setup_ms,
+            .queued_ms = st.queued_ms,
+            .prepare_ms = st.prepare_ms};
+}
+
+void handle_messages(server_context& ctx, const http::request& req, http::response_writer& w,
+                     const std::shared_ptr<generation_request>& gen) {
+    api::chat_request request = anthropic::parse_messages_request(parse_json_body(req));
+    const std::string model = request.model;  // echoed as the client asked, whatever model serves it
+    const bool stream = request.stream;
+    chat_generation chat(ctx, req, std::move(request), gen, w, anthropic::gen_message_id());
+    http::header_list headers = chat.response_headers();
+    headers.emplace_back("request-id", chat.id());  // the SDK reports it as the response's _request_id
+
+    if (!stream) {
+        for (;;) {
+            auto u = chat.next();
+            if (!u) return;
+            if (!u->done) continue;
+            if (u->reason == finish_reason::error) {
+                throw http::http_error(500, u->error.empty() ? "generation failed" : u->error, "api_error");
+            }
+            const std::string reason = anthropic::stop_reason(chat.message(), u->reason == finish_reason::length);
+            w.send(200, "application/json",
+                   anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
+                                           timings_of(u->stats))
+                       .dump(-1, ' ', false, json::error_handler_t::replace),
+                   headers);
+            return;
+        }
+    }
+
+    if (!w.begin_stream(200, "text/event-stream", headers)) return;
+    anthropic::message_stream message(chat.id(), model);
+    auto last_write = std::chrono::steady_clock::now();
+    const auto send = [&](const std::vector<anthropic::stream_event>& events) {
+        for (const auto& event : events) {
+            if (!w.write_chunk(anthropic::to_sse(event))) {
+                ctx.http.disconnects++;
+                return false;
+            }
+        }
+        last_write = std::chrono::steady_clock::now();
+        return true;
+    };
+    if (!send({message.start(chat.prompt_tokens()), anthropic::ping_event()})) return;
+    for (;;) {
+        auto u = chat.next();
+        if (!u) return;
+        std::vector<anthropic::stream_event> events;
+        if (u->done && u->reason == finish_reason::error) {
+            events.push_back(anthropic::error_event("api_error", u->error.empty() ? "generation failed" : u->error));
+        } else {
+            events = message.push(u->diffs);
+            if (u->done) {
+                const std::string reason = anthropic::stop_reason(chat.message(), u->reason == finish_reason::length);
+                for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats))) {
+                    events.push_back(std::move(event));
+                }
+            } else if (events.empty() && std::chrono::steady_clock::now() - last_write >= ping_interval) {
+                events.push_back(anthropic::ping_event());
+            }
+        }
+        if (!send(events)) return;
+        if (u->done) {
+            w.end_stream();
+            return;
+        }
+    }
+}
+
+// Renders and tokenizes like a real request, without generating.
+void handle_count_tokens(server_context& ctx, const http::request& req, http::response_writer& w,
+                         const std::shared_ptr<generation_request>& /*unused: no generation*/) {
+    const api::chat_request request =
+        anthropic::parse_messages_request(parse_json_body(req), anthropic::endpoint::count_tokens);
+    w.send(200, "application/json",
+           anthropic::count_tokens_json(chat_generation::count_prompt_tokens(ctx, request)).dump());
+}
+
+}  // namespace
+
+void register_anthropic_routes(http::http_server& server, server_context& ctx) {
+    const http::route_options options{.requires_auth = true, .format_error = anthropic::error_body};
+    server.add_route("POST", "/v1/messages", generation_route(ctx, handle_messages), options);
+    // generation_route for its 4xx accounting; count_tokens never reaches the engine.
+    server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, handle_count_tokens), options);
+}
+
+}  // namespace keepwarm

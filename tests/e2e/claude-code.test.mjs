@@ -1,0 +1,134 @@
+// The Claude Code CLI (@anthropic-ai/claude-code, print mode) against keepwarm, and the requests it was seen to send
+// (tests/fixtures/claude-code/) replayed through /v1/messages.
+//
+// A random-weight model never ends its turn by itself, and Claude Code treats a max_tokens stop as an error. So the
+// run asks, through Claude Code's own CLAUDE_CODE_EXTRA_BODY (merged into every request body), for Anthropic's
+// structured output with a one-value enum: the grammar writes that JSON, then only an end of turn is allowed. It also
+// turns thinking off (Claude Code asks for adaptive thinking, and a random model would think until max_tokens).
+// Everything else is Claude Code's real traffic: its system blocks, tools, betas, x-api-key, and streaming.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startServer } from './harness.mjs';
+import { startCapture } from './capture-requests.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const claude = path.join(here, 'node_modules/@anthropic-ai/claude-code/bin/claude.exe');
+const fixturesDir = path.join(here, '../fixtures/claude-code');
+
+const answer = 'hello from keepwarm';
+const schema = {
+    type: 'object',
+    properties: { answer: { type: 'string', enum: [answer] } },
+    required: ['answer'],
+    additionalProperties: false,
+};
+
+let home;
+before(() => {
+    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-claude-home-'));
+});
+after(() => rmSync(home, { recursive: true, force: true }));
+
+// Runs `claude -p PROMPT` with only the environment it needs (no user config, no network but keepwarm).
+function runClaude(baseUrl, apiKey, prompt, args = []) {
+    const env = {
+        PATH: process.env.PATH,
+        HOME: home,
+        ANTHROPIC_BASE_URL: baseUrl,
+        ANTHROPIC_API_KEY: apiKey,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+        DISABLE_TELEMETRY: '1',
+        DISABLE_AUTOUPDATER: '1',
+        DISABLE_ERROR_REPORTING: '1',
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS: '64',
+        CLAUDE_CODE_EXTRA_BODY: JSON.stringify({
+            thinking: { type: 'disabled' },
+            output_config: { format: { type: 'json_schema', schema } },
+        }),
+    };
+    return new Promise((resolve) => {
+        execFile(claude, ['-p', prompt, ...args], { env, cwd: home, timeout: 180_000 }, (error, stdout, stderr) =>
+            resolve({ code: error ? (error.code ?? error.signal) : 0, stdout, stderr }));
+    });
+}
+
+// keepwarm_requests_total from /metrics (which this server guards with its API key).
+async function generations(server, apiKey) {
+    const res = await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${apiKey}` } });
+    return Number((await res.text()).match(/^keepwarm_requests_total (\d+)$/m)[1]);
+}
+
+// The text of a streamed Anthropic answer, from its text_delta events.
+function streamedText(sse) {
+    let text = '';
+    for (const frame of sse.split('\n\n')) {
+        const data = frame.split('\n').find((line) => line.startsWith('data: '));
+        if (!data) continue;
+        const event = JSON.parse(data.slice(6));
+        if (event.type === 'content_block_delta' && event.delta.type === 'text_delta') text += event.delta.text;
+    }
+    return text;
+}
+
+test('Claude Code in print mode prints the answer keepwarm streamed', async () => {
+    const server = await startServer(['-c', '8192', '--parallel', '1', '--api-key', 'cc-test-key']);
+    const capture = await startCapture(server.url);
+    try {
+        const before = await generations(server, 'cc-test-key');
+        const run = await runClaude(capture.url, 'cc-test-key', 'Say hello', ['--model', 'tiny', '--tools', 'Read']);
+        assert.equal(run.code, 0, `claude exited ${run.code}\nstdout: ${run.stdout}\nstderr: ${run.stderr}`);
+
+        const messages = capture.requests.filter((r) => r.path.startsWith('/v1/messages'));
+        assert.ok(messages.length >= 1, JSON.stringify(capture.requests.map((r) => `${r.method} ${r.path}`)));
+        for (const r of messages) assert.equal(r.response?.status, 200, r.response?.body);
+        assert.equal(await generations(server, 'cc-test-key') - before, messages.length,
+                     'every request Claude Code made was a generation keepwarm served');
+
+        const main = messages.at(-1);
+        assert.match(main.headers['user-agent'], /^claude-cli\/2\.1\.197/);
+        assert.equal(main.body.stream, true);
+        assert.deepEqual(main.body.tools.map((t) => t.name), ['Read']);
+        assert.match(main.body.system[0].text, /^x-anthropic-billing-header: cc_version=2\.1\.197\.[0-9a-f]{3};/);
+        const text = streamedText(main.response.body);
+        assert.ok(text.includes(answer), text);
+        assert.equal(run.stdout.trim(), text.trim(), 'Claude Code printed what keepwarm answered');
+    } finally {
+        await capture.close();
+        await server.stop();
+    }
+});
+
+// Each fixture is one request as Claude Code 2.1.197 sent it (see the README beside them): the title request, the
+// main turn with its 25 tools (about 21K tokens), and the turn it sends after a max_tokens stop.
+test('captured Claude Code requests are served', async () => {
+    const fixtures = readdirSync(fixturesDir).filter((f) => f.endsWith('.json'))
+        .map((f) => ({ name: f, ...JSON.parse(readFileSync(path.join(fixturesDir, f), 'utf8')) }));
+    const replayed = fixtures.filter((f) => f.method === 'POST' && f.path.startsWith('/v1/messages'));
+    assert.ok(replayed.length >= 3, fixtures.map((f) => f.name).join(', '));
+    const server = await startServer(['-c', '32768', '--parallel', '1']);
+    try {
+        for (const f of fixtures.filter((f) => f.method === 'HEAD')) {
+            const res = await fetch(`${server.url}${f.path}`, { method: 'HEAD' });
+            assert.ok(res.status < 500, `${f.name}: ${res.status}`);
+        }
+        for (const f of replayed) {
+            const res = await fetch(`${server.url}${f.path}`, {
+                method: 'POST',
+                headers: { 'content-type': 'application/json', 'anthropic-version': f.headers['anthropic-version'],
+                           'anthropic-beta': f.headers['anthropic-beta'] },
+                body: JSON.stringify(f.body),
+                signal: AbortSignal.timeout(600_000),
+            });
+            const body = await res.text();
+            assert.equal(res.status, 200, `${f.name}: ${body}`);
+            assert.ok(body.includes('event: message_stop'), `${f.name}: ${body.slice(-500)}`);
+        }
+    } finally {
+        await server.stop();
+    }
+});
