@@ -42,6 +42,28 @@ chat_render_cache::template_tokens model_tokens(const llama_model* model) {
     return t;
 }
 
+// The word that makes the lazy tool-call grammar fire when tools are optional: the template's tool-call start marker.
+std::string probe_tool_call_marker(const common_chat_templates* templates) {
+    common_chat_templates_inputs in;
+    common_chat_msg user;
+    user.role = "user";
+    user.content = "probe";
+    in.messages = {user};
+    common_chat_tool tool;
+    tool.name = "probe";
+    tool.parameters = R"({"type": "object", "properties": {}})";
+    in.tools = {tool};
+    in.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    in.enable_thinking = false;
+    try {
+        for (const auto& trigger : common_chat_templates_apply(templates, in).grammar_triggers) {
+            if (trigger.type == COMMON_GRAMMAR_TRIGGER_TYPE_WORD) return trigger.value;
+        }
+    } catch (const std::exception&) {
+    }
+    return {};
+}
+
 }  // namespace
 
 chat_renderer::chat_renderer(const llama_model* model, const std::string& template_override)
@@ -69,6 +91,7 @@ void chat_renderer::init_caps() {
     } catch (const std::exception&) {
         supports_thinking_ = false;
     }
+    tool_call_marker_ = probe_tool_call_marker(templates_.get());
 }
 
 std::map<std::string, bool> chat_renderer::caps() const {
@@ -110,6 +133,16 @@ chat_renderer::rendered chat_renderer::render(const chat_request& request) const
         in.continue_final_message = COMMON_CHAT_CONTINUATION_AUTO;
         in.add_generation_prompt = false;
         r.continuation = true;
+    } else if (in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !in.tools.empty() && !tool_call_marker_.empty() &&
+               !(in.enable_thinking && supports_thinking_)) {
+        common_chat_msg start;
+        start.role = "assistant";
+        start.content = tool_call_marker_;
+        in.messages.push_back(std::move(start));
+        in.continue_final_message = COMMON_CHAT_CONTINUATION_AUTO;
+        in.add_generation_prompt = false;
+        r.continuation = true;
+        r.tool_call_prefilled = true;
     }
 
     if (auto spliced = cache_->render(in)) {

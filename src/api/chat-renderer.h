@@ -35,13 +35,18 @@ public:
         common_grammar grammar;
         std::vector<std::string> stop;  // request stops + the template's additional stops
         bool continuation = false;      // trailing assistant message is being continued (prefill)
+        // The answer was started with the template's tool-call marker so that a required tool call comes first
+        // (see render()); the marker is not part of the returned message's text.
+        bool tool_call_prefilled = false;
     };
 
     // Applies the template. A trailing assistant message (without tool calls) is continued rather than answered,
-    // like llama-server's default prefill. Template/render errors throw http_error 400 with the message.
-    // The result is always common_chat_templates_apply's; a chat that extends a recently rendered one is spliced
-    // from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms instead of ~150 ms.
-    // Thread-safe.
+    // like llama-server's default prefill. A required tool call (tool_choice required/any/a named tool) with thinking
+    // off starts the answer with the template's tool-call marker, as Anthropic documents for tool_choice any/tool:
+    // the template grammars allow free text before the marker, and a model may never reach it. Template/render errors
+    // throw http_error 400 with the message. The result is always common_chat_templates_apply's; a chat that extends a
+    // recently rendered one is spliced from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms
+    // instead of ~150 ms. Thread-safe.
     rendered render(const chat_request& request) const;
 
     // Sets grammar (rendered.grammar), grammar_lazy, grammar_triggers and generation_prompt. With a vocab it also maps
@@ -60,6 +65,8 @@ public:
     std::map<std::string, bool> caps() const;
     // The template source actually used.
     std::string source() const;
+    // What the template's output starts a tool call with (e.g. "<tool_call>"), or "" if it has no such marker.
+    const std::string& tool_call_marker() const { return tool_call_marker_; }
 
     // How often render() was spliced from an earlier render, and the render cache's other counters.
     chat_render_cache::counters render_stats() const { return cache_->stats(); }
@@ -71,6 +78,7 @@ private:
     std::unique_ptr<chat_render_cache> cache_;
     bool supports_thinking_ = false;
     bool supports_parallel_tool_calls_ = false;
+    std::string tool_call_marker_;
 };
 
 }  // namespace keepwarm::api

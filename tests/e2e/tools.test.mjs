@@ -105,3 +105,24 @@ test('a tool result goes back in and the conversation continues', async () => {
               `cached ${followUp.usage.prompt_tokens_details.cached_tokens}, prompt up to the assistant turn ` +
               `${header.usage.prompt_tokens}`);
 });
+
+// Without a prefill, a required call with thinking off starts the answer with the template's tool-call marker (what
+// Anthropic documents for tool_choice any/tool): the grammar alone would let the model write text first, forever.
+test('a required tool call needs no prefill when thinking is off', async () => {
+    const noPrefill = { ...params, messages, chat_template_kwargs: { enable_thinking: false } };
+    const r = await openai.chat.completions.create(noPrefill);
+    const choice = r.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice.message));
+    assert.equal(choice.message.tool_calls[0].function.name, 'get_weather');
+    assert.ok(!choice.message.content, `no text around the call: ${JSON.stringify(choice.message.content)}`);
+
+    const stream = await openai.chat.completions.create({ ...noPrefill, stream: true });
+    let text = '';
+    let name = '';
+    for await (const chunk of stream) {
+        text += chunk.choices[0]?.delta?.content ?? '';
+        for (const d of chunk.choices[0]?.delta?.tool_calls ?? []) name += d.function?.name ?? '';
+    }
+    assert.equal(name, 'get_weather');
+    assert.equal(text, '', 'the marker is not streamed as text');
+});
