@@ -229,7 +229,7 @@ TEST(experts_bench, records_every_layer_and_token_of_a_moe_model) {
     expert_record_options o;
     o.model_path = moe_model();
     o.n_gen = 6;
-    o.threads = 2;
+    o.threads = 1;
     std::ostringstream progress;
     const expert_trace trace = record_expert_trace(o, progress);
 
