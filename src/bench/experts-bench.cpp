@@ -88,6 +88,8 @@ struct router_capture {
 };
 
 bool capture_router_topk(ggml_tensor* t, bool ask, void* user_data) {
+    // Asked first whether a node's data is wanted (the scheduler then runs the graph up to it and calls again to
+    // hand it over); returning false from the second call aborts the decode.
     if (std::strncmp(t->name, k_router_topk_prefix, sizeof(k_router_topk_prefix) - 1) != 0) return !ask;
     if (ask) return true;
 
@@ -390,6 +392,7 @@ void validate_expert_trace(const expert_trace& trace) {
 }
 
 void write_expert_trace(const expert_trace& trace, const std::string& path) {
+    validate_expert_trace(trace);  // the binary form keeps 16-bit ids
     std::ofstream out(path, std::ios::binary);
     if (ends_with(path, ".json")) {
         out << json_trace(trace) << "\n";

@@ -35,8 +35,9 @@ struct expert_trace {
 // used, an id outside [0, n_expert), an expert used twice by one token.
 void validate_expert_trace(const expert_trace& trace);
 
-// The trace file: JSON when the path ends in ".json", otherwise a compact binary form (16-bit ids).
-// read_expert_trace tells the two apart by content and validates what it read; both throw std::runtime_error.
+// The trace file: JSON when the path ends in ".json", otherwise a compact binary form (16-bit ids). Both validate
+// the trace (std::invalid_argument when writing); read_expert_trace tells the forms apart by content and throws
+// std::runtime_error for a file that can't be read or holds a bad trace, as write does for an unwritable path.
 void write_expert_trace(const expert_trace& trace, const std::string& path);
 expert_trace read_expert_trace(const std::string& path);
 

@@ -174,7 +174,11 @@ TEST(experts_bench, rejects_bad_trace_files) {
     const std::string json = temp_path("bad.json");
     expert_trace bad = two_layer_trace();
     bad.layers[0].ids[0] = 9;
-    write_expert_trace(bad, json);
+    EXPECT_THROW(write_expert_trace(bad, json), std::invalid_argument);
+    write_expert_trace(two_layer_trace(), json);
+    nlohmann::json edited = nlohmann::json::parse(std::ifstream(json));
+    edited["layers"][0]["ids"][0] = 9;
+    std::ofstream(json) << edited.dump();
     try {
         read_expert_trace(json);
         ADD_FAILURE() << "accepted expert id 9";
