@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "bench/gauntlet-command.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -549,6 +550,7 @@ void add_bench_command(CLI::App& app) {
             if (!r.error.empty()) throw CLI::RuntimeError(1);  // the table already names the failed cells
         }
     });
+    gauntlet::add_gauntlet_command(*bench);
 }
 
 }  // namespace keepwarm
