@@ -242,6 +242,8 @@ void add_gauntlet_command(CLI::App& bench) {
     CLI::App* cmd = bench.add_subcommand(
         "gauntlet",
         "Replays an agentic workload with cache killers against servers and reports prefill against the ideal");
+    // A later value wins, so that a script's defaults can be overridden by options appended to its command line.
+    cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     generator_options& g = o->generator;
     cmd->add_option("--generate", o->generate_path, "Write the generated workload (JSONL) to this file");
     cmd->add_option("--workload", o->workload_path, "Replay this workload file (default: generate one)");
@@ -271,7 +273,8 @@ void add_gauntlet_command(CLI::App& bench) {
     cmd->add_option("--ping-every", o->ping_every_s, "Seconds between health pings (the ping killer)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--target", o->targets, "NAME=URL[,api=openai|anthropic] of a running server (repeatable)");
+    cmd->add_option("--target", o->targets, "NAME=URL[,api=openai|anthropic] of a running server (repeatable)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     cmd->add_flag("--launch", o->launch, "Start the --servers one at a time on the same model and settings");
     cmd->add_option("--servers", o->servers, "What --launch starts: keepwarm, keepwarm-off, llama-server")
         ->capture_default_str();

@@ -173,6 +173,8 @@ launched_server::launched_server(server_kind kind, launch_settings settings)
 
 launched_server::~launched_server() {
     stop();
+    std::error_code ignored;
+    fs::remove_all(cache_dir_, ignored);  // gigabytes at agentic sizes; the log stays
 }
 
 std::string launched_server::url() const {

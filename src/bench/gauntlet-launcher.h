@@ -46,7 +46,7 @@ std::string find_policy_file(const std::string& keepwarm_binary);
 class launched_server {
 public:
     launched_server(server_kind kind, launch_settings settings);
-    ~launched_server();  // stops the process
+    ~launched_server();  // stops the process and removes its disk cache
     launched_server(const launched_server&) = delete;
     launched_server& operator=(const launched_server&) = delete;
 

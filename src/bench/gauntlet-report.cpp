@@ -84,8 +84,8 @@ std::string ttft_chart(const gauntlet_report& report) {
     }
     for (int i = 0; i <= 5; ++i) {
         const double t = max_t * i / 5, x = x_of(t);
-        svg << "<text x=\"" << x << "\" y=\"" << top + plot_h + 18 << "\" text-anchor=\"middle\">" << fixed(t, 0)
-            << "</text>\n";
+        svg << "<text x=\"" << x << "\" y=\"" << top + plot_h + 18 << "\" text-anchor=\"middle\">"
+            << fixed(t, max_t < 10 ? 1 : 0) << "</text>\n";
     }
     svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 10
         << "\" text-anchor=\"middle\">seconds since the replay started</text>\n";

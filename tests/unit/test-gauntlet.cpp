@@ -10,6 +10,7 @@
 #include "bench/gauntlet-client.h"
 #include "bench/gauntlet-conversation.h"
 #include "bench/gauntlet-ideal.h"
+#include "bench/gauntlet-launcher.h"
 #include "bench/gauntlet-replay.h"
 #include "bench/gauntlet-report.h"
 #include "bench/gauntlet-workload.h"
@@ -447,4 +448,32 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     EXPECT_NE(html.find("TTFT per request over time"), std::string::npos);
     EXPECT_NE(html.find("ideal 1450"), std::string::npos);
     EXPECT_EQ(html.find("<script"), std::string::npos);  // self-contained, no scripts
+}
+
+TEST(GauntletLauncher, SameModelContextSlotsAndThreadsForEveryServer) {
+    launch_settings s;
+    s.model = "/m.gguf";
+    s.ctx_size = 65536;
+    s.parallel = 2;
+    s.threads = 2;
+    s.keepwarm_binary = "/bin/keepwarm";
+    s.policy_file = "/etc/policy.toml";
+    s.llama_server_binary = "/bin/llama-server";
+    const auto joined = [](const std::vector<std::string>& argv) {
+        std::string out;
+        for (const auto& a : argv) out += (out.empty() ? "" : " ") + a;
+        return out;
+    };
+    EXPECT_EQ(joined(server_command(server_kind::keepwarm, s, 8080, "/c")),
+              "/bin/keepwarm serve -m /m.gguf -c 65536 --parallel 2 --host 127.0.0.1 --port 8080 --cache-dir /c "
+              "--policy /etc/policy.toml -t 2");
+    EXPECT_EQ(joined(server_command(server_kind::keepwarm_off, s, 8080, "/c")),
+              "/bin/keepwarm serve -m /m.gguf -c 65536 --parallel 2 --host 127.0.0.1 --port 8080 --cache-dir /c "
+              "--cache-ram 0 --cache-disk 0 --cache-parked 0 -t 2");
+    EXPECT_EQ(joined(server_command(server_kind::llama_server, s, 8081, "/c")),
+              "/bin/llama-server -m /m.gguf -c 65536 -np 2 --host 127.0.0.1 --port 8081 -t 2");
+    EXPECT_EQ(parse_server_kind("keepwarm-off"), server_kind::keepwarm_off);
+    EXPECT_THROW(parse_server_kind("ollama"), std::invalid_argument);
+    EXPECT_THROW(find_llama_server("/nonexistent/llama-server", ""), std::runtime_error);
+    EXPECT_NE(free_local_port(), 0);
 }
