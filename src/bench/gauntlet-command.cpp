@@ -146,6 +146,8 @@ void run(cli_options& o) {
                 targets.push_back({server_kind_name(k), "", std::nullopt, nullptr});
             }
         }
+    } catch (const CLI::Error&) {
+        throw;  // fail() has said it
     } catch (const std::exception& e) {
         fail(e.what());
     }
@@ -297,9 +299,11 @@ void add_gauntlet_command(CLI::App& bench) {
         std::string line = "keepwarm bench gauntlet";
         for (const CLI::Option* option : cmd->get_options()) {
             if (option->count() == 0 || option->get_name() == "--help") continue;
-            line += " " + option->get_name();
-            if (option->get_type_size() == 0) continue;  // a flag
-            for (const std::string& value : option->results()) line += " " + value;
+            if (option->get_type_size_max() == 0) {  // a flag
+                line += " " + option->get_name();
+                continue;
+            }
+            for (const std::string& value : option->reduced_results()) line += " " + option->get_name() + " " + value;
         }
         o->command_line = line;
         run(*o);
