@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -200,6 +201,10 @@ void run(cli_options& o) {
                 std::cerr << "gauntlet: run " << rep + 1 << "/" << o.runs << ": " << target.name << " at " << target.url
                           << "\n";
                 replayed = replay_workload(lines, target, o.generator.seed, std::cerr);
+                if (std::none_of(replayed.begin(), replayed.end(), [](const auto& r) { return r.record.ok; })) {
+                    run.error = "every request failed";
+                    any_run_failed = true;
+                }
             } catch (const std::exception& e) {
                 run.error = e.what();
                 any_run_failed = true;
