@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "bench/experts-bench.h"
+#include "bench/gauntlet-command.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -551,6 +552,7 @@ void add_bench_command(CLI::App& app) {
         }
     });
     add_experts_bench_command(*bench);
+    gauntlet::add_gauntlet_command(*bench);
 }
 
 }  // namespace keepwarm

@@ -67,7 +67,7 @@ std::string format_depth_table(const depth_bench_report& report);
 std::string format_depth_json(const depth_bench_report& report);
 std::string format_depth_svg(const depth_bench_report& report);
 
-// Registers `bench` with its `depth` subcommand (`bench gauntlet` joins it later).
+// Registers `bench` with its subcommands: depth, experts, gauntlet.
 void add_bench_command(CLI::App& app);
 
 }  // namespace keepwarm
