@@ -132,10 +132,11 @@ test('different conversations spread over the upstreams', async () => {
         messages.push({ role: 'user', content: 'hello' });
         used.add((await turn(client, messages)).upstream);
     }
-    // alpha's upstream has more requests: both new conversations start on the other one... and then beta's prefix
-    // pulls nothing for gamma, so the two upstreams together served all three conversations.
+    // Nothing of alpha's prefix matches them, so they go to the least loaded upstream, not to alpha's.
     const state = await cache(proxy);
     assert.ok(state.upstreams.every((u) => u.requests > 0), JSON.stringify(state));
+    assert.equal(used.size, 1);
+    assert.equal(state.upstreams.find((u) => used.has(u.url)).prefix_hits, 0);
 });
 
 test('the OpenAI client through the proxy, whole and streamed', async () => {
