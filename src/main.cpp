@@ -10,6 +10,7 @@
 #include "bench/depth-bench.h"
 #include "model/doctor-command.h"
 #include "model/model-commands.h"
+#include "proxy/proxy-command.h"
 #include "server/serve-command.h"
 
 namespace {
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     keepwarm::add_inspect_command(app);
     keepwarm::add_bench_command(app);
     keepwarm::add_doctor_command(app);
+    keepwarm::add_proxy_command(app);
 
     try {
         std::vector<std::string> args = llama_style_aliases(argc, argv);

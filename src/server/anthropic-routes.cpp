@@ -44,12 +44,13 @@ api::timings_info timings_of(const generation_stats& st) {
             .prepare_ms = st.prepare_ms};
 }
 
-void handle_messages(server_context& ctx, const http::request& req, http::response_writer& w,
-                     const std::shared_ptr<generation_request>& gen) {
+void handle_messages(const generation_opener& open, server_context& ctx, const http::request& req,
+                     http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
     api::chat_request request = anthropic::parse_messages_request(parse_json_body(req));
     const std::string model = request.model;  // echoed as the client asked, whatever model serves it
     const bool stream = request.stream;
-    chat_generation chat(ctx, req, std::move(request), gen, w, anthropic::gen_message_id());
+    const generation_source_ptr source = open(req, std::move(request), gen, w, anthropic::gen_message_id());
+    generation_source& chat = *source;
     http::header_list headers = chat.response_headers();
     headers.emplace_back("request-id", chat.id());  // the SDK reports it as the response's _request_id
 
@@ -121,11 +122,25 @@ void handle_count_tokens(server_context& ctx, const http::request& req, http::re
 
 }  // namespace
 
-void register_anthropic_routes(http::http_server& server, server_context& ctx) {
+void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open) {
+    if (!open) open = local_generation(ctx);
     const http::route_options options{.requires_auth = true, .format_error = anthropic::error_body};
-    server.add_route("POST", "/v1/messages", generation_route(ctx, handle_messages), options);
+    const auto messages = [open](server_context& c, const http::request& req, http::response_writer& w,
+                                 const std::shared_ptr<generation_request>& gen) {
+        handle_messages(open, c, req, w, gen);
+    };
+    server.add_route("POST", "/v1/messages", generation_route(ctx, messages), options);
     // generation_route for its 4xx accounting; count_tokens never reaches the engine.
-    server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, handle_count_tokens), options);
+    const generation_handler count_tokens =
+        ctx.llm ? generation_handler(handle_count_tokens)
+                : [](server_context&, const http::request&, http::response_writer&,
+                     const std::shared_ptr<generation_request>&) {
+                      throw http::http_error(501,
+                                             "count_tokens is not available through keepwarm proxy: counting needs "
+                                             "the model's chat template and tokenizer, which only the upstream has",
+                                             "api_error");
+                  };
+    server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, count_tokens), options);
 }
 
 }  // namespace keepwarm

@@ -3,10 +3,13 @@
 #pragma once
 
 #include "http/http-server.h"
+#include "server/chat-generation.h"
 #include "server/server-context.h"
 
 namespace keepwarm {
 
-void register_anthropic_routes(http::http_server& server, server_context& ctx);
+// Messages go to `open` (default: this server's engine). Without a local engine (ctx.llm null: `keepwarm proxy`)
+// count_tokens answers 501: counting needs the local model's template and tokenizer.
+void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr);
 
 }  // namespace keepwarm

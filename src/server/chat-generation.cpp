@@ -10,7 +10,7 @@ namespace keepwarm {
 chat_generation::chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
                                  std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id)
     : ctx_(ctx), chat_(std::move(chat)), gen_(std::move(gen)), id_(std::move(id)) {
-    if (policy::policy_outcome outcome = apply_policy(req); outcome.ping) {
+    if (policy::policy_outcome outcome = apply_request_policy(*ctx_.policy, req, chat_, id_, headers_); outcome.ping) {
         common_chat_msg reply;
         reply.role = "assistant";
         reply.content = std::move(outcome.ping_reply);
@@ -35,19 +35,28 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     }
 }
 
-policy::policy_outcome chat_generation::apply_policy(const http::request& req) {
+generation_opener local_generation(server_context& ctx) {
+    return [&ctx](const http::request& req, api::chat_request chat, const std::shared_ptr<generation_request>& gen,
+                  http::response_writer& w, std::string id) -> generation_source_ptr {
+        return std::make_unique<chat_generation>(ctx, req, std::move(chat), gen, w, std::move(id));
+    };
+}
+
+policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
+                                            api::chat_request& chat, const std::string& id,
+                                            http::header_list& headers) {
     const std::string client = client_name(req);
-    policy::policy_outcome outcome = ctx_.policy->apply(chat_, {.client = client, .headers = &req.headers});
+    policy::policy_outcome outcome = policy.apply(chat, {.client = client, .headers = &req.headers});
     if (!outcome.fired.empty()) {
         const std::string rules = outcome.header_value();
-        headers_.emplace_back("x-keepwarm-policy", rules);
-        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id_.c_str(), client.c_str(), chat_.api.c_str(),
+        headers.emplace_back("x-keepwarm-policy", rules);
+        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id.c_str(), client.c_str(), chat.api.c_str(),
                      rules.c_str());
     }
     return outcome;
 }
 
-std::optional<chat_generation::update> chat_generation::next() {
+std::optional<generation_source::update> chat_generation::next() {
     if (ping_reply_) {
         // The whole answer at once: the reply text, then done with zero token counts (nothing was computed).
         update u;

@@ -19,14 +19,9 @@
 
 namespace keepwarm {
 
-class chat_generation {
+// One chat request's answer as message deltas, whoever generates it. Used by the route's own thread only.
+class generation_source {
 public:
-    // Applies the policy (see policy/policy.h), then renders, tokenizes and submits. Throws http_error (4xx) when the
-    // request cannot be served; nothing has been sent to the client then. `id` names the request in the log. A
-    // health ping the policy absorbs is answered by next() without rendering, the engine, a slot or the cache.
-    chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
-                    std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id);
-
     struct update {
         std::vector<common_chat_msg_diff> diffs;  // new deltas of the message (possibly none)
         bool done = false;
@@ -34,28 +29,60 @@ public:
         std::string error;                           // reason == error
         generation_stats stats;                      // final numbers when done
     };
+
+    virtual ~generation_source() = default;
+
     // The next deltas. nullopt: the client went away and the generation was cancelled. After an update with done
     // and reason != error, message() is the final parse (with the deltas of that parse included in the update).
-    std::optional<update> next();
-
-    // The message parsed so far; final once an update with done was returned.
-    const common_chat_msg& message() const { return ping_reply_ ? *ping_reply_ : parser_->message(); }
+    virtual std::optional<update> next() = 0;
+    // The message so far; final once an update with done was returned.
+    virtual const common_chat_msg& message() const = 0;
     // The request as served (after the policy layer's rewrites).
-    const api::chat_request& request() const { return chat_; }
-    const std::string& id() const { return id_; }
-    int prompt_tokens() const { return static_cast<int>(gen_->prompt.size()); }
-    // Whether the template rendered the request as a continuation of its trailing assistant message (prefill).
-    bool continuation() const { return rendered_.continuation; }
+    virtual const api::chat_request& request() const = 0;
+    virtual const std::string& id() const = 0;
+    // Prompt tokens known before the first update (0 when whoever generates only says at the end).
+    virtual int prompt_tokens() const = 0;
+    // Whether the request was rendered as a continuation of its trailing assistant message (prefill).
+    virtual bool continuation() const = 0;
     // Headers every response to this request carries (e.g. what the policy layer did).
-    const http::header_list& response_headers() const { return headers_; }
+    virtual const http::header_list& response_headers() const = 0;
+};
+using generation_source_ptr = std::unique_ptr<generation_source>;
+
+// Starts the generation of a parsed request, with the response's id. Throws http_error (4xx, 5xx) when it cannot be
+// served; nothing has been sent to the client then.
+using generation_opener = std::function<generation_source_ptr(const http::request& req, api::chat_request chat,
+                                                              const std::shared_ptr<generation_request>& gen,
+                                                              http::response_writer& w, std::string id)>;
+
+// Opens chat_generations on this server's engine.
+generation_opener local_generation(server_context& ctx);
+
+// Runs the policy on `chat` for a generation, naming what fired in `headers` (x-keepwarm-policy) and the log.
+policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
+                                            api::chat_request& chat, const std::string& id, http::header_list& headers);
+
+// The local engine's generation_source.
+class chat_generation final : public generation_source {
+public:
+    // Applies the policy (see policy/policy.h), then renders, tokenizes and submits. Throws http_error (4xx) when the
+    // request cannot be served; nothing has been sent to the client then. `id` names the request in the log. A
+    // health ping the policy absorbs is answered by next() without rendering, the engine, a slot or the cache.
+    chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
+                    std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id);
+
+    std::optional<update> next() override;
+    const common_chat_msg& message() const override { return ping_reply_ ? *ping_reply_ : parser_->message(); }
+    const api::chat_request& request() const override { return chat_; }
+    const std::string& id() const override { return id_; }
+    int prompt_tokens() const override { return static_cast<int>(gen_->prompt.size()); }
+    bool continuation() const override { return rendered_.continuation; }
+    const http::header_list& response_headers() const override { return headers_; }
 
     // Applies the policy, renders and tokenizes without generating: what the model would read for `chat`, in tokens.
     static int count_prompt_tokens(server_context& ctx, const api::chat_request& chat);
 
 private:
-    // Runs the policy on chat_, keeping what fired for the response headers and the log.
-    policy::policy_outcome apply_policy(const http::request& req);
-
     server_context& ctx_;
     api::chat_request chat_;
     std::shared_ptr<generation_request> gen_;

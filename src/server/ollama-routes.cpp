@@ -80,7 +80,7 @@ enum class answer_shape { chat, generate };
 
 // Relays a running chat_generation to the client, whole or as NDJSON: text and thinking as they come, tool calls
 // once whole (Ollama sends calls, not fragments), then a last line with done, done_reason and the numbers.
-void relay_answer(server_context& ctx, chat_generation& chat, const generation_request& gen, http::response_writer& w,
+void relay_answer(server_context& ctx, generation_source& chat, const generation_request& gen, http::response_writer& w,
                   const std::string& model, bool stream, answer_shape shape) {
     if (!stream) {
         for (;;) {
@@ -138,12 +138,17 @@ void relay_answer(server_context& ctx, chat_generation& chat, const generation_r
 
 // Ollama refuses `think` for a model without a thinking mode; so does keepwarm, rather than drop it unsaid.
 void check_thinking(const server_context& ctx, const api::chat_request& request) {
-    if (request.enable_thinking.value_or(false) && !ctx.renderer->supports_thinking()) {
+    if (request.enable_thinking.value_or(false) && ctx.renderer && !ctx.renderer->supports_thinking()) {
         throw http::http_error(400, "'think': the model's chat template has no thinking mode");
     }
 }
 
-void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w,
+[[noreturn]] void throw_not_in_proxy(const std::string& what) {
+    throw http::http_error(501, what + " is not available through keepwarm proxy: it needs the local model",
+                           "not_implemented_error");
+}
+
+void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,
                  const std::shared_ptr<generation_request>& gen) {
     api::chat_request request = ollama::parse_chat_request(parse_json_body(req));
     // Whatever model a request names is served by the loaded one, and the name is echoed back as asked (the policy
@@ -155,8 +160,8 @@ void handle_chat(server_context& ctx, const http::request& req, http::response_w
     }
     check_thinking(ctx, request);
     const bool stream = request.stream;
-    chat_generation chat(ctx, req, std::move(request), gen, w, api::random_id("ollama-chat-"));
-    relay_answer(ctx, chat, *gen, w, model, stream, answer_shape::chat);
+    const generation_source_ptr chat = open(req, std::move(request), gen, w, api::random_id("ollama-chat-"));
+    relay_answer(ctx, *chat, *gen, w, model, stream, answer_shape::chat);
 }
 
 // raw=true: the prompt text goes to the model as is (tokenize + generate, as /v1/completions does).
@@ -213,19 +218,22 @@ void generate_raw(server_context& ctx, const ollama::generate_request& request, 
     }
 }
 
-void handle_generate(server_context& ctx, const http::request& req, http::response_writer& w,
-                     const std::shared_ptr<generation_request>& gen) {
+void handle_generate(const generation_opener& open, server_context& ctx, const http::request& req,
+                     http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
     ollama::generate_request request = ollama::parse_generate_request(parse_json_body(req));
     const std::string model = request.chat.model;  // echoed as asked, as in handle_chat
     if (request.prompt.empty()) {                  // Ollama's "load the model" call: it is loaded
         w.send(200, "application/json", dump(ollama::generate_load_json(model, now())));
         return;
     }
-    if (request.raw) return generate_raw(ctx, request, w, gen);
+    if (request.raw) {
+        if (!ctx.llm) throw_not_in_proxy("/api/generate with raw=true");
+        return generate_raw(ctx, request, w, gen);
+    }
     check_thinking(ctx, request.chat);
     const bool stream = request.chat.stream;
-    chat_generation chat(ctx, req, std::move(request.chat), gen, w, api::random_id("ollama-generate-"));
-    relay_answer(ctx, chat, *gen, w, model, stream, answer_shape::generate);
+    const generation_source_ptr chat = open(req, std::move(request.chat), gen, w, api::random_id("ollama-generate-"));
+    relay_answer(ctx, *chat, *gen, w, model, stream, answer_shape::generate);
 }
 
 // As Go prints a float32: the fewest digits that read back as the same float32 ("1e-06", not 9.99999997e-07).
@@ -382,34 +390,66 @@ ollama::model_card make_model_card(const server_context& ctx) {
 
 }  // namespace
 
-void register_ollama_routes(http::http_server& server, server_context& ctx) {
+void register_ollama_routes(http::http_server& server, server_context& ctx, generation_opener open) {
     const http::route_options route{.format_error = ollama::error_body};
     // What clients probe before anything else stays open without an API key, like /health.
     const http::route_options probe{.requires_auth = false, .format_error = ollama::error_body};
-    auto card = std::make_shared<const ollama::model_card>(make_model_card(ctx));
-
-    server.add_route("POST", "/api/chat", generation_route(ctx, handle_chat), route);
-    server.add_route("POST", "/api/generate", generation_route(ctx, handle_generate), route);
+    const bool local = ctx.llm != nullptr;
+    if (!open) open = local_generation(ctx);
 
     server.add_route(
-        "GET", "/api/tags",
-        [card](const http::request&, http::response_writer& w) {
-            w.send(200, "application/json", dump(ollama::tags_json(*card)));
-        },
+        "POST", "/api/chat",
+        generation_route(ctx,
+                         [open](server_context& c, const http::request& req, http::response_writer& w,
+                                const std::shared_ptr<generation_request>& gen) { handle_chat(open, c, req, w, gen); }),
         route);
     server.add_route(
-        "POST", "/api/show",
-        [card](const http::request& req, http::response_writer& w) {
-            ollama::parse_show_request(parse_json_body(req));  // any name: the loaded model answers
-            w.send(200, "application/json", dump(ollama::show_json(*card)));
-        },
+        "POST", "/api/generate",
+        generation_route(
+            ctx, [open](server_context& c, const http::request& req, http::response_writer& w,
+                        const std::shared_ptr<generation_request>& gen) { handle_generate(open, c, req, w, gen); }),
         route);
-    server.add_route(
-        "GET", "/api/ps",
-        [card](const http::request&, http::response_writer& w) {
-            w.send(200, "application/json", dump(ollama::ps_json(*card, never_expires)));
-        },
-        route);
+
+    if (!local) {
+        // Only the name is known here: the upstreams hold the models.
+        auto card = std::make_shared<ollama::model_card>();
+        card->name = ollama::tagged_name(ctx.model_id);
+        server.add_route(
+            "GET", "/api/tags",
+            [card](const http::request&, http::response_writer& w) {
+                w.send(200, "application/json", dump(ollama::tags_json(*card)));
+            },
+            route);
+        server.add_route(
+            "POST", "/api/show", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/show"); },
+            route);
+        server.add_route(
+            "GET", "/api/ps", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/ps"); },
+            route);
+    }
+
+    if (local) {
+        auto card = std::make_shared<const ollama::model_card>(make_model_card(ctx));
+        server.add_route(
+            "GET", "/api/tags",
+            [card](const http::request&, http::response_writer& w) {
+                w.send(200, "application/json", dump(ollama::tags_json(*card)));
+            },
+            route);
+        server.add_route(
+            "POST", "/api/show",
+            [card](const http::request& req, http::response_writer& w) {
+                ollama::parse_show_request(parse_json_body(req));  // any name: the loaded model answers
+                w.send(200, "application/json", dump(ollama::show_json(*card)));
+            },
+            route);
+        server.add_route(
+            "GET", "/api/ps",
+            [card](const http::request&, http::response_writer& w) {
+                w.send(200, "application/json", dump(ollama::ps_json(*card, never_expires)));
+            },
+            route);
+    }
 
     const auto version = [](const http::request& req, http::response_writer& w) {
         w.send(200, "application/json", req.method == "HEAD" ? "" : dump(ollama::version_json(KEEPWARM_VERSION)));

@@ -48,12 +48,13 @@ bool write_sse(http::response_writer& w, const json& data) {
     throw http::http_error(500, error.empty() ? "generation failed" : error, "server_error");
 }
 
-void handle_chat(server_context& ctx, const http::request& req, http::response_writer& w,
+void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,
                  const std::shared_ptr<generation_request>& gen) {
     ctx.http.chat_completions++;
     api::chat_request request = api::parse_chat_request(parse_json_body(req));
     const bool stream = request.stream, include_usage = request.include_usage;
-    chat_generation chat(ctx, req, std::move(request), gen, w, api::gen_chat_completion_id());
+    const generation_source_ptr source = open(req, std::move(request), gen, w, api::gen_chat_completion_id());
+    generation_source& chat = *source;
     const std::string& id = chat.id();
     const int64_t created = unix_now();
 
@@ -171,11 +172,23 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
 
 }  // namespace
 
-void register_openai_routes(http::http_server& server, server_context& ctx) {
-    server.add_route("POST", "/v1/chat/completions", generation_route(ctx, handle_chat));
-    server.add_route("POST", "/chat/completions", generation_route(ctx, handle_chat));
-    server.add_route("POST", "/v1/completions", generation_route(ctx, handle_completion));
-    server.add_route("POST", "/completions", generation_route(ctx, handle_completion));
+void register_openai_routes(http::http_server& server, server_context& ctx, generation_opener open) {
+    if (!open) open = local_generation(ctx);
+    const auto chat = [open](server_context& c, const http::request& req, http::response_writer& w,
+                             const std::shared_ptr<generation_request>& gen) { handle_chat(open, c, req, w, gen); };
+    server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));
+    server.add_route("POST", "/chat/completions", generation_route(ctx, chat));
+    const generation_handler completion =
+        ctx.llm ? generation_handler(handle_completion)
+                : [](server_context&, const http::request&, http::response_writer&,
+                     const std::shared_ptr<generation_request>&) {
+                      throw http::http_error(501,
+                                             "/v1/completions is not available through keepwarm proxy: a raw prompt "
+                                             "needs the local model's tokenizer; use /v1/chat/completions",
+                                             "not_implemented_error");
+                  };
+    server.add_route("POST", "/v1/completions", generation_route(ctx, completion));
+    server.add_route("POST", "/completions", generation_route(ctx, completion));
 }
 
 }  // namespace keepwarm

@@ -1,0 +1,162 @@
+// See proxy-command.h. Parses options, builds the upstream pool and a server_context without an engine, registers
+// the three APIs' routes with upstream generations and the proxy's own status routes, and runs until SIGINT/SIGTERM.
+#include "proxy/proxy-command.h"
+
+#include <pthread.h>
+#include <csignal>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "http/http-server.h"
+#include "policy/policy-file.h"
+#include "proxy/upstream-generation.h"
+#include "proxy/upstream-pool.h"
+#include "server/anthropic-routes.h"
+#include "server/ollama-routes.h"
+#include "server/openai-routes.h"
+#include "server/server-context.h"
+
+namespace keepwarm {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct proxy_options {
+    http::server_options http;
+    std::vector<std::string> upstreams;
+    std::string policy_file;
+    std::string model_alias = "keepwarm-proxy";
+    proxy::pool_options pool;
+};
+
+// What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
+// the policy, and the routing state.
+void register_proxy_status_routes(http::http_server& server, server_context& ctx, proxy::upstream_pool& pool) {
+    server.add_route("GET", "/health",
+                     [&pool](const http::request&, http::response_writer& w) {
+                         const size_t healthy = pool.healthy_count();
+                         const json body = {{"status", healthy > 0 ? "ok" : "no upstream"},
+                                            {"upstreams", pool.size()},
+                                            {"upstreams_healthy", healthy}};
+                         w.send(healthy > 0 ? 200 : 503, "application/json", body.dump());
+                     },
+                     {.requires_auth = false});
+    server.add_route("GET", "/v1/cache", [&pool](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", pool.cache_json().dump());
+    });
+    server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", ctx.policy->to_json().dump());
+    });
+    const auto models = [&ctx](const http::request&, http::response_writer& w) {
+        const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
+        const json model = {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "keepwarm"}};
+        w.send(200, "application/json", json{{"object", "list"}, {"data", json::array({model})}}.dump());
+    };
+    server.add_route("GET", "/v1/models", models);
+    server.add_route("GET", "/models", models);
+}
+
+int run_proxy(const proxy_options& opts) {
+    // Signals go to the thread that waits for them; every other thread starts with them blocked.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    std::vector<proxy::upstream_config> upstreams;
+    for (const std::string& spec : opts.upstreams) {
+        try {
+            upstreams.push_back(proxy::upstream_config::parse(spec));
+        } catch (const std::invalid_argument& e) {
+            throw CLI::ValidationError("--upstream", e.what());
+        }
+    }
+
+    server_context ctx;  // no engine, renderer or tokenizer: the upstreams have the model
+    ctx.model_id = opts.model_alias;
+    policy::policy_config policy_config;
+    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+
+    proxy::upstream_pool pool(std::move(upstreams), opts.pool);
+    pool.start_health_checks();
+
+    http::http_server server(opts.http);
+    register_proxy_status_routes(server, ctx, pool);
+    const generation_opener open = proxy::upstream_generations(ctx, pool);
+    register_openai_routes(server, ctx, open);
+    register_anthropic_routes(server, ctx, open);
+    register_ollama_routes(server, ctx, open);
+    server.start();
+
+    std::cout << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
+              << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
+    const json state = pool.cache_json();
+    for (const auto& u : state["upstreams"]) {
+        std::cout << "  " << u["url"].get<std::string>() << " (" << u["dialect"].get<std::string>() << ", model "
+                  << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
+                  << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
+    }
+    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cout << "keepwarm proxy: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    server.stop();
+    return 0;
+}
+
+}  // namespace
+
+void add_proxy_command(CLI::App& app) {
+    auto opts = std::make_shared<proxy_options>();
+    CLI::App* cmd = app.add_subcommand(
+        "proxy", "Serve the OpenAI, Anthropic and Ollama APIs in front of other engines, with cache-aware routing");
+    auto& h = opts->http;
+    auto& r = opts->pool.routing;
+    cmd->add_option("--upstream", opts->upstreams,
+                    "Upstream engine: URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY] (repeatable)")
+        ->required();
+    cmd->add_option("--alias", opts->model_alias, "Model name reported to clients")->capture_default_str();
+    cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
+    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
+    cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
+    cmd->add_option("--policy", opts->policy_file,
+                    "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
+                    "(docs/policy.md)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block")
+        ->capture_default_str()
+        ->check(CLI::Range(16, 1 << 20));
+    cmd->add_option("--route-min-blocks", r.min_match_blocks,
+                    "Blocks a prefix must match to pull a request to an upstream")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--rebalance-margin", r.rebalance_margin,
+                    "In-flight requests by which a matching upstream may exceed the least loaded one")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option_function<double>(
+           "--health-interval",
+           [opts](double seconds) {
+               opts->pool.health_interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+           },
+           "Seconds between health checks of each upstream (default 1)")
+        ->check(CLI::PositiveNumber);
+    cmd->callback([opts] {
+        try {
+            const int rc = run_proxy(*opts);
+            if (rc != 0) throw CLI::RuntimeError(rc);
+        } catch (const CLI::Error&) {
+            throw;
+        } catch (const std::exception& ex) {
+            std::cerr << "keepwarm proxy: " << ex.what() << std::endl;
+            throw CLI::RuntimeError(1);
+        }
+    });
+}
+
+}  // namespace keepwarm

@@ -1,0 +1,81 @@
+// One chat request answered by an upstream engine (`keepwarm proxy`): the same policy layer as `keepwarm serve`
+// (pings are answered here, without an upstream), then the router picks an upstream, the request goes out in that
+// upstream's dialect, and its stream comes back as message deltas for whichever API route drives it. A reader
+// thread reads the upstream's body into a short queue the route's thread drains (a slow client slows the upstream
+// read: backpressure); a client that goes away cancels the upstream call.
+// Threading: used by the route's own thread; the reader thread only touches the connection and the queue.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http/http-client.h"
+#include "proxy/upstream-dialects.h"
+#include "proxy/upstream-pool.h"
+#include "server/chat-generation.h"
+
+namespace keepwarm::proxy {
+
+class upstream_generation final : public generation_source {
+public:
+    // Throws http_error when no upstream can take the request (503), one does not answer in time (504), answers an
+    // error before streaming (its 4xx as is, a 5xx as 502), or the policy refuses the request (4xx). An upstream that
+    // cannot be reached is marked down and the next one is tried: nothing has reached the client yet.
+    upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req, api::chat_request chat,
+                        const std::shared_ptr<generation_request>& gen, http::response_writer& w, std::string id);
+    ~upstream_generation() override;  // cancels the upstream call if it has not ended, and leaves the router
+
+    std::optional<update> next() override;
+    const common_chat_msg& message() const override { return ping_reply_ ? *ping_reply_ : decoder_->message(); }
+    const api::chat_request& request() const override { return chat_; }
+    const std::string& id() const override { return id_; }
+    int prompt_tokens() const override { return 0; }  // upstreams say it at the end
+    bool continuation() const override { return false; }
+    const http::header_list& response_headers() const override { return headers_; }
+
+private:
+    struct piece {
+        std::string bytes;
+        bool end = false;   // the body ended
+        std::string error;  // reading failed
+    };
+    void connect();
+    void read_body();  // the reader thread
+    generation_stats stats() const;
+    void log_end(const update& u) const;
+
+    server_context& ctx_;
+    upstream_pool& pool_;
+    http::response_writer& w_;
+    api::chat_request chat_;
+    std::string id_;
+    http::header_list headers_;
+    std::optional<common_chat_msg> ping_reply_;
+    bool ping_answered_ = false;
+
+    std::optional<upstream_pool::route> route_;
+    std::unique_ptr<http::client_connection> conn_;
+    std::optional<stream_decoder> decoder_;
+    std::chrono::steady_clock::time_point received_, sent_, first_delta_;
+    std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+    bool seen_delta_ = false;
+
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<piece> pieces_;  // guarded by mu_
+    bool reader_done_ = false;  // guarded by mu_
+    bool stop_reader_ = false;  // guarded by mu_
+    std::thread reader_;
+};
+
+// Opens upstream_generations from `pool` for the API routes.
+generation_opener upstream_generations(server_context& ctx, upstream_pool& pool);
+
+}  // namespace keepwarm::proxy

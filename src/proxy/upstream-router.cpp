@@ -1,0 +1,129 @@
+// See upstream-router.h.
+#include "proxy/upstream-router.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace keepwarm::proxy {
+
+std::string canonical_prompt_text(const api::chat_request& chat) {
+    // Control characters as delimiters: they do not occur in ordinary text, so fields cannot run into each other.
+    std::string text;
+    for (const auto& tool : chat.tools) {
+        text += "\x01tool\x02" + tool.name + "\x02" + tool.description + "\x02" + tool.parameters;
+    }
+    for (const auto& msg : chat.messages) {
+        text += "\x01" + msg.role + "\x02";
+        text += msg.content;
+        for (const auto& part : msg.content_parts) text += part.text;
+        if (!msg.reasoning_content.empty()) text += "\x03" + msg.reasoning_content;
+        for (const auto& call : msg.tool_calls) text += "\x04" + call.name + "\x02" + call.arguments;
+        if (!msg.tool_call_id.empty()) text += "\x05" + msg.tool_call_id;
+    }
+    return text;
+}
+
+std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars) {
+    std::vector<uint64_t> hashes;
+    if (block_chars == 0) return hashes;
+    uint64_t chain = 0;
+    for (size_t pos = 0; pos + block_chars <= text.size(); pos += block_chars) {
+        chain = XXH3_64bits_withSeed(text.data() + pos, block_chars, chain);
+        hashes.push_back(chain);
+    }
+    return hashes;
+}
+
+upstream_router::upstream_router(size_t upstreams, router_options options) : options_(options), upstreams_(upstreams) {}
+
+size_t upstream_router::match(size_t upstream, std::span<const uint64_t> blocks) const {
+    const upstream_state& u = upstreams_.at(upstream);
+    // A chained hash stands for its whole prefix, so the last block found is the match, even if the tree has
+    // forgotten earlier ones.
+    for (size_t i = blocks.size(); i > 0; i--) {
+        if (u.blocks.contains(blocks[i - 1])) return i;
+    }
+    return 0;
+}
+
+std::optional<upstream_router::decision> upstream_router::choose(std::span<const uint64_t> blocks,
+                                                                 const std::vector<size_t>& excluded) const {
+    std::optional<size_t> best, least;
+    size_t best_match = 0;
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        const upstream_stats& s = upstreams_[i].stats;
+        if (!s.healthy || std::find(excluded.begin(), excluded.end(), i) != excluded.end()) continue;
+        if (const size_t m = match(i, blocks); m >= options_.min_match_blocks && m > best_match) {
+            best = i;
+            best_match = m;
+        }
+        // Least loaded: fewest in flight, then fewest requests so far (spreads new conversations), then first.
+        if (!least) {
+            least = i;
+        } else {
+            const upstream_stats& l = upstreams_[*least].stats;
+            if (s.in_flight < l.in_flight || (s.in_flight == l.in_flight && s.requests < l.requests)) least = i;
+        }
+    }
+    if (!least) return std::nullopt;
+    if (!best) return decision{.upstream = *least, .matched_blocks = match(*least, blocks)};
+    if (upstreams_[*best].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin) {
+        return decision{.upstream = *least, .matched_blocks = match(*least, blocks), .rebalanced = true};
+    }
+    return decision{.upstream = *best, .matched_blocks = best_match};
+}
+
+void upstream_router::start(const decision& d, std::span<const uint64_t> blocks) {
+    upstream_state& u = upstreams_.at(d.upstream);
+    u.stats.requests++;
+    u.stats.in_flight++;
+    if (d.matched_blocks >= options_.min_match_blocks) {
+        u.stats.prefix_hits++;
+        u.stats.matched_blocks += d.matched_blocks;
+    }
+    if (d.rebalanced) u.stats.rebalanced++;
+    // Most recent at the front; the prompt's first blocks last, so they are the last of it to be forgotten.
+    for (size_t i = blocks.size(); i > 0; i--) {
+        const uint64_t h = blocks[i - 1];
+        if (auto it = u.blocks.find(h); it != u.blocks.end()) {
+            u.recency.splice(u.recency.begin(), u.recency, it->second);
+        } else {
+            u.recency.push_front(h);
+            u.blocks.emplace(h, u.recency.begin());
+        }
+    }
+    while (u.blocks.size() > options_.max_blocks_per_upstream) {
+        u.blocks.erase(u.recency.back());
+        u.recency.pop_back();
+    }
+    u.stats.tree_blocks = u.blocks.size();
+}
+
+void upstream_router::finish(size_t upstream) {
+    upstream_state& u = upstreams_.at(upstream);
+    if (u.stats.in_flight > 0) u.stats.in_flight--;
+}
+
+void upstream_router::set_health(size_t upstream, bool healthy, const std::string& instance) {
+    upstream_state& u = upstreams_.at(upstream);
+    const bool came_back = healthy && !u.stats.healthy;
+    const bool other_instance = healthy && !instance.empty() && !u.instance.empty() && instance != u.instance;
+    if (came_back || other_instance) forget(u);
+    if (healthy && !instance.empty()) u.instance = instance;
+    u.stats.healthy = healthy;
+}
+
+void upstream_router::forget(upstream_state& u) {
+    if (u.blocks.empty()) return;
+    u.blocks.clear();
+    u.recency.clear();
+    u.stats.tree_blocks = 0;
+    u.stats.forgotten++;
+}
+
+upstream_router::upstream_stats upstream_router::stats(size_t upstream) const {
+    return upstreams_.at(upstream).stats;
+}
+
+}  // namespace keepwarm::proxy

@@ -1,0 +1,90 @@
+// Cache-aware routing across upstream engines: which upstream most likely still holds a request's prompt prefix in
+// its KV cache. Per upstream, an approximate prefix tree of what was sent there: the prompt in a canonical text form
+// cut into fixed-size blocks, each block's hash chained over all blocks before it, so one hash stands for a whole
+// prefix and the tree is a bounded set of hashes (least recently sent forgotten first). A request goes to the
+// upstream with the longest match, if at least min_match_blocks long, else to the least loaded; when the matching
+// upstream has more requests in flight than the least loaded one by more than rebalance_margin, load wins.
+// A pure class: no clock, no I/O. Threading: not thread-safe; the caller holds one mutex around every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/openai-api.h"
+
+namespace keepwarm::proxy {
+
+// The prompt as routing compares it: tools, then each message's role, content, reasoning and tool calls, with
+// delimiters, so that two prompts share a text prefix exactly when they share their leading messages.
+std::string canonical_prompt_text(const api::chat_request& chat);
+
+// Hashes of text's whole blocks of `block_chars` bytes; hash i covers blocks 0..i (a partial last block is left out:
+// it changes as the conversation grows).
+std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars);
+
+struct router_options {
+    size_t block_chars = 256;                  // bytes of canonical text per block
+    size_t min_match_blocks = 2;               // shorter matches do not pull a request to an upstream
+    int rebalance_margin = 4;                  // in-flight requests by which the best match may exceed the least loaded
+    size_t max_blocks_per_upstream = 1 << 16;  // prefix tree bound, in blocks
+};
+
+class upstream_router {
+public:
+    upstream_router(size_t upstreams, router_options options);
+
+    struct decision {
+        size_t upstream = 0;
+        size_t matched_blocks = 0;  // of the chosen upstream
+        bool rebalanced = false;    // a longer match elsewhere lost to load
+    };
+    // Where a request with these block hashes should go, among healthy upstreams not in `excluded`; nullopt when
+    // there is none.
+    std::optional<decision> choose(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded = {}) const;
+
+    // The request was sent where `d` says: its blocks join that upstream's tree, and it is in flight until finish().
+    void start(const decision& d, std::span<const uint64_t> blocks);
+    void finish(size_t upstream);
+
+    // What the health checks (or a failed call) say. An upstream that comes back after being down, or that reports
+    // another instance (e.g. a new start time), has lost its cache: its tree is forgotten.
+    void set_health(size_t upstream, bool healthy, const std::string& instance = "");
+
+    struct upstream_stats {
+        uint64_t requests = 0;
+        uint64_t prefix_hits = 0;     // requests routed here by a match of at least min_match_blocks
+        uint64_t matched_blocks = 0;  // summed over those requests
+        uint64_t rebalanced = 0;      // requests sent here although a longer match was elsewhere
+        uint64_t forgotten = 0;       // times its tree was dropped (restarts)
+        int in_flight = 0;
+        bool healthy = true;
+        size_t tree_blocks = 0;
+    };
+    upstream_stats stats(size_t upstream) const;
+    size_t size() const { return upstreams_.size(); }
+    const router_options& options() const { return options_; }
+
+    // Length of the prefix of `blocks` this upstream was sent, in blocks.
+    size_t match(size_t upstream, std::span<const uint64_t> blocks) const;
+
+private:
+    struct upstream_state {
+        // The tree: chained block hashes, most recently sent at the front.
+        std::list<uint64_t> recency;
+        std::unordered_map<uint64_t, std::list<uint64_t>::iterator> blocks;
+        upstream_stats stats;
+        std::string instance;
+    };
+    void forget(upstream_state& u);
+
+    router_options options_;
+    std::vector<upstream_state> upstreams_;
+};
+
+}  // namespace keepwarm::proxy

@@ -1,0 +1,341 @@
+// `keepwarm proxy` in front of real `keepwarm serve` upstreams on loopback (no mocks): routing by prefix, each API
+// through the proxy with the official clients, dialect translation with streaming, failover when an upstream is
+// killed mid-answer, and an upstream rejoining after a restart. llama-server as an upstream when
+// bench/build-llama-server.sh has built it.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { Ollama } from 'ollama';
+import { binary, testModel, curl, waitFor } from './harness.mjs';
+
+// Starts a keepwarm process (serve or proxy) and resolves once it listens.
+async function startProcess(args) {
+    const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    const url = await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`did not start:\n${output}`)), 120_000);
+        const onData = (chunk) => {
+            output += chunk;
+            const m = output.match(/listening on (http:\/\/[^\s]+)/);
+            if (m) {
+                clearTimeout(timer);
+                resolve(m[1]);
+            }
+        };
+        proc.stdout.on('data', onData);
+        proc.stderr.on('data', onData);
+        proc.on('exit', (code) => {
+            clearTimeout(timer);
+            reject(new Error(`exited with ${code}:\n${output}`));
+        });
+    });
+    proc.removeAllListeners('exit');
+    return {
+        url,
+        proc,
+        output: () => output,
+        async stop(signal = 'SIGTERM') {
+            if (proc.exitCode !== null || proc.signalCode !== null) return;
+            const exited = new Promise((resolve) => proc.on('exit', resolve));
+            proc.kill(signal);
+            const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+            await exited;
+            clearTimeout(timer);
+        },
+    };
+}
+
+async function freePort() {
+    const server = net.createServer();
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address();
+    await new Promise((resolve) => server.close(resolve));
+    return port;
+}
+
+// An upstream on a port of its own, so that a restart comes back at the same URL.
+async function startUpstream(port) {
+    const model = await testModel('tiny');
+    const cacheDir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-e2e-'));
+    return startProcess(['serve', '-m', model, '--port', String(port), '-t', '1', '-c', '8192', '-np', '2',
+        '--cache-dir', cacheDir]);
+}
+
+function startProxy(upstreams, extra = []) {
+    return startProcess(['proxy', '--port', '0', ...upstreams.flatMap((u) => ['--upstream', u]),
+        '--route-block', '64', '--health-interval', '0.2', ...extra]);
+}
+
+const cache = async (proxy) => (await curl(`${proxy.url}/v1/cache`)).body;
+
+let ports, upstreams, proxy;
+before(async () => {
+    ports = [await freePort(), await freePort()];
+    upstreams = [await startUpstream(ports[0]), await startUpstream(ports[1])];
+    proxy = await startProxy(upstreams.map((u) => u.url));
+});
+after(async () => {
+    await proxy?.stop();
+    for (const u of upstreams ?? []) await u.stop();
+});
+
+const openai = (p) => new OpenAI({ baseURL: `${p.url}/v1`, apiKey: 'none', maxRetries: 0 });
+
+// A conversation whose system prompt is its own from the first character, long enough for several routing blocks.
+function conversation(name) {
+    return [{ role: 'system', content: `${name}: you are a terse assistant. `.repeat(6) }];
+}
+
+async function turn(client, messages, extra = {}) {
+    const { data, response } = await client.chat.completions
+        .create({ model: 'anything', messages, max_tokens: 3, ...extra })
+        .withResponse();
+    messages.push({ role: 'assistant', content: data.choices[0].message.content ?? '' });
+    return { data, upstream: response.headers.get('x-keepwarm-upstream') };
+}
+
+test('a conversation stays on one upstream across turns, and reuses its prefix there', async () => {
+    const client = openai(proxy);
+    const messages = conversation('alpha');
+    const seen = new Set();
+    let lastCached = 0;
+    for (let i = 0; i < 3; i++) {
+        messages.push({ role: 'user', content: `question ${i} about the alpha project` });
+        const { data, upstream } = await turn(client, messages);
+        seen.add(upstream);
+        assert.equal(data.object, 'chat.completion');
+        assert.ok(data.usage.prompt_tokens > 0);
+        lastCached = data.usage.prompt_tokens_details.cached_tokens;
+    }
+    assert.equal(seen.size, 1, `served by ${[...seen]}`);
+    assert.ok(upstreams.some((u) => seen.has(u.url)));
+    assert.ok(lastCached > 0, 'the upstream reported reuse through the proxy');
+    const state = await cache(proxy);
+    const home = state.upstreams.find((u) => seen.has(u.url));
+    assert.equal(home.requests, 3);
+    assert.equal(home.prefix_hits, 2);
+    assert.equal(home.in_flight, 0);
+    assert.equal(home.healthy, true);
+});
+
+test('different conversations spread over the upstreams', async () => {
+    const client = openai(proxy);
+    const used = new Set();
+    for (const name of ['beta', 'gamma']) {
+        const messages = conversation(name);
+        messages.push({ role: 'user', content: 'hello' });
+        used.add((await turn(client, messages)).upstream);
+    }
+    // Nothing of alpha's prefix matches them, so they go to the least loaded upstream, not to alpha's.
+    const state = await cache(proxy);
+    assert.ok(state.upstreams.every((u) => u.requests > 0), JSON.stringify(state));
+    assert.equal(used.size, 1);
+    assert.equal(state.upstreams.find((u) => used.has(u.url)).prefix_hits, 0);
+});
+
+test('the OpenAI client through the proxy, whole and streamed', async () => {
+    const client = openai(proxy);
+    const messages = [{ role: 'user', content: 'openai client test' }];
+    const whole = await client.chat.completions.create({ model: 'x', messages, max_tokens: 4 });
+    assert.equal(whole.choices[0].message.role, 'assistant');
+    assert.equal(whole.usage.completion_tokens, 4);
+    assert.equal(whole.choices[0].finish_reason, 'length');
+
+    const stream = await client.chat.completions.create({
+        model: 'x', messages, max_tokens: 4, stream: true, stream_options: { include_usage: true },
+    });
+    let text = '', usage, finish;
+    for await (const chunk of stream) {
+        if (chunk.usage) usage = chunk.usage;
+        for (const c of chunk.choices) {
+            text += c.delta?.content ?? '';
+            finish = c.finish_reason ?? finish;
+        }
+    }
+    assert.equal(finish, 'length');
+    assert.equal(usage.completion_tokens, 4);
+    assert.ok(usage.prompt_tokens_details.cached_tokens > 0, 'the same prompt again reuses it');
+    assert.equal(typeof text, 'string');
+});
+
+test('the Anthropic client through the proxy, whole and streamed', async () => {
+    const client = new Anthropic({ baseURL: proxy.url, apiKey: 'none', maxRetries: 0 });
+    const params = { model: 'claude-x', max_tokens: 4, messages: [{ role: 'user', content: 'anthropic client test' }] };
+    const whole = await client.messages.create(params);
+    assert.equal(whole.type, 'message');
+    assert.equal(whole.model, 'claude-x');
+    assert.equal(whole.stop_reason, 'max_tokens');
+    assert.equal(whole.usage.output_tokens, 4);
+
+    const stream = client.messages.stream(params);
+    const events = [];
+    stream.on('streamEvent', (e) => events.push(e.type));
+    const final = await stream.finalMessage();
+    assert.equal(events[0], 'message_start');
+    assert.equal(events.at(-1), 'message_stop');
+    assert.equal(final.stop_reason, 'max_tokens');
+    assert.ok(final.usage.cache_read_input_tokens > 0, 'the same prompt again reuses it');
+});
+
+test('the Ollama client through the proxy, whole and streamed', async () => {
+    const client = new Ollama({ host: proxy.url });
+    const messages = [{ role: 'user', content: 'ollama client test' }];
+    const whole = await client.chat({ model: 'tiny', messages, options: { num_predict: 4 } });
+    assert.equal(whole.done, true);
+    assert.equal(whole.done_reason, 'length');
+    assert.equal(whole.eval_count, 4);
+    let last;
+    for await (const part of await client.chat({ model: 'tiny', messages, stream: true, options: { num_predict: 4 } })) {
+        last = part;
+    }
+    assert.equal(last.done, true);
+    assert.ok(last.prompt_eval_count > 0);
+    const tags = await client.list();
+    assert.equal(tags.models[0].name, 'keepwarm-proxy:latest');
+});
+
+test('bad input and what needs the local model answer in each API\'s error shape', async () => {
+    const bad = await curl(`${proxy.url}/v1/chat/completions`, { method: 'POST', body: { messages: 'no' } });
+    assert.equal(bad.status, 400);
+    assert.equal(typeof bad.body.error.message, 'string');
+    const completions = await curl(`${proxy.url}/v1/completions`, { method: 'POST', body: { prompt: 'x' } });
+    assert.equal(completions.status, 501);
+    assert.match(completions.body.error.message, /proxy/);
+    const count = await curl(`${proxy.url}/v1/messages/count_tokens`, {
+        method: 'POST', body: { model: 'x', messages: [{ role: 'user', content: 'hi' }] },
+    });
+    assert.equal(count.status, 501);
+    assert.equal(count.body.type, 'error');
+    const show = await curl(`${proxy.url}/api/show`, { method: 'POST', body: { model: 'tiny' } });
+    assert.equal(show.status, 501);
+    assert.match(show.body.error, /proxy/);
+    const health = await curl(`${proxy.url}/health`);
+    assert.equal(health.body.upstreams_healthy, 2);
+});
+
+test('an Anthropic client streams through the proxy from an Ollama-dialect upstream', async () => {
+    const ollamaProxy = await startProxy([`${upstreams[0].url},dialect=ollama`]);
+    try {
+        const client = new Anthropic({ baseURL: ollamaProxy.url, apiKey: 'none', maxRetries: 0 });
+        const stream = client.messages.stream({
+            model: 'claude-x', max_tokens: 5, system: 'be brief', messages: [{ role: 'user', content: 'translate me' }],
+        });
+        const events = [];
+        stream.on('streamEvent', (e) => events.push(e.type));
+        const final = await stream.finalMessage();
+        assert.ok(events.includes('content_block_delta') || final.content.length === 0);
+        assert.equal(events.at(-1), 'message_stop');
+        assert.equal(final.stop_reason, 'max_tokens');
+        assert.equal(final.usage.output_tokens, 5);
+        const state = await cache(ollamaProxy);
+        assert.equal(state.upstreams[0].dialect, 'ollama');
+        assert.equal(state.upstreams[0].model, 'tiny:latest');
+        assert.equal(state.upstreams[0].requests, 1);
+    } finally {
+        await ollamaProxy.stop();
+    }
+});
+
+test('an OpenAI client streams through the proxy from an Anthropic-dialect upstream', async () => {
+    const anthropicProxy = await startProxy([`${upstreams[1].url},dialect=anthropic`]);
+    try {
+        const stream = await openai(anthropicProxy).chat.completions.create({
+            model: 'x', messages: [{ role: 'user', content: 'translate me too' }], max_tokens: 5, stream: true,
+            stream_options: { include_usage: true },
+        });
+        let usage, finish;
+        for await (const chunk of stream) {
+            if (chunk.usage) usage = chunk.usage;
+            for (const c of chunk.choices) finish = c.finish_reason ?? finish;
+        }
+        assert.equal(finish, 'length');
+        assert.equal(usage.completion_tokens, 5);
+        assert.ok(usage.prompt_tokens > 0);
+    } finally {
+        await anthropicProxy.stop();
+    }
+});
+
+test('killing an upstream mid-answer fails only that request; traffic moves; the restarted upstream rejoins', async () => {
+    const client = openai(proxy);
+    const { data: stream, response } = await client.chat.completions
+        .create({ model: 'x', messages: conversation('long'), max_tokens: 100000, ignore_eos: true, stream: true })
+        .withResponse();
+    const victimUrl = response.headers.get('x-keepwarm-upstream');
+    const victim = upstreams.findIndex((u) => u.url === victimUrl);
+    assert.ok(victim >= 0);
+    let chunks = 0;
+    await assert.rejects(async () => {
+        for await (const _ of stream) {
+            if (++chunks === 3) await upstreams[victim].stop('SIGKILL');
+        }
+    }, 'the request in flight ends with an error');
+    assert.ok(chunks >= 3);
+
+    // Every conversation now lands on the survivor, without errors.
+    for (const name of ['alpha', 'delta', 'long']) {
+        const messages = conversation(name);
+        messages.push({ role: 'user', content: 'after the failure' });
+        const { upstream } = await turn(client, messages);
+        assert.notEqual(upstream, victimUrl);
+    }
+    let state = await cache(proxy);
+    assert.equal(state.upstreams[victim].healthy, false);
+
+    upstreams[victim] = await startUpstream(ports[victim]);
+    const back = await waitFor(async () => (await cache(proxy)).upstreams[victim].healthy, { timeoutMs: 10_000 });
+    assert.ok(back, 'the restarted upstream is healthy again');
+    state = await cache(proxy);
+    assert.equal(state.upstreams[victim].tree_blocks, 0, 'its prefix tree was forgotten');
+    assert.ok(state.upstreams[victim].forgotten >= 1);
+    // A new conversation goes to the least loaded: the one that rejoined has had fewer requests.
+    const messages = conversation('epsilon');
+    messages.push({ role: 'user', content: 'hello again' });
+    assert.equal((await turn(client, messages)).upstream, victimUrl);
+});
+
+// llama-server as an upstream, only where bench/build-llama-server.sh has built it: it leaves the binary at
+// <keepwarm cache>/llama.cpp-*/tools/llama-server (or set LLAMA_SERVER).
+function findLlamaServer() {
+    if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
+    const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
+    if (!existsSync(root)) return null;
+    for (const entry of readdirSync(root)) {
+        const candidate = path.join(root, entry, 'tools', 'llama-server');
+        if (entry.startsWith('llama.cpp-') && existsSync(candidate)) return candidate;
+    }
+    return null;
+}
+const llamaServer = findLlamaServer();
+test('llama-server as an upstream', { skip: !llamaServer && 'bench/build-llama-server.sh has not been run' },
+    async () => {
+        const model = await testModel('tiny');
+        const port = await freePort();
+        const server = spawn(llamaServer, ['-m', model, '--port', String(port), '-t', '1', '-c', '4096'],
+            { stdio: 'ignore' });
+        const url = `http://127.0.0.1:${port}`;
+        try {
+            assert.ok(await waitFor(async () => (await curl(`${url}/health`)).status === 200, { timeoutMs: 60_000 }));
+            const p = await startProxy([url]);
+            try {
+                const messages = conversation('llama');
+                messages.push({ role: 'user', content: 'hello' });
+                const first = await turn(openai(p), messages);
+                assert.equal(first.upstream, url);
+                messages.push({ role: 'user', content: 'and again' });
+                const second = await turn(openai(p), messages);
+                assert.ok(second.data.usage.prompt_tokens_details?.cached_tokens > 0
+                    || second.data.timings?.cache_n > 0, 'llama-server reported reuse through the proxy');
+            } finally {
+                await p.stop();
+            }
+        } finally {
+            server.kill('SIGTERM');
+        }
+    });

@@ -1,0 +1,172 @@
+// The proxy's cache-aware router on its own: chained block hashes of the canonical prompt, longest-prefix choice,
+// least-loaded fallback, rebalancing, failover and forgetting a restarted upstream's tree.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "proxy/upstream-router.h"
+
+using namespace keepwarm;
+using namespace keepwarm::proxy;
+
+namespace {
+
+constexpr size_t block = 16;
+
+// A conversation's prompt after `turns` turns: a system prompt unique to `name`, then the turns.
+api::chat_request conversation(const std::string& name, int turns) {
+    api::chat_request chat;
+    common_chat_msg system;
+    system.role = "system";
+    system.content = name + " is the name of this conversation. Answer briefly and precisely.";
+    chat.messages.push_back(system);
+    for (int i = 0; i < turns; i++) {
+        common_chat_msg user, assistant;
+        user.role = "user";
+        user.content = "Question number " + std::to_string(i) + " of " + name + ", with some words around it.";
+        assistant.role = "assistant";
+        assistant.content = "Answer number " + std::to_string(i) + ", as long as a sentence can be.";
+        chat.messages.push_back(user);
+        chat.messages.push_back(assistant);
+    }
+    return chat;
+}
+
+std::vector<uint64_t> blocks_of(const api::chat_request& chat) {
+    return chained_block_hashes(canonical_prompt_text(chat), block);
+}
+
+// Routes and starts a request, returning where it went (finish() is the caller's).
+size_t send(upstream_router& router, const std::vector<uint64_t>& blocks) {
+    const auto d = router.choose(blocks);
+    EXPECT_TRUE(d.has_value());
+    router.start(*d, blocks);
+    return d->upstream;
+}
+
+router_options options() {
+    return {.block_chars = block, .min_match_blocks = 2, .rebalance_margin = 2, .max_blocks_per_upstream = 1000};
+}
+
+}  // namespace
+
+TEST(UpstreamRouter, ChainedHashesShareExactlyTheCommonPrefix) {
+    const std::string a = std::string(40, 'x') + "tail one", b = std::string(40, 'x') + "other tail";
+    const auto ha = chained_block_hashes(a, block), hb = chained_block_hashes(b, block);
+    ASSERT_EQ(ha.size(), 3u);  // 48 bytes: 3 whole blocks; the partial one is left out
+    EXPECT_EQ(ha[0], hb[0]);
+    EXPECT_EQ(ha[1], hb[1]);
+    EXPECT_NE(ha[2], hb[2]);  // block 2 holds where they differ
+    // Chained: the same block text after a different prefix hashes differently.
+    const auto hc = chained_block_hashes(std::string(16, 'y') + std::string(16, 'x'), block);
+    EXPECT_NE(hc[1], ha[1]);
+    EXPECT_TRUE(chained_block_hashes("short", block).empty());
+}
+
+TEST(UpstreamRouter, CanonicalTextGrowsByAppendingTurns) {
+    const std::string one = canonical_prompt_text(conversation("a", 1)),
+                      two = canonical_prompt_text(conversation("a", 2));
+    EXPECT_TRUE(two.starts_with(one));
+    EXPECT_FALSE(canonical_prompt_text(conversation("b", 2)).starts_with(one));
+}
+
+TEST(UpstreamRouter, AConversationStaysOnItsUpstreamAcrossTurns) {
+    upstream_router router(3, options());
+    const size_t first = send(router, blocks_of(conversation("a", 1)));
+    router.finish(first);
+    for (int turn = 2; turn <= 5; turn++) {
+        const auto blocks = blocks_of(conversation("a", turn));
+        const auto d = router.choose(blocks);
+        ASSERT_TRUE(d);
+        EXPECT_EQ(d->upstream, first) << "turn " << turn;
+        EXPECT_GE(d->matched_blocks, 2u);
+        router.start(*d, blocks);
+        router.finish(d->upstream);
+    }
+    EXPECT_EQ(router.stats(first).requests, 5u);
+    EXPECT_EQ(router.stats(first).prefix_hits, 4u);
+}
+
+TEST(UpstreamRouter, DifferentConversationsSpreadOverUpstreams) {
+    upstream_router router(3, options());
+    std::set<size_t> used;
+    for (const char* name : {"a", "b", "c"}) {
+        const size_t u = send(router, blocks_of(conversation(name, 1)));
+        router.finish(u);
+        used.insert(u);
+    }
+    EXPECT_EQ(used.size(), 3u);
+}
+
+TEST(UpstreamRouter, AShortMatchDoesNotPullARequest) {
+    upstream_router router(2, {.block_chars = block, .min_match_blocks = 100, .rebalance_margin = 2});
+    const auto blocks = blocks_of(conversation("a", 1));
+    const size_t first = send(router, blocks);
+    router.finish(first);
+    // The same prompt again matches fully, but below the threshold: the upstream with fewer requests gets it.
+    const auto d = router.choose(blocks);
+    ASSERT_TRUE(d);
+    EXPECT_NE(d->upstream, first);
+    EXPECT_EQ(d->matched_blocks, 0u);
+}
+
+TEST(UpstreamRouter, LoadBeyondTheMarginWinsOverTheMatch) {
+    upstream_router router(2, options());
+    const auto blocks = blocks_of(conversation("a", 2));
+    const size_t home = send(router, blocks);  // in flight: 1
+    send(router, blocks);                      // in flight: 2, a match
+    EXPECT_EQ(router.stats(home).in_flight, 2);
+    send(router, blocks);  // in flight 3 vs 0: 3 - 0 > margin 2 after this one
+    const auto d = router.choose(blocks);
+    ASSERT_TRUE(d);
+    EXPECT_NE(d->upstream, home);
+    EXPECT_TRUE(d->rebalanced);
+    router.start(*d, blocks);
+    EXPECT_EQ(router.stats(d->upstream).rebalanced, 1u);
+    // Once the load drains, the match wins again.
+    for (int i = 0; i < 3; i++) router.finish(home);
+    EXPECT_EQ(router.choose(blocks)->upstream, home);
+}
+
+TEST(UpstreamRouter, DownUpstreamsAreSkippedAndForgottenWhenTheyComeBack) {
+    upstream_router router(2, options());
+    const auto blocks = blocks_of(conversation("a", 2));
+    const size_t home = send(router, blocks);
+    router.finish(home);
+    const size_t other = 1 - home;
+
+    router.set_health(home, false);
+    EXPECT_EQ(router.choose(blocks)->upstream, other);
+    EXPECT_EQ(router.choose(blocks, {other}), std::nullopt);  // the one left was excluded (it failed)
+    router.set_health(other, false);
+    EXPECT_EQ(router.choose(blocks), std::nullopt);
+
+    router.set_health(home, true);  // back after being down: a restart, its KV cache is gone
+    EXPECT_EQ(router.stats(home).tree_blocks, 0u);
+    EXPECT_EQ(router.stats(home).forgotten, 1u);
+    EXPECT_EQ(router.match(home, blocks), 0u);
+}
+
+TEST(UpstreamRouter, AnotherInstanceMeansARestart) {
+    upstream_router router(1, options());
+    router.set_health(0, true, "started-1");
+    const auto blocks = blocks_of(conversation("a", 2));
+    router.finish(send(router, blocks));
+    router.set_health(0, true, "started-1");
+    EXPECT_GT(router.match(0, blocks), 0u);
+    router.set_health(0, true, "started-2");  // restarted between two checks
+    EXPECT_EQ(router.match(0, blocks), 0u);
+}
+
+TEST(UpstreamRouter, TheTreeIsBoundedAndKeepsWhatWasSentLast) {
+    upstream_router router(1, {.block_chars = block, .min_match_blocks = 1, .max_blocks_per_upstream = 8});
+    const auto a = blocks_of(conversation("a", 2)), b = blocks_of(conversation("b", 2));
+    ASSERT_GT(a.size(), 8u);
+    router.finish(send(router, a));
+    EXPECT_EQ(router.stats(0).tree_blocks, 8u);
+    // The first blocks were kept (they are what later turns share); the match is found through them.
+    EXPECT_GE(router.match(0, std::span(a).first(4)), 4u);
+    router.finish(send(router, b));
+    EXPECT_EQ(router.match(0, a), 0u);  // a's blocks were least recently sent
+    EXPECT_GT(router.match(0, b), 0u);
+}
