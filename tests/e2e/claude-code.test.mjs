@@ -9,7 +9,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -35,7 +35,7 @@ before(() => {
 after(() => rmSync(home, { recursive: true, force: true }));
 
 // Runs `claude -p PROMPT` with only the environment it needs (no user config, no network but keepwarm).
-function runClaude(baseUrl, apiKey, prompt, args = []) {
+function runClaude(baseUrl, apiKey, prompt, args = [], overrides = {}) {
     const env = {
         PATH: process.env.PATH,
         HOME: home,
@@ -50,6 +50,7 @@ function runClaude(baseUrl, apiKey, prompt, args = []) {
             thinking: { type: 'disabled' },
             output_config: { format: { type: 'json_schema', schema } },
         }),
+        ...overrides,
     };
     return new Promise((resolve) => {
         execFile(claude, ['-p', prompt, ...args], { env, cwd: home, timeout: 180_000 }, (error, stdout, stderr) =>
@@ -97,6 +98,59 @@ test('Claude Code in print mode prints the answer keepwarm streamed', async () =
         const text = streamedText(main.response.body);
         assert.ok(text.includes(answer), text);
         assert.equal(run.stdout.trim(), text.trim(), 'Claude Code printed what keepwarm answered');
+    } finally {
+        await capture.close();
+        await server.stop();
+    }
+});
+
+// A tool round trip: Claude Code asks for its Read tool through CLAUDE_CODE_EXTRA_BODY's tool_choice, keepwarm starts
+// the answer with the template's tool-call marker (as Anthropic does for tool_choice tool/any) and the grammar writes a
+// Read call with a random path; Claude Code runs it (the file does not exist), and sends the tool_result back with
+// the tool_use id keepwarm gave. Every turn is forced to call Read, so --max-turns ends the run. The random model
+// would write a path until max_tokens, so a policy file biases this client towards '"' (which the grammar admits
+// only to end a string) and the end of the turn: a per-client forced logit bias, as an operator would write it.
+test('Claude Code completes a tool round trip: tool_use out, tool_result back with its id', async () => {
+    const policy = path.join(home, 'short-strings.toml');
+    writeFileSync(policy, `[[client]]\nclient = "claude-cli"\nlogit_bias = { '"' = 12, "<|im_end|>" = 12 }\n`);
+    const server = await startServer(['-c', '8192', '--parallel', '1', '--api-key', 'cc-test-key', '--policy', policy]);
+    const capture = await startCapture(server.url);
+    try {
+        const run = await runClaude(capture.url, 'cc-test-key', 'Read the file notes.txt',
+            ['--model', 'tiny', '--tools', 'Read', '--max-turns', '2', '--output-format', 'json'], {
+                CLAUDE_CODE_MAX_OUTPUT_TOKENS: '512',
+                CLAUDE_CODE_EXTRA_BODY: JSON.stringify({
+                    thinking: { type: 'disabled' },
+                    tool_choice: { type: 'tool', name: 'Read' },
+                }),
+            });
+        const turns = capture.requests.filter((r) => r.path.startsWith('/v1/messages') && r.body?.tools?.length);
+        assert.ok(turns.length >= 2, `claude exited ${run.code}\nstdout: ${run.stdout}\nstderr: ${run.stderr}\n` +
+                  JSON.stringify(capture.requests.map((r) => [r.path, r.response?.status, r.response?.body?.slice(0, 300)])));
+        for (const r of turns) assert.equal(r.response?.status, 200, r.response?.body);
+
+        // keepwarm's answer to the first turn: one tool_use block for Read, streamed with Anthropic's events.
+        const events = turns[0].response.body.split('\n\n').map((frame) => frame.split('\n')
+            .find((line) => line.startsWith('data: '))).filter(Boolean).map((line) => JSON.parse(line.slice(6)));
+        const toolStart = events.find((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use');
+        assert.ok(toolStart, turns[0].response.body.slice(0, 2000));
+        assert.equal(toolStart.content_block.name, 'Read');
+        assert.match(toolStart.content_block.id, /^toolu_/);
+        assert.equal(events.find((e) => e.type === 'message_delta').delta.stop_reason, 'tool_use');
+
+        // Claude Code's next turn carries the call and its result, under the id keepwarm gave.
+        const next = turns[1].body.messages;
+        const call = next.flatMap((m) => (m.role === 'assistant' && Array.isArray(m.content) ? m.content : []))
+            .find((b) => b.type === 'tool_use');
+        assert.equal(call?.id, toolStart.content_block.id, JSON.stringify(next));
+        const result = next.flatMap((m) => (m.role === 'user' && Array.isArray(m.content) ? m.content : []))
+            .find((b) => b.type === 'tool_result');
+        assert.equal(result?.tool_use_id, toolStart.content_block.id, JSON.stringify(next));
+        // The second turn reuses the first: the prefix cache held Claude Code's whole first prompt.
+        const usage = JSON.parse(turns[1].response.body.split('\n\n').map((f) => f.split('\n')
+            .find((l) => l.startsWith('data: '))).filter(Boolean).map((l) => l.slice(6))
+            .find((d) => d.includes('"message_delta"'))).usage;
+        assert.ok(usage.cache_read_input_tokens > 1000, JSON.stringify(usage));
     } finally {
         await capture.close();
         await server.stop();
