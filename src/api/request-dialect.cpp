@@ -3,6 +3,8 @@
 
 #include <string_view>
 
+#include "api/anthropic-api.h"
+#include "api/ollama-api.h"
 #include "http/http-server.h"
 
 namespace keepwarm::api {
@@ -86,14 +88,24 @@ dialect_request parse_any_chat_body(const json& body) {
             out.chat.api = "openai";
             break;
         case request_dialect::anthropic_messages:
-            throw http::http_error(400,
-                                   "this is an Anthropic Messages body; Anthropic bodies need the Anthropic parser, "
-                                   "which this build does not have");
+            out.chat = anthropic::parse_messages_request(body, anthropic::endpoint::count_tokens);
+            out.chat.api = "anthropic";
+            break;
         case request_dialect::ollama_chat:
-        case request_dialect::ollama_generate:
-            throw http::http_error(400,
-                                   std::string("this is an ") + dialect_name(out.dialect) +
-                                       " body; Ollama bodies need the Ollama parser, which this build does not have");
+            out.chat = ollama::parse_chat_request(body);
+            out.chat.api = "ollama";
+            break;
+        case request_dialect::ollama_generate: {
+            ollama::generate_request generate = ollama::parse_generate_request(body);
+            if (generate.raw) {
+                throw http::http_error(400,
+                                       "this is a raw Ollama generate body: its prompt is not a chat, so there is "
+                                       "no template to render it with");
+            }
+            out.chat = std::move(generate.chat);
+            out.chat.api = "ollama";
+            break;
+        }
     }
     return out;
 }

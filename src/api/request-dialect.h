@@ -29,8 +29,9 @@ struct dialect_request {
     chat_request chat;
 };
 
-// Detects the dialect and parses the body with that API's parser. Throws http::http_error(400) naming the problem
-// when the body is not a valid request of its API, or when this build has no parser for its API.
+// Detects the dialect and parses the body with that API's parser (an Anthropic body's max_tokens is optional here,
+// as in count_tokens). Throws http::http_error(400) naming the problem when the body is not a valid request of its
+// API, or is a raw Ollama generate body (a prompt, not a chat).
 dialect_request parse_any_chat_body(const json& body);
 
 }  // namespace keepwarm::api

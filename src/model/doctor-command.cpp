@@ -3,6 +3,7 @@
 #include "model/doctor-command.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,8 @@
 #include "http/http-server.h"
 #include "llama-cpp.h"
 #include "model/demo-model.h"
+#include "policy/policy-file.h"
+#include "policy/policy.h"
 #include "policy/prompt-diff.h"
 
 namespace keepwarm {
@@ -37,6 +40,8 @@ struct doctor_options {
     std::string a, b;
     std::string model;  // empty: the demo model
     std::string chat_template_file;
+    std::string policy_file;  // empty: the bodies as sent
+    std::string alias;        // the served model's name, as `serve --alias` (default: the file name)
     bool json = false;
 };
 
@@ -52,11 +57,13 @@ std::string read_text(const std::string& path) {
 struct rendered_body {
     std::string file;
     api::dialect_request request;
+    std::vector<std::string> policy_fired;  // what the policy file did to this body before rendering
     std::string prompt;
     std::vector<llama_token> tokens;
 };
 
-rendered_body render_body(const std::string& path, const api::chat_renderer& renderer, const llama_vocab* vocab) {
+rendered_body render_body(const std::string& path, const api::chat_renderer& renderer, const llama_vocab* vocab,
+                          const policy::request_policy* policy) {
     rendered_body r;
     r.file = path;
     json body;
@@ -67,6 +74,10 @@ rendered_body render_body(const std::string& path, const api::chat_renderer& ren
     }
     try {
         r.request = api::parse_any_chat_body(body);
+        if (policy) {
+            // As `serve` would before rendering (counting: a body that looks like a ping is still rendered).
+            r.policy_fired = policy->apply(r.request.chat, {}, policy::policy_use::counting).fired;
+        }
         r.prompt = renderer.render(r.request.chat).prompt;
     } catch (const http::http_error& e) {
         throw std::runtime_error(path + ": " + e.what());
@@ -110,7 +121,8 @@ json side_json(const rendered_body& r) {
             {"api", api::dialect_name(r.request.dialect)},
             {"messages", r.request.chat.messages.size()},
             {"chars", r.prompt.size()},
-            {"tokens", r.tokens.size()}};
+            {"tokens", r.tokens.size()},
+            {"policy", r.policy_fired}};
 }
 
 // The text where a side departs: the span when there is one, else the next chars from the divergence.
@@ -178,6 +190,12 @@ void print_report(const std::string& model, const rendered_body& a, const render
     };
     side("A", a);
     side("B", b);
+    for (const auto& [name, r] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
+        if (r->policy_fired.empty()) continue;
+        std::cout << "policy on " << name << ":";
+        for (const auto& rule : r->policy_fired) std::cout << " " << rule << ";";
+        std::cout << "\n";
+    }
     std::cout << "model: " << model << "\n\n";
     if (a.prompt == b.prompt) {
         std::cout << "A and B render the same prompt: B reuses all " << a.tokens.size() << " tokens of A's.\n";
@@ -233,8 +251,14 @@ int run_doctor(const doctor_options& o) {
     const api::chat_renderer renderer(model.get(), template_override);
     const llama_vocab* vocab = llama_model_get_vocab(model.get());
 
-    const rendered_body a = render_body(o.a, renderer, vocab);
-    const rendered_body b = render_body(o.b, renderer, vocab);
+    std::optional<policy::request_policy> policy;
+    if (!o.policy_file.empty()) {
+        const std::string served = o.alias.empty() ? std::filesystem::path(model_path).stem().string() : o.alias;
+        policy.emplace(policy::load_policy_file(o.policy_file, served), served);
+    }
+    const policy::request_policy* applied = policy ? &*policy : nullptr;
+    const rendered_body a = render_body(o.a, renderer, vocab, applied);
+    const rendered_body b = render_body(o.b, renderer, vocab, applied);
     const comparison c = compare(a, b);
     if (o.json) {
         std::cout << report_json(model_path, a, b, c).dump(2, ' ', false, json::error_handler_t::replace) << "\n";
@@ -257,6 +281,10 @@ void add_doctor_command(CLI::App& app) {
                     "GGUF model whose tokenizer and chat template render the bodies (only those are loaded; "
                     "default: the demo model)");
     cmd->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template to use instead of the model's");
+    cmd->add_option("--policy", o->policy_file,
+                    "Apply this policy file (as `serve --policy`) to both bodies before rendering: does it remove the "
+                    "divergence?");
+    cmd->add_option("--alias", o->alias, "The served model's name for the policy's aliases (default: the file name)");
     cmd->add_flag("--json", o->json, "Print JSON");
     cmd->footer(
         "Exit status: 0 when the prompts are identical or one extends the other, 1 when they diverge, 2 on "

@@ -83,3 +83,20 @@ test('bad input exits 2 naming the file and the problem', async () => {
     assert.equal(missing.code, 2);
     assert.match(missing.stderr, /no-such-file\.json: cannot read/);
 });
+
+// With the policy file `serve` would run, both bodies go through its rules first: the built-in claude-code-billing
+// rule replaces the nonce, so B reuses all of A.
+test('--policy applies the policy file before rendering, and the nonce no longer parts the prompts', async () => {
+    const policy = path.join(fixtures, '..', '..', '..', 'etc', 'keepwarm-policy.toml');
+    const { code, stdout, stderr } = await doctor('openai-a.json', 'openai-b-new-cch.json', '--policy', policy, '--json');
+    assert.equal(code, 0, stderr + stdout);
+    const report = JSON.parse(stdout);
+    assert.ok(['identical', 'extends'].includes(report.result), stdout);
+    assert.equal(report.reused_tokens, report.a.tokens, 'B reuses every token of A');
+    assert.ok(report.b.policy.includes('span:claude-code-billing(replace)'), JSON.stringify(report.b.policy));
+    const text = await doctor('openai-a.json', 'openai-b-new-cch.json', '--policy', policy);
+    assert.match(text.stdout, /policy on B:.* span:claude-code-billing\(replace\);/);
+    const bad = await doctor('openai-a.json', 'openai-b-new-cch.json', '--policy', path.join(fixtures, 'not-json.json'));
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /not-json\.json/);
+});

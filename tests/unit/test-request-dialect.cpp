@@ -63,3 +63,28 @@ TEST(RequestDialect, BadOpenAIBodyIsA400NamingTheField) {
         EXPECT_NE(std::string(e.what()).find("role"), std::string::npos) << e.what();
     }
 }
+
+TEST(RequestDialect, AnthropicAndOllamaBodiesParseIntoTheSameChat) {
+    const auto anthropic = keepwarm::api::parse_any_chat_body(json::parse(R"({"model": "claude", "system": [
+        {"type": "text", "text": "be terse"}], "messages": [{"role": "user", "content": "hi"}]})"));
+    EXPECT_EQ(anthropic.dialect, request_dialect::anthropic_messages);
+    EXPECT_EQ(anthropic.chat.api, "anthropic");
+    const auto ollama = keepwarm::api::parse_any_chat_body(json::parse(R"({"model": "qwen3", "options": {},
+        "messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi"}]})"));
+    EXPECT_EQ(ollama.dialect, request_dialect::ollama_chat);
+    EXPECT_EQ(ollama.chat.api, "ollama");
+    for (const auto* parsed : {&anthropic, &ollama}) {
+        ASSERT_EQ(parsed->chat.messages.size(), 2u);
+        EXPECT_EQ(parsed->chat.messages[0].role, "system");
+        EXPECT_EQ(parsed->chat.messages[0].content, "be terse");
+        EXPECT_EQ(parsed->chat.messages[1].content, "hi");
+    }
+    const auto generate =
+        keepwarm::api::parse_any_chat_body(json::parse(R"({"model": "qwen3", "system": "s", "prompt": "why?"})"));
+    EXPECT_EQ(generate.dialect, request_dialect::ollama_generate);
+    ASSERT_EQ(generate.chat.messages.size(), 2u);
+    EXPECT_EQ(generate.chat.messages[1].content, "why?");
+    EXPECT_THROW(
+        keepwarm::api::parse_any_chat_body(json::parse(R"({"model": "qwen3", "prompt": "raw text", "raw": true})")),
+        keepwarm::http::http_error);
+}
