@@ -493,8 +493,9 @@ std::string tool_use_id(const std::string& call_id) {
     return call_id.compare(0, ours.size(), ours) == 0 ? "toolu_" + call_id.substr(ours.size()) : call_id;
 }
 
-std::string stop_reason(const common_chat_msg& msg, bool hit_token_limit) {
+std::string stop_reason(const common_chat_msg& msg, bool hit_token_limit, bool hit_stop_sequence) {
     if (hit_token_limit) return "max_tokens";
+    if (hit_stop_sequence && msg.tool_calls.empty()) return "stop_sequence";
     return msg.tool_calls.empty() ? "end_turn" : "tool_use";
 }
 
@@ -525,7 +526,8 @@ json content_json(const common_chat_msg& msg) {
 }
 
 json message_json(const std::string& id, const std::string& model, const common_chat_msg& msg,
-                  const std::string& stop_reason, const usage_info& usage, const std::optional<timings_info>& timings) {
+                  const std::string& stop_reason, const usage_info& usage, const std::optional<timings_info>& timings,
+                  const std::string& stop_sequence) {
     json message{
         {"id", id},
         {"type", "message"},
@@ -533,7 +535,7 @@ json message_json(const std::string& id, const std::string& model, const common_
         {"model", model},
         {"content", content_json(msg)},
         {"stop_reason", stop_reason},
-        {"stop_sequence", nullptr},
+        {"stop_sequence", stop_sequence.empty() ? json(nullptr) : json(stop_sequence)},
         {"usage", message_usage_json(usage)},
     };
     if (timings) message["timings"] = timings_json(*timings);
@@ -654,13 +656,16 @@ std::vector<stream_event> message_stream::push(const std::vector<common_chat_msg
 }
 
 std::vector<stream_event> message_stream::finish(const std::string& stop_reason, const usage_info& usage,
-                                                 const std::optional<timings_info>& timings) {
+                                                 const std::optional<timings_info>& timings,
+                                                 const std::string& stop_sequence) {
     std::vector<stream_event> out;
     open_pending_tool_use(out);
     close(out);
     json message_delta{
         {"type", "message_delta"},
-        {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", nullptr}}},
+        {"delta",
+         {{"stop_reason", stop_reason},
+          {"stop_sequence", stop_sequence.empty() ? json(nullptr) : json(stop_sequence)}}},
         {"usage", message_usage_json(usage)},
     };
     if (timings) message_delta["timings"] = timings_json(*timings);

@@ -66,8 +66,9 @@ inline std::string gen_message_id() {
 // model wrote itself is kept.
 std::string tool_use_id(const std::string& call_id);
 
-// end_turn, max_tokens (the token limit cut the answer) or tool_use (the message has tool calls).
-std::string stop_reason(const common_chat_msg& msg, bool hit_token_limit);
+// end_turn, max_tokens (the token limit cut the answer), stop_sequence (one of the request's stop_sequences ended
+// it) or tool_use (the message has tool calls).
+std::string stop_reason(const common_chat_msg& msg, bool hit_token_limit, bool hit_stop_sequence = false);
 
 // The final usage (see the mapping above).
 json message_usage_json(const usage_info& usage);
@@ -79,7 +80,7 @@ json content_json(const common_chat_msg& msg);
 // The message object of a non-streamed answer. `model` is the name the client asked for, echoed like Anthropic does.
 json message_json(const std::string& id, const std::string& model, const common_chat_msg& msg,
                   const std::string& stop_reason, const usage_info& usage,
-                  const std::optional<timings_info>& timings = std::nullopt);
+                  const std::optional<timings_info>& timings = std::nullopt, const std::string& stop_sequence = "");
 
 json count_tokens_json(int input_tokens);
 
@@ -107,8 +108,10 @@ public:
     std::vector<stream_event> push(const std::vector<common_chat_msg_diff>& diffs);
     // Closes the open block and ends the message: content_block_stop, message_delta (with `timings` when given),
     // message_stop.
+    // `stop_sequence`: the one that ended the answer, or "" (null).
     std::vector<stream_event> finish(const std::string& stop_reason, const usage_info& usage,
-                                     const std::optional<timings_info>& timings = std::nullopt);
+                                     const std::optional<timings_info>& timings = std::nullopt,
+                                     const std::string& stop_sequence = "");
 
 private:
     enum class block_kind { none, thinking, text, tool_use };

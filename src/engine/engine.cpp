@@ -393,6 +393,7 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     const bool sampled = s.first_token != clock::time_point{} && s.generated > 0;
     generation_stats& st = event.stats;
     st.slot = s.id;
+    if (reason == finish_reason::stop) st.stop_sequence = s.text->matched_stop();
     st.prompt_tokens = static_cast<int>(request->prompt.size());
     st.reused_tokens = s.reused;
     st.reused_device = s.restored.device;

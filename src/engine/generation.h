@@ -32,14 +32,15 @@ struct generation_stats {
     // Where the prompt departs from a cached path that continues differently: the position and the text on both
     // sides (empty when the prompt only extends what was cached).
     std::string divergence;
-    int computed_tokens = 0;   // prompt tokens computed for this request (prompt_tokens - reused_tokens)
-    int generated_tokens = 0;  // tokens sampled
-    double queued_ms = 0;      // in the engine queue, waiting for a free slot
-    double setup_ms = 0;       // from receiving the request to the first model call with its tokens
-    double prepare_ms = 0;     // ... of which before the engine got it (parse, render, tokenize)
-    double prompt_ms = 0;      // computing the prompt, up to the first sampled token
-    double generation_ms = 0;  // after the first sampled token
-    int slot = -1;             // which slot served it
+    int computed_tokens = 0;    // prompt tokens computed for this request (prompt_tokens - reused_tokens)
+    int generated_tokens = 0;   // tokens sampled
+    double queued_ms = 0;       // in the engine queue, waiting for a free slot
+    double setup_ms = 0;        // from receiving the request to the first model call with its tokens
+    double prepare_ms = 0;      // ... of which before the engine got it (parse, render, tokenize)
+    double prompt_ms = 0;       // computing the prompt, up to the first sampled token
+    double generation_ms = 0;   // after the first sampled token
+    int slot = -1;              // which slot served it
+    std::string stop_sequence;  // the stop string that ended the generation (empty: none did)
 };
 
 struct generation_event {

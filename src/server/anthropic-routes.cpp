@@ -3,6 +3,7 @@
 // as Anthropic's message or event sequence.
 #include "server/anthropic-routes.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,14 @@ constexpr auto ping_interval = std::chrono::seconds(10);
 api::cache_detail cache_detail_of(const generation_stats& st) {
     return {
         .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
+}
+
+// The client's stop sequence that ended the answer, or "": a stop the template adds (its end-of-turn text) is an
+// end_turn for Anthropic, not a stop_sequence.
+std::string client_stop_sequence(const generation_source& chat, const generation_stats& st) {
+    const auto& asked = chat.request().stop;
+    if (st.stop_sequence.empty() || std::find(asked.begin(), asked.end(), st.stop_sequence) == asked.end()) return {};
+    return st.stop_sequence;
 }
 
 api::usage_info usage_of(const generation_stats& st) {
@@ -62,10 +71,12 @@ void handle_messages(const generation_opener& open, server_context& ctx, const h
             if (u->reason == finish_reason::error) {
                 throw http::http_error(500, u->error.empty() ? "generation failed" : u->error, "api_error");
             }
-            const std::string reason = anthropic::stop_reason(chat.message(), u->reason == finish_reason::length);
+            const std::string sequence = client_stop_sequence(chat, u->stats);
+            const std::string reason =
+                anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
             w.send(200, "application/json",
                    anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
-                                           timings_of(u->stats))
+                                           timings_of(u->stats), sequence)
                        .dump(-1, ' ', false, json::error_handler_t::replace),
                    headers);
             return;
@@ -95,8 +106,10 @@ void handle_messages(const generation_opener& open, server_context& ctx, const h
         } else {
             events = message.push(u->diffs);
             if (u->done) {
-                const std::string reason = anthropic::stop_reason(chat.message(), u->reason == finish_reason::length);
-                for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats))) {
+                const std::string sequence = client_stop_sequence(chat, u->stats);
+                const std::string reason =
+                    anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
+                for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats), sequence)) {
                     events.push_back(std::move(event));
                 }
             } else if (events.empty() && std::chrono::steady_clock::now() - last_write >= ping_interval) {

@@ -308,3 +308,23 @@ test('thinking enabled gives thinking blocks, streamed with a signature; disable
         await hybrid.stop();
     }
 });
+
+// At temperature 0 the same request writes the same text, so a piece of the first answer is a stop sequence the
+// second one certainly meets: stop_reason says so and stop_sequence names it, whole and streamed.
+test('a stop sequence that ends the answer is reported as stop_sequence', async () => {
+    const ask = { model: 'claude-test', max_tokens: 24, temperature: 0,
+                  messages: [{ role: 'user', content: 'Count to ten.' }] };
+    const free = await client.messages.create(ask);
+    const text = free.content.find((b) => b.type === 'text')?.text ?? '';
+    assert.ok(text.length >= 8, `the model wrote too little to cut: ${JSON.stringify(text)}`);
+    const stop = text.slice(4, 8);
+    const cut = await client.messages.create({ ...ask, stop_sequences: [stop] });
+    assert.equal(cut.stop_reason, 'stop_sequence', JSON.stringify(cut));
+    assert.equal(cut.stop_sequence, stop);
+    assert.ok(!cut.content.find((b) => b.type === 'text')?.text.includes(stop), 'the stop sequence is not returned');
+    const streamed = await client.messages.stream({ ...ask, stop_sequences: [stop] }).finalMessage();
+    assert.equal(streamed.stop_reason, 'stop_sequence');
+    assert.equal(streamed.stop_sequence, stop);
+    assert.equal(free.stop_reason, 'max_tokens');
+    assert.equal(free.stop_sequence, null);
+});
