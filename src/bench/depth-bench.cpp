@@ -17,6 +17,7 @@
 
 #include "bench/experts-bench.h"
 #include "bench/gauntlet-command.h"
+#include "bench/report-text.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -47,39 +48,13 @@ ggml_type to_ggml_type(kv_cache_type type) {
     return GGML_TYPE_F16;
 }
 
-std::string fixed(double value, int decimals) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
-    return buf;
-}
+using report_text::fixed;
+using report_text::xml_escape;
 
 std::string human_bytes(uint64_t bytes) {
     if (bytes < 1024) return std::to_string(bytes) + " B";
     if (bytes < 1024 * 1024) return fixed(bytes / 1024.0, 1) + " KiB";
     return fixed(bytes / (1024.0 * 1024.0), 2) + " MiB";
-}
-
-std::string xml_escape(const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-        switch (c) {
-            case '&':
-                out += "&amp;";
-                break;
-            case '<':
-                out += "&lt;";
-                break;
-            case '>':
-                out += "&gt;";
-                break;
-            case '"':
-                out += "&quot;";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
 }
 
 using clock = std::chrono::steady_clock;

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "bench/report-text.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -39,40 +40,14 @@ constexpr char k_binary_magic[8] = {'K', 'W', 'E', 'X', 'P', 'T', 'R', '1'};
 // logits buffer: chunk x vocabulary floats.
 constexpr int k_prefill_chunk = 128;
 
-std::string fixed(double value, int decimals) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
-    return buf;
-}
+using report_text::fixed;
+using report_text::xml_escape;
 
 std::string human_bytes(double bytes) {
     if (bytes < 1024) return fixed(bytes, bytes == std::floor(bytes) ? 0 : 1) + " B";
     if (bytes < 1024.0 * 1024) return fixed(bytes / 1024.0, 2) + " KiB";
     if (bytes < 1024.0 * 1024 * 1024) return fixed(bytes / (1024.0 * 1024.0), 2) + " MiB";
     return fixed(bytes / (1024.0 * 1024.0 * 1024.0), 2) + " GiB";
-}
-
-std::string xml_escape(const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-        switch (c) {
-            case '&':
-                out += "&amp;";
-                break;
-            case '<':
-                out += "&lt;";
-                break;
-            case '>':
-                out += "&gt;";
-                break;
-            case '"':
-                out += "&quot;";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
 }
 
 bool ends_with(const std::string& text, const std::string& suffix) {

@@ -9,41 +9,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench/report-text.h"
+
 namespace keepwarm::gauntlet {
 
 namespace {
 
 constexpr double nan_value = std::numeric_limits<double>::quiet_NaN();
 
-std::string fixed(double v, int decimals) {
-    if (std::isnan(v)) return "-";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-    return buf;
-}
-
-std::string html_escape(const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-        switch (c) {
-            case '&':
-                out += "&amp;";
-                break;
-            case '<':
-                out += "&lt;";
-                break;
-            case '>':
-                out += "&gt;";
-                break;
-            case '"':
-                out += "&quot;";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
-}
+using report_text::fixed;
+using report_text::xml_escape;
 
 const char* series_color(size_t i) {
     static const char* const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
@@ -108,14 +83,14 @@ std::string ttft_chart(const gauntlet_report& report) {
             svg << "\"/>\n";
             for (const request_record* r : points) {
                 svg << "<circle cx=\"" << x_of(r->sent_at_s) << "\" cy=\"" << y_of(r->ttft_ms) << "\" r=\"3\" fill=\""
-                    << color << "\"><title>" << html_escape(run.target) << " " << html_escape(r->agent) << " line "
+                    << color << "\"><title>" << xml_escape(run.target) << " " << xml_escape(r->agent) << " line "
                     << r->line_number << ": " << fixed(r->ttft_ms, 1) << " ms</title></circle>\n";
             }
         }
         const double ly = top + 10 + 18 * static_cast<double>(i);
         svg << "<rect x=\"" << left + plot_w + 15 << "\" y=\"" << ly - 9 << "\" width=\"12\" height=\"12\" fill=\""
-            << color << "\"/><text x=\"" << left + plot_w + 32 << "\" y=\"" << ly + 1 << "\">"
-            << html_escape(targets[i]) << "</text>\n";
+            << color << "\"/><text x=\"" << left + plot_w + 32 << "\" y=\"" << ly + 1 << "\">" << xml_escape(targets[i])
+            << "</text>\n";
     }
     svg << "</svg>\n";
     return svg.str();
@@ -141,7 +116,7 @@ std::string prefill_chart(const gauntlet_report& report) {
         const double computed_w = plot_w * static_cast<double>(s.computed_tokens) / max_v;
         const double ideal_w = plot_w * static_cast<double>(s.ideal_tokens) / max_v;
         svg << "<text x=\"" << left - 8 << "\" y=\"" << y + bar_h + 4 << "\" text-anchor=\"end\">"
-            << html_escape(s.target) << "</text>\n";
+            << xml_escape(s.target) << "</text>\n";
         svg << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << computed_w << "\" height=\"" << bar_h
             << "\" fill=\"" << series_color(i) << "\"/><text x=\"" << left + computed_w + 6 << "\" y=\""
             << y + bar_h - 5 << "\">computed " << s.computed_tokens << " (" << fixed(s.computed_over_ideal, 2)
@@ -339,15 +314,15 @@ std::string format_gauntlet_html(const gauntlet_report& report) {
          << "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse}"
          << "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child"
          << "{text-align:left}code{background:#f4f4f4}</style></head><body>\n";
-    html << "<h1>keepwarm bench gauntlet</h1>\n<p><code>" << html_escape(report.command_line) << "</code></p>\n";
-    html << "<p>Model: " << html_escape(report.model) << "<br>Workload: " << html_escape(report.workload) << " ("
-         << report.lines << " lines, " << report.agents << " agents)<br>Cache killers: " << html_escape(report.killers)
+    html << "<h1>keepwarm bench gauntlet</h1>\n<p><code>" << xml_escape(report.command_line) << "</code></p>\n";
+    html << "<p>Model: " << xml_escape(report.model) << "<br>Workload: " << xml_escape(report.workload) << " ("
+         << report.lines << " lines, " << report.agents << " agents)<br>Cache killers: " << xml_escape(report.killers)
          << "</p>\n";
     html << "<table><tr><th>target</th><th>requests</th><th>failures</th><th>pings</th><th>prompt</th><th>reused</th>"
          << "<th>computed</th><th>ideal</th><th>computed / ideal</th><th>cold TTFT ms</th><th>warm p50 ms</th>"
          << "<th>warm p95 ms</th><th>warm p95 / cold</th><th>prefill s</th></tr>\n";
     for (const target_summary& s : report.summaries) {
-        html << "<tr><td>" << html_escape(s.target) << "</td><td>" << s.requests << "</td><td>" << s.failures
+        html << "<tr><td>" << xml_escape(s.target) << "</td><td>" << s.requests << "</td><td>" << s.failures
              << "</td><td>" << s.pings << "</td><td>" << s.prompt_tokens << "</td><td>" << s.reused_tokens
              << "</td><td>" << s.computed_tokens << "</td><td>" << s.ideal_tokens << "</td><td>"
              << fixed(s.computed_over_ideal, 3) << "</td><td>" << fixed(s.cold_ttft_ms, 0) << "</td><td>"
@@ -356,10 +331,10 @@ std::string format_gauntlet_html(const gauntlet_report& report) {
     }
     html << "</table>\n";
     if (!report.ratios.empty()) {
-        html << "<h2>Against " << html_escape(report.baseline) << "</h2>\n<table><tr><th>target</th>"
+        html << "<h2>Against " << xml_escape(report.baseline) << "</h2>\n<table><tr><th>target</th>"
              << "<th>total prefill time</th><th>computed tokens</th><th>warm p95 / cold</th></tr>\n";
         for (const target_ratios& r : report.ratios) {
-            html << "<tr><td>" << html_escape(r.target) << "</td><td>" << fixed(r.prefill_time, 3) << "x</td><td>"
+            html << "<tr><td>" << xml_escape(r.target) << "</td><td>" << fixed(r.prefill_time, 3) << "x</td><td>"
                  << fixed(r.computed_tokens, 3) << "x</td><td>" << fixed(r.warm_p95_over_cold, 3) << "x</td></tr>\n";
         }
         html << "</table>\n";
@@ -367,12 +342,11 @@ std::string format_gauntlet_html(const gauntlet_report& report) {
     html << "<h2>Charts</h2>\n" << ttft_chart(report) << prefill_chart(report);
     html << "<h2>Failures</h2>\n<ul>\n";
     for (const target_run& run : report.runs) {
-        if (!run.error.empty())
-            html << "<li>" << html_escape(run.target) << ": " << html_escape(run.error) << "</li>\n";
+        if (!run.error.empty()) html << "<li>" << xml_escape(run.target) << ": " << xml_escape(run.error) << "</li>\n";
         for (const request_record& r : run.requests) {
             if (!r.ok) {
-                html << "<li>" << html_escape(run.target) << " line " << r.line_number << " (" << html_escape(r.agent)
-                     << "): " << html_escape(r.error) << "</li>\n";
+                html << "<li>" << xml_escape(run.target) << " line " << r.line_number << " (" << xml_escape(r.agent)
+                     << "): " << xml_escape(r.error) << "</li>\n";
             }
         }
     }
