@@ -343,22 +343,7 @@ std::string format_depth_table(const depth_bench_report& report) {
         }
         rows.push_back(row);
     }
-    std::vector<size_t> width(header.size());
-    for (size_t c = 0; c < header.size(); ++c) {
-        width[c] = header[c].size();
-        for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
-    }
-    const auto print_row = [&](const std::vector<std::string>& row) {
-        out << "|";
-        for (size_t c = 0; c < row.size(); ++c)
-            out << " " << std::string(width[c] - row[c].size(), ' ') << row[c] << " |";
-        out << "\n";
-    };
-    print_row(header);
-    out << "|";
-    for (const size_t w : width) out << std::string(w + 1, '-') << ":|";
-    out << "\n";
-    for (const auto& row : rows) print_row(row);
+    out << report_text::markdown_table(header, rows);
 
     for (const auto& r : report.results) {
         if (!r.error.empty()) out << "error: " << to_string(r.kv) << " at depth " << r.depth << ": " << r.error << "\n";

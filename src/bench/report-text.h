@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace keepwarm::report_text {
 
@@ -10,5 +11,8 @@ std::string fixed(double value, int decimals);
 
 // Text made safe for an XML/HTML element or attribute value (& < > ").
 std::string xml_escape(const std::string& text);
+
+// A Markdown table with right-aligned columns padded to their widest cell; every row has header.size() cells.
+std::string markdown_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 
 }  // namespace keepwarm::report_text
