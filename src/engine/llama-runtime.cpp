@@ -1,6 +1,7 @@
 // See llama-runtime.h.
 #include "engine/llama-runtime.h"
 
+#include <dlfcn.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -29,6 +31,18 @@ void log_callback(ggml_log_level level, const char* text, void*) {
 }
 }  // namespace
 
+namespace {
+// The folder libggml was loaded from (through the binary's RPATH): the CPU backends sit beside it, wherever the
+// keepwarm binary itself was copied to.
+std::filesystem::path ggml_library_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&ggml_backend_load_all_from_path), &info) == 0 || !info.dli_fname) return {};
+    std::error_code ec;
+    const auto path = std::filesystem::canonical(info.dli_fname, ec);
+    return ec ? std::filesystem::path{} : path.parent_path();
+}
+}  // namespace
+
 std::string executable_dir() {
     std::error_code ec;
     auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -42,11 +56,13 @@ void init_llama_runtime(bool verbose) {
         llama_log_set(log_callback, nullptr);
         namespace fs = std::filesystem;
         const fs::path dir = executable_dir();
+        std::vector<fs::path> candidates{dir / "lib", dir, dir / ".." / "lib"};
+        if (auto ggml_dir = ggml_library_dir(); !ggml_dir.empty()) candidates.push_back(ggml_dir);
         bool loaded = false;
         // KEEPWARM_CPU_BACKEND=haswell (say) loads that one CPU variant instead of the best for this machine: to
         // check the code path of an older CPU, or to step around a kernel that misbehaves on this one.
         if (const char* variant = std::getenv("KEEPWARM_CPU_BACKEND"); variant && *variant) {
-            for (const fs::path& candidate : {dir / "lib", dir, dir / ".." / "lib"}) {
+            for (const fs::path& candidate : candidates) {
                 const fs::path lib = candidate / ("libggml-cpu-" + std::string(variant) + ".so");
                 std::error_code ec;
                 if (fs::exists(lib, ec) && ggml_backend_load(lib.c_str())) {
@@ -59,7 +75,7 @@ void init_llama_runtime(bool verbose) {
                                          variant + ".so next to the binary");
             }
         }
-        for (const fs::path& candidate : {dir / "lib", dir, dir / ".." / "lib"}) {
+        for (const fs::path& candidate : candidates) {
             if (loaded) break;
             std::error_code ec;
             if (fs::exists(candidate / "libggml-base.so", ec) || fs::exists(candidate / "libggml-cpu-x64.so", ec)) {
