@@ -11,6 +11,10 @@ jobs="$(nproc)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -L unit -j"$jobs"
+# The proxy's end-to-end tests run llama-server as one of its upstreams: built from the pinned source against the
+# same prebuilt libraries, cached outside the build tree by llama.cpp commit (a no-op once built).
+LLAMA_SERVER="$(bench/build-llama-server.sh)"
+export LLAMA_SERVER
 ctest --test-dir build --output-on-failure -L e2e --verbose
 
 if [[ "${KEEPWARM_SKIP_SANITIZERS:-0}" != 1 ]]; then

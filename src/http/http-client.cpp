@@ -80,6 +80,7 @@ struct client_connection::impl {
     std::atomic<bool> cancelled{false};
     bool connected = false;
     bool body_pending = false;  // a response head was read and its body not yet to the end
+    uint64_t connects = 0;
     char chunk[16384];
 
     // Runs one asynchronous operation to completion on the calling thread, with a deadline.
@@ -152,6 +153,7 @@ client_response client_connection::send(std::string_view method, std::string_vie
                     origin_.url() + ": connect: " + (ec == beast::error::timeout ? "timed out" : ec.message()));
             }
             s.connected = true;
+            s.connects++;
         }
         error_code ec =
             s.run(options_.write_timeout, [&](auto done) { bhttp::async_write(s.stream, request, std::move(done)); });
@@ -223,6 +225,14 @@ std::string client_connection::read_body() {
         }
     }
     return body;
+}
+
+bool client_connection::reusable() const {
+    return !impl_->cancelled && !impl_->body_pending && impl_->connected;
+}
+
+uint64_t client_connection::connects() const {
+    return impl_->connects;
 }
 
 void client_connection::cancel() {

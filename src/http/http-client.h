@@ -77,6 +77,12 @@ public:
     // closes. The connection can not be used again after this.
     void cancel();
 
+    // Whether it is worth keeping for another request: not cancelled, the last response read to its end, and the
+    // server did not say it closes (it may still close it later; send() then connects again, once).
+    bool reusable() const;
+    // TCP connections it has opened so far (a kept-alive connection opens one for many requests).
+    uint64_t connects() const;
+
     const endpoint& origin() const { return origin_; }
 
 private:

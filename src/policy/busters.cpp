@@ -32,6 +32,34 @@ token_locator locate_tokens(const llama_vocab* vocab, std::span<const llama_toke
     };
 }
 
+std::optional<span_rule> auto_span_rule(const cache_buster_report& report,
+                                        const std::vector<common_chat_msg>& messages) {
+    const suggested_rule& suggested = report.rule;
+    if (!report.looks_like_random_id() || suggested.pattern.empty() || suggested.action != "replace")
+        return std::nullopt;
+    if (report.message_index < 0 || static_cast<size_t>(report.message_index) >= messages.size()) return std::nullopt;
+    const common_chat_msg& msg = messages[report.message_index];
+    const unsigned role = role_bit(msg.role);
+    if (role == 0) return std::nullopt;
+    std::optional<span_rule> rule;
+    try {
+        rule.emplace("auto-" + suggested.name, suggested.pattern, span_action::replace, suggested.replacement, role,
+                     span_origin::automatic);
+    } catch (const std::invalid_argument&) {
+        return std::nullopt;  // a suggestion RE2 refuses is only reported
+    }
+    // The rule must find the span where the report saw it; a pattern anchored on template text would not.
+    std::vector<std::string> moved;
+    const auto rewrites = [&](std::string text) {
+        return text.find(report.current_text) != std::string::npos && rule->apply(text, moved) > 0 &&
+               text.find(report.current_text) == std::string::npos;
+    };
+    bool found = rewrites(msg.content);
+    for (const auto& part : msg.content_parts) found = found || rewrites(part.text);
+    if (!found) return std::nullopt;
+    return rule;
+}
+
 cache_buster_detector::cache_buster_detector() : cache_buster_detector(options{}) {}
 
 cache_buster_detector::cache_buster_detector(options opts) : opts_(std::move(opts)) {}
@@ -77,7 +105,10 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
     r.origin = std::move(origin);
     r.kind = best->kind;
     r.char_offset = best->offset;
-    r.token_offset = locate ? locate(best->offset) : -1;
+    if (locate) {
+        r.token_offset = locate(best->offset);
+        r.token_end = locate(best->offset + std::max<size_t>(best->later_length, 1) - 1) + 1;
+    }
     r.message_index = message_index_at(messages, prompt, best->offset);
     if (r.message_index >= 0) r.role = messages[r.message_index].role;
     r.previous_text = best->in_earlier(before);
@@ -92,8 +123,10 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
 
 bool cache_buster_detector::confirm(cache_buster_report r, const generation_stats& stats) {
     if (stats.prompt_tokens <= 0) return false;
-    // The tokenizer may merge the span's first char with the shared text in front of it: one token of slack.
-    if (r.token_offset >= 0 && stats.reused_tokens > r.token_offset + 1) return false;
+    // The cache may reuse the first tokens of the span itself (digits are tokens of their own, say), or the tokenizer
+    // may merge its first char with the text in front of it; reuse past the span's end means it cost nothing.
+    const int reuse_limit = std::max(r.token_offset + 1, r.token_end - 1);
+    if (r.token_offset >= 0 && stats.reused_tokens > reuse_limit) return false;
     const int from_span = r.token_offset >= 0 ? stats.prompt_tokens - r.token_offset : stats.prompt_tokens;
     r.cost_tokens = std::min(from_span, stats.computed_tokens);
     if (r.cost_tokens <= 0) return false;

@@ -21,6 +21,7 @@
 #include "engine/generation.h"
 #include "llama.h"
 #include "policy/prompt-diff.h"
+#include "policy/span-rules.h"
 
 namespace keepwarm::policy {
 
@@ -35,8 +36,10 @@ struct cache_buster_report {
     prompt_origin origin;
     int64_t time = 0;  // unix seconds
     span_kind kind = span_kind::prose;
-    size_t char_offset = 0;     // where the span starts; the client's earlier prompt and this one agree before it
-    int token_offset = -1;      // the prompt token holding that char (-1: unknown)
+    size_t char_offset = 0;  // where the span starts; the client's earlier prompt and this one agree before it
+    int token_offset = -1;   // the prompt token holding that char (-1: unknown)
+    int token_end = -1;      // the token after the one holding the span's last char (-1: unknown)
+    bool token_offset_estimated = false;  // a proxy without the upstream's tokenizer: where the upstream's reuse ended
     int message_index = -1;     // the message the span is in (-1: before the first message's text, or unknown)
     std::string role;           // that message's role
     std::string previous_text;  // the span in the client's earlier prompt
@@ -48,6 +51,7 @@ struct cache_buster_report {
     // Prompt tokens from the span on that were computed because the cache could not reuse past it.
     int cost_tokens = 0;
     suggested_rule rule;
+    std::string adopted_rule;  // the span rule auto mode put in force because of this report; empty: none
 
     // What the policy's auto mode may replace by itself: a uuid, a hex or base64-like id of high entropy.
     bool looks_like_random_id() const { return is_random_id(kind); }
@@ -59,6 +63,13 @@ using token_locator = std::function<int(size_t char_offset)>;
 // A locator over a prompt's tokens (as tokenized from the rendered text, with the vocab's BOS when it adds one).
 // The tokens must outlive the locator.
 token_locator locate_tokens(const llama_vocab* vocab, std::span<const llama_token> tokens);
+
+// Auto mode: the span rule a report of a random id becomes ("auto-" + the suggested rule's name, replace, the roles
+// of the message the span is in, origin automatic), after checking that it rewrites the span in that message of the
+// request (`messages`, as the policy left them). nullopt for anything else: a date, a number, prose, a reordering,
+// a span outside the messages' text, a pattern that does not match there.
+std::optional<span_rule> auto_span_rule(const cache_buster_report& report,
+                                        const std::vector<common_chat_msg>& messages);
 
 // Threading: every member may be called from any number of threads at once; prompts are compared outside the lock.
 class cache_buster_detector {

@@ -87,9 +87,11 @@ public:
                 read_ping(table(node, "ping"), config.ping);
             } else if (k == "spans") {
                 read_spans(table(node, "spans"), config.spans);
+            } else if (k == "detect") {
+                read_detect(table(node, "detect"), config.detect);
             } else {
                 fail(key.source(),
-                     "unknown section '" + std::string(k) + "' (known: model, options, client, ping, spans)");
+                     "unknown section '" + std::string(k) + "' (known: model, options, client, ping, spans, detect)");
             }
         }
         if (config.ping.matchers.empty()) config.ping.matchers.push_back({.max_tokens_at_most = 1});
@@ -298,6 +300,27 @@ private:
                 }
             } else {
                 unknown(key, "[ping]", std::initializer_list<std::string_view>{"enabled", "reply", "match"});
+            }
+        }
+    }
+
+    void read_detect(const toml::table& t, detect_policy& detect) const {
+        for (auto&& [key, node] : t) {
+            if (key.str() == "mode") {
+                const std::string mode = string(node, "detect.mode");
+                if (mode == "off") {
+                    detect.mode = detect_mode::off;
+                } else if (mode == "report") {
+                    detect.mode = detect_mode::report;
+                } else if (mode == "auto") {
+                    detect.mode = detect_mode::automatic;
+                } else {
+                    fail(node.source(), "'detect.mode' must be \"off\", \"report\" or \"auto\", not \"" + mode + "\"");
+                }
+            } else if (key.str() == "max_auto_rules") {
+                detect.max_auto_rules = static_cast<size_t>(integer(node, "detect.max_auto_rules", 0, 1000));
+            } else {
+                unknown(key, "[detect]", std::initializer_list<std::string_view>{"mode", "max_auto_rules"});
             }
         }
     }

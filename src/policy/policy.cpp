@@ -82,7 +82,8 @@ void force(std::optional<T>& field, const std::optional<T>& forced, const char* 
     }
 }
 
-void apply_options(const forced_options& o, api::chat_request& chat, std::vector<std::string>& fired) {
+void apply_options(const forced_options& o, api::chat_request& chat, std::vector<std::string>& fired,
+                   std::vector<forced_bias>& unbound_biases) {
     if (o.max_tokens_default && !chat.max_tokens) {
         chat.max_tokens = o.max_tokens_default;
         fired.push_back("max-tokens-default:" + std::to_string(*o.max_tokens_default));
@@ -111,10 +112,13 @@ void apply_options(const forced_options& o, api::chat_request& chat, std::vector
     force(s.presence_penalty, f.presence_penalty, "presence-penalty", fired);
     force(s.frequency_penalty, f.frequency_penalty, "frequency-penalty", fired);
     for (const forced_bias& b : o.logit_bias) {
-        if (b.token < 0) continue;  // not bound to a vocabulary (a policy built without a model)
+        if (b.token < 0) {  // not bound to a vocabulary: the proxy binds it per upstream
+            unbound_biases.push_back(b);
+            continue;
+        }
         std::erase_if(s.logit_bias, [&](const auto& entry) { return entry.first == b.token; });
         s.logit_bias.emplace_back(b.token, b.bias <= -100 ? -INFINITY : b.bias);
-        fired.push_back("logit-bias:" + reportable(b.text) + "=" + number(b.bias));
+        fired.push_back(b.fired_name());
     }
 }
 
@@ -191,6 +195,10 @@ void forced_options::override_with(const forced_options& o) {
     }
 }
 
+std::string forced_bias::fired_name(bool bound) const {
+    return bound ? "logit-bias:" + reportable(text) + "=" + number(bias) : "logit-bias-unbound:" + reportable(text);
+}
+
 std::string policy_outcome::header_value() const {
     std::string value;
     for (const std::string& rule : fired) value += (value.empty() ? "" : "; ") + rule;
@@ -201,6 +209,18 @@ request_policy::request_policy(policy_config config, std::string served_model)
     : config_(std::move(config)),
       served_model_(std::move(served_model)),
       spans_(std::make_shared<const span_rule_set>(config_.spans)) {}
+
+std::vector<std::string> request_policy::bias_texts() const {
+    std::vector<std::string> texts;
+    const auto add = [&](const forced_options& o) {
+        for (const forced_bias& b : o.logit_bias) {
+            if (std::find(texts.begin(), texts.end(), b.text) == texts.end()) texts.push_back(b.text);
+        }
+    };
+    add(config_.options);
+    for (const client_rule& rule : config_.clients) add(rule.options);
+    return texts;
+}
 
 void request_policy::bind_vocab(const std::function<std::optional<llama_token>(const std::string&)>& token_of) {
     const auto bind = [&](forced_options& o) {
@@ -250,7 +270,7 @@ policy_outcome request_policy::apply(api::chat_request& chat, const request_orig
     for (const client_rule& rule : config_.clients) {
         if (matches(rule.match, chat, asked, origin)) options.override_with(rule.options);
     }
-    apply_options(options, chat, out.fired);
+    apply_options(options, chat, out.fired, out.unbound_biases);
 
     const span_report spans = spans_.load()->apply(chat.messages);
     for (const auto& hit : spans.fired) {
@@ -306,7 +326,21 @@ json request_policy::to_json() const {
             {"clients", clients},
             {"ping",
              {{"enabled", config_.ping.enabled}, {"reply", config_.ping.reply}, {"match", std::move(ping_matchers)}}},
-            {"spans", spans}};
+            {"spans", spans},
+            {"detect",
+             {{"mode", detect_mode_name(config_.detect.mode)}, {"max_auto_rules", config_.detect.max_auto_rules}}}};
+}
+
+const char* detect_mode_name(detect_mode mode) {
+    switch (mode) {
+        case detect_mode::off:
+            return "off";
+        case detect_mode::report:
+            return "report";
+        case detect_mode::automatic:
+            return "auto";
+    }
+    return "report";
 }
 
 }  // namespace keepwarm::policy

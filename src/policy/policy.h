@@ -40,6 +40,10 @@ struct forced_bias {
     std::string text;
     float bias = 0;  // -100 .. 100; -100 bans the token
     llama_token token = -1;
+
+    // Its entry in policy_outcome::fired: "logit-bias:TEXT=V", or "logit-bias-unbound:TEXT" where no token could be
+    // given for the text (a proxy's upstream without a tokenizer to ask, or where it is not one token).
+    std::string fired_name(bool bound = true) const;
 };
 
 // Options forced on requests; unset ones leave the client's choice alone.
@@ -84,6 +88,19 @@ struct model_policy {
     std::vector<model_alias> aliases;
 };
 
+// What the cache-buster detector (policy/busters.h) does with what it finds.
+enum class detect_mode {
+    off,        // compare nothing
+    report,     // report in GET /v1/cache/busters and the log
+    automatic,  // report, and put a confirmed random id's suggested rule in force ("auto" in the file)
+};
+const char* detect_mode_name(detect_mode mode);  // "off", "report", "auto"
+
+struct detect_policy {
+    detect_mode mode = detect_mode::report;
+    size_t max_auto_rules = 16;  // rules auto mode may add while the server runs; then it only reports
+};
+
 struct policy_config {
     std::string source;  // the file it was read from; empty: no policy file
     model_policy model;
@@ -91,6 +108,7 @@ struct policy_config {
     std::vector<client_rule> clients;  // then every matching [[client]], in file order
     ping_policy ping;
     std::vector<span_rule> spans;  // enabled built-ins, then the file's rules
+    detect_policy detect;
 };
 
 // What the policy sees of a request besides its body.
@@ -107,6 +125,9 @@ struct policy_outcome {
     std::vector<std::string> fired;
     bool ping = false;       // answer with ping_reply and touch nothing else
     std::string ping_reply;  // valid when ping
+    // Forced biases that apply to this request but are not bound to a vocabulary (a policy without a model: the
+    // proxy, which binds them to each upstream's tokens); not in `fired` yet.
+    std::vector<forced_bias> unbound_biases;
 
     // `fired` joined by "; " for the x-keepwarm-policy header (only printable ASCII; client-given names shortened).
     std::string header_value() const;
@@ -124,6 +145,8 @@ public:
     // Resolves the texts of forced logit biases to token ids: `token_of` returns the single token a text is, or
     // nullopt. Throws std::runtime_error naming a text that is not exactly one token. Call once, before serving.
     void bind_vocab(const std::function<std::optional<llama_token>(const std::string&)>& token_of);
+    // Every token text a forced logit bias names, globally or per client (each once).
+    std::vector<std::string> bias_texts() const;
 
     // Rewrites `chat` in place and says what it did. Throws http_error 404 ("model_not_found") in strict mode for a
     // model name that is neither the served one nor an alias; nothing has been changed then.

@@ -9,9 +9,11 @@
 
 #include "http/http-server.h"
 #include "policy/policy-file.h"
+#include "proxy/proxy-config.h"
 #include "proxy/upstream-generation.h"
 #include "proxy/upstream-pool.h"
 #include "server/anthropic-routes.h"
+#include "server/busters-routes.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
 #include "server/server-context.h"
@@ -22,13 +24,53 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// What the command line says; run_proxy merges it over the --config file.
 struct proxy_options {
-    http::server_options http;
-    std::vector<std::string> upstreams;
-    std::string policy_file;
-    std::string model_alias = "keepwarm-proxy";
-    proxy::pool_options pool;
+    proxy::proxy_settings settings;
+    std::vector<std::string> upstreams;  // --upstream specs
+    std::string config_file;
+    // The options given on the command line (they win over the file).
+    std::vector<std::pair<std::string, const CLI::Option*>> given;
+    bool was_given(const std::string& name) const {
+        for (const auto& [n, opt] : given) {
+            if (n == name) return opt->count() > 0;
+        }
+        return false;
+    }
 };
+
+// The file's settings (if any) with the command line's over them; at least one upstream in all.
+proxy::proxy_settings merged_settings(const proxy_options& opts) {
+    proxy::proxy_settings s;
+    if (!opts.config_file.empty()) {
+        try {
+            s = proxy::load_proxy_config(opts.config_file);
+        } catch (const std::exception& e) {
+            throw CLI::ValidationError("--config", e.what());
+        }
+    }
+    const proxy::proxy_settings& cli = opts.settings;
+    if (opts.was_given("--host")) s.http.host = cli.http.host;
+    if (opts.was_given("--port")) s.http.port = cli.http.port;
+    if (opts.was_given("--api-key")) s.http.api_key = cli.http.api_key;
+    if (opts.was_given("--alias")) s.model_alias = cli.model_alias;
+    if (opts.was_given("--policy")) s.policy_file = cli.policy_file;
+    if (opts.was_given("--route-block")) s.pool.routing.block_chars = cli.pool.routing.block_chars;
+    if (opts.was_given("--route-min-blocks")) s.pool.routing.min_match_blocks = cli.pool.routing.min_match_blocks;
+    if (opts.was_given("--rebalance-margin")) s.pool.routing.rebalance_margin = cli.pool.routing.rebalance_margin;
+    if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
+    for (const std::string& spec : opts.upstreams) {
+        try {
+            s.upstreams.push_back(proxy::upstream_config::parse(spec));
+        } catch (const std::invalid_argument& e) {
+            throw CLI::ValidationError("--upstream", e.what());
+        }
+    }
+    if (s.upstreams.empty()) {
+        throw CLI::ValidationError("--upstream", "no upstream: give --upstream URL or [[upstream]] in --config");
+    }
+    return s;
+}
 
 // What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
 // the policy, and the routing state.
@@ -57,7 +99,7 @@ void register_proxy_status_routes(http::http_server& server, server_context& ctx
     server.add_route("GET", "/models", models);
 }
 
-int run_proxy(const proxy_options& opts) {
+int run_proxy(proxy::proxy_settings opts) {
     // Signals go to the thread that waits for them; every other thread starts with them blocked.
     sigset_t signals;
     sigemptyset(&signals);
@@ -66,30 +108,24 @@ int run_proxy(const proxy_options& opts) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
 
-    std::vector<proxy::upstream_config> upstreams;
-    for (const std::string& spec : opts.upstreams) {
-        try {
-            upstreams.push_back(proxy::upstream_config::parse(spec));
-        } catch (const std::invalid_argument& e) {
-            throw CLI::ValidationError("--upstream", e.what());
-        }
-    }
-
     server_context ctx;  // no engine, renderer or tokenizer: the upstreams have the model
     ctx.model_id = opts.model_alias;
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
 
-    proxy::upstream_pool pool(std::move(upstreams), opts.pool);
+    proxy::pool_options pool_options = opts.pool;
+    pool_options.bias_texts = ctx.policy->bias_texts();
+    proxy::upstream_pool pool(std::move(opts.upstreams), pool_options);
     pool.start_health_checks();
 
     http::http_server server(opts.http);
     register_proxy_status_routes(server, ctx, pool);
     const generation_opener open = proxy::upstream_generations(ctx, pool);
     register_openai_routes(server, ctx, open);
-    register_anthropic_routes(server, ctx, open);
+    register_anthropic_routes(server, ctx, open, proxy::upstream_token_counter(ctx, pool));
     register_ollama_routes(server, ctx, open);
+    register_busters_routes(server, ctx);
     server.start();
 
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
@@ -115,40 +151,53 @@ void add_proxy_command(CLI::App& app) {
     auto opts = std::make_shared<proxy_options>();
     CLI::App* cmd = app.add_subcommand(
         "proxy", "Serve the OpenAI, Anthropic and Ollama APIs in front of other engines, with cache-aware routing");
-    auto& h = opts->http;
-    auto& r = opts->pool.routing;
-    cmd->add_option("--upstream", opts->upstreams,
-                    "Upstream engine: URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY] (repeatable)")
-        ->required();
-    cmd->add_option("--alias", opts->model_alias, "Model name reported to clients")->capture_default_str();
-    cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
-    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
-    cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
-    cmd->add_option("--policy", opts->policy_file,
-                    "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
-                    "(docs/policy.md)")
+    auto& h = opts->settings.http;
+    auto& r = opts->settings.pool.routing;
+    const auto option = [&](const std::string& name, CLI::Option* opt) {
+        opts->given.emplace_back(name, opt);
+        return opt;
+    };
+    cmd->add_option("--config", opts->config_file,
+                    "Settings file (TOML): [listen], [[upstream]], [routing], [health], policy (docs/proxy.md); "
+                    "options given here win over it")
         ->check(CLI::ExistingFile);
-    cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block")
+    cmd->add_option("--upstream", opts->upstreams,
+                    "Upstream engine: URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY] (repeatable; "
+                    "added to the --config file's)");
+    option("--alias", cmd->add_option("--alias", opts->settings.model_alias, "Model name reported to clients"))
+        ->capture_default_str();
+    option("--host", cmd->add_option("--host", h.host, "Address to listen on"))->capture_default_str();
+    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))->capture_default_str();
+    option("--api-key", cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'"))
+        ->envname("KEEPWARM_API_KEY");
+    option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
+                                       "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
+                                       "spans, cache-buster detection (docs/policy.md)"))
+        ->check(CLI::ExistingFile);
+    option("--route-block",
+           cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block"))
         ->capture_default_str()
         ->check(CLI::Range(16, 1 << 20));
-    cmd->add_option("--route-min-blocks", r.min_match_blocks,
-                    "Blocks a prefix must match to pull a request to an upstream")
+    option("--route-min-blocks", cmd->add_option("--route-min-blocks", r.min_match_blocks,
+                                                 "Blocks a prefix must match to pull a request to an upstream"))
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--rebalance-margin", r.rebalance_margin,
-                    "In-flight requests by which a matching upstream may exceed the least loaded one")
+    option("--rebalance-margin",
+           cmd->add_option("--rebalance-margin", r.rebalance_margin,
+                           "In-flight requests by which a matching upstream may exceed the least loaded one"))
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option_function<double>(
-           "--health-interval",
-           [opts](double seconds) {
-               opts->pool.health_interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-           },
-           "Seconds between health checks of each upstream (default 1)")
+    option("--health-interval", cmd->add_option_function<double>(
+                                    "--health-interval",
+                                    [opts](double seconds) {
+                                        opts->settings.pool.health_interval =
+                                            std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+                                    },
+                                    "Seconds between health checks of each upstream (default 1)"))
         ->check(CLI::PositiveNumber);
     cmd->callback([opts] {
         try {
-            const int rc = run_proxy(*opts);
+            const int rc = run_proxy(merged_settings(*opts));
             if (rc != 0) throw CLI::RuntimeError(rc);
         } catch (const CLI::Error&) {
             throw;

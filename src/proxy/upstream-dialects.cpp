@@ -1,6 +1,8 @@
 // See upstream-dialects.h.
 #include "proxy/upstream-dialects.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 namespace keepwarm::proxy {
@@ -87,7 +89,9 @@ json openai_body(const api::chat_request& chat, const std::string& model) {
     if (s.ignore_eos) body["ignore_eos"] = true;
     if (!s.logit_bias.empty()) {
         json bias = json::object();
-        for (const auto& [token, value] : s.logit_bias) bias[std::to_string(token)] = value;
+        // A ban is -infinity here and -100 in the API (JSON has no infinity).
+        for (const auto& [token, value] : s.logit_bias)
+            bias[std::to_string(token)] = std::clamp(value, -100.0f, 100.0f);
         body["logit_bias"] = std::move(bias);
     }
     if (!chat.json_schema.empty()) {
@@ -264,6 +268,35 @@ upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat
     }
     call.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
     return call;
+}
+
+std::optional<upstream_call> build_count_call(upstream_dialect dialect, const api::chat_request& chat,
+                                              const std::string& model, const std::string& api_key) {
+    if (dialect == upstream_dialect::ollama) return std::nullopt;
+    const json full = anthropic_body(chat, model);
+    json body = json::object();
+    for (const char* key : {"model", "system", "messages", "tools", "tool_choice", "thinking"}) {
+        if (full.contains(key)) body[key] = full[key];
+    }
+    upstream_call call;
+    call.target = "/v1/messages/count_tokens";
+    call.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (dialect == upstream_dialect::anthropic) {
+        call.headers.emplace_back("anthropic-version", "2023-06-01");
+        if (!api_key.empty()) call.headers.emplace_back("x-api-key", api_key);
+    } else if (!api_key.empty()) {
+        call.headers.emplace_back("authorization", "Bearer " + api_key);
+    }
+    return call;
+}
+
+int parse_count_answer(std::string_view body) {
+    const json answer = json::parse(body, nullptr, false);
+    if (answer.is_discarded() || !answer.is_object() || !answer.contains("input_tokens") ||
+        !answer["input_tokens"].is_number_integer()) {
+        throw std::invalid_argument("not a count_tokens answer: " + std::string(body.substr(0, 200)));
+    }
+    return answer["input_tokens"].get<int>();
 }
 
 stream_decoder::stream_decoder(upstream_dialect dialect) : dialect_(dialect) {

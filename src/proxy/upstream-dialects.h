@@ -39,6 +39,14 @@ constexpr int anthropic_default_max_tokens = 32768;
 upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat, const std::string& model,
                          const std::string& api_key = "");
 
+// Anthropic's POST /v1/messages/count_tokens for the request (what a count needs of it: model, system, messages,
+// tools, tool_choice, thinking). keepwarm and llama-server answer it too, so OpenAI-dialect upstreams get it as well
+// (with their bearer key); nullopt for Ollama, which cannot count a chat.
+std::optional<upstream_call> build_count_call(upstream_dialect dialect, const api::chat_request& chat,
+                                              const std::string& model, const std::string& api_key = "");
+// The count in its answer ({"input_tokens": N}); throws std::invalid_argument for another shape.
+int parse_count_answer(std::string_view body);
+
 // What an upstream reported about one answer.
 struct upstream_usage {
     int prompt_tokens = 0;

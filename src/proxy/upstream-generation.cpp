@@ -1,7 +1,11 @@
 // See upstream-generation.h.
 #include "proxy/upstream-generation.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
+
+#include "server/client-identity.h"
 
 namespace keepwarm::proxy {
 
@@ -10,6 +14,7 @@ using namespace std::chrono_literals;
 namespace {
 constexpr auto check_interval = 50ms;
 constexpr size_t max_queued_pieces = 64;  // beyond this the reader waits for the client to catch up
+constexpr auto drain_time = 250ms;        // for the end of a whole answer's body, before the connection is reused
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
@@ -20,20 +25,25 @@ upstream_generation::upstream_generation(server_context& ctx, upstream_pool& poo
                                          api::chat_request chat, const std::shared_ptr<generation_request>& gen,
                                          http::response_writer& w, std::string id)
     : ctx_(ctx), pool_(pool), w_(w), chat_(std::move(chat)), id_(std::move(id)), received_(gen->received) {
-    if (policy::policy_outcome outcome = apply_request_policy(*ctx_.policy, req, chat_, id_, headers_); outcome.ping) {
+    policy::policy_outcome outcome = apply_request_policy(*ctx_.policy, req, chat_, id_, headers_);
+    if (outcome.ping) {
         common_chat_msg reply;
         reply.role = "assistant";
         reply.content = std::move(outcome.ping_reply);
         ping_reply_ = std::move(reply);
         return;
     }
+    unbound_biases_ = std::move(outcome.unbound_biases);
+    client_biases_ = chat_.sampling.logit_bias;
+    prompt_text_ = canonical_prompt_text(chat_);
+    if (ctx_.busters)
+        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api}, prompt_text_, chat_.messages, {});
     connect();
     reader_ = std::thread([this] { read_body(); });
 }
 
 void upstream_generation::connect() {
-    const std::vector<uint64_t> blocks =
-        chained_block_hashes(canonical_prompt_text(chat_), pool_.routing().block_chars);
+    const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars);
     std::vector<size_t> tried;
     for (;;) {
         route_ = pool_.acquire(blocks, tried, chat_.model);
@@ -45,8 +55,9 @@ void upstream_generation::connect() {
                                    "server_error");
         }
         const upstream_config& u = *route_->config;
+        const std::vector<std::string> bias_rules = bind_biases(route_->upstream);
         const upstream_call call = build_call(u.dialect, chat_, route_->model, u.api_key);
-        conn_ = std::make_unique<http::client_connection>(u.origin);
+        conn_ = pool_.connection(route_->upstream);
         sent_ = std::chrono::steady_clock::now();
         http::client_response head;
         try {
@@ -84,34 +95,77 @@ void upstream_generation::connect() {
                 "server_error");
         }
         headers_.emplace_back("x-keepwarm-upstream", u.origin.url());
+        if (!bias_rules.empty()) name_fired_rules(bias_rules);
         decoder_.emplace(u.dialect);
         return;
     }
 }
 
+std::vector<std::string> upstream_generation::bind_biases(size_t upstream) {
+    chat_.sampling.logit_bias = client_biases_;
+    std::vector<std::string> fired;
+    for (const policy::forced_bias& b : unbound_biases_) {
+        const std::optional<int32_t> token = pool_.bias_token(upstream, b.text);
+        if (token) {
+            std::erase_if(chat_.sampling.logit_bias, [&](const auto& entry) { return entry.first == *token; });
+            chat_.sampling.logit_bias.emplace_back(*token, b.bias);
+        }
+        fired.push_back(b.fired_name(token.has_value()));
+    }
+    return fired;
+}
+
+void upstream_generation::name_fired_rules(const std::vector<std::string>& rules) {
+    std::string added;
+    for (const std::string& rule : rules) added += (added.empty() ? "" : "; ") + rule;
+    const auto it =
+        std::find_if(headers_.begin(), headers_.end(), [](const auto& h) { return h.first == "x-keepwarm-policy"; });
+    if (it == headers_.end()) {
+        headers_.emplace_back("x-keepwarm-policy", added);
+    } else {
+        it->second += "; " + added;
+    }
+    std::fprintf(stderr, "keepwarm proxy: %s policy at upstream %s: %s\n", id_.c_str(),
+                 route_->config->origin.url().c_str(), added.c_str());
+}
+
 upstream_generation::~upstream_generation() {
     if (reader_.joinable()) {
+        // A complete answer leaves at most the stream's end marker unread: the reader reads it, and the connection
+        // goes back to the pool for the upstream's next request. Anything else is cancelled.
+        const bool answered = decoder_ && decoder_->done() && decoder_->error().empty();
         bool reader_done;
         {
-            std::lock_guard lock(mu_);
+            std::unique_lock lock(mu_);
             stop_reader_ = true;
+            drain_ = answered;
+            cv_.notify_all();
+            if (answered) cv_.wait_for(lock, drain_time, [this] { return reader_done_; });
             reader_done = reader_done_;
         }
-        cv_.notify_all();
         if (!reader_done) conn_->cancel();
         reader_.join();
+        if (answered && body_complete_) pool_.keep_alive(route_->upstream, std::move(conn_));
     }
     if (route_) pool_.release(route_->upstream);
 }
 
 void upstream_generation::read_body() {
     piece last;
+    bool complete = false;
     try {
         std::string bytes;
-        while (conn_->read_some(bytes)) {
+        for (;;) {
+            if (!conn_->read_some(bytes)) {
+                complete = true;
+                break;
+            }
             std::unique_lock lock(mu_);
             cv_.wait(lock, [this] { return pieces_.size() < max_queued_pieces || stop_reader_; });
-            if (stop_reader_) break;
+            if (stop_reader_) {
+                if (drain_) continue;  // the answer is whole: read the rest (the end marker) and drop it
+                break;
+            }
             pieces_.push_back({.bytes = std::move(bytes)});
             cv_.notify_all();
         }
@@ -121,6 +175,7 @@ void upstream_generation::read_body() {
     }
     std::lock_guard lock(mu_);
     pieces_.push_back(std::move(last));
+    body_complete_ = complete;
     reader_done_ = true;
     cv_.notify_all();
 }
@@ -184,6 +239,7 @@ std::optional<generation_source::update> upstream_generation::next() {
         if (!u.done && u.diffs.empty()) continue;
         if (u.done) {
             u.stats = stats();
+            if (buster_ && u.reason != finish_reason::error) confirm_buster(u.stats);
             log_end(u);
         }
         return u;
@@ -205,6 +261,20 @@ generation_stats upstream_generation::stats() const {
     return st;
 }
 
+void upstream_generation::confirm_buster(const generation_stats& st) {
+    policy::cache_buster_report report = *std::exchange(buster_, std::nullopt);
+    // Without the upstream's tokenizer, the span's token is estimated from where it sits in the normalized text. An
+    // upstream that reused clearly past that point kept its cache (a keepwarm upstream's own policy, say): no report.
+    if (st.prompt_tokens > 0 && !prompt_text_.empty()) {
+        const double share = static_cast<double>(report.char_offset) / static_cast<double>(prompt_text_.size());
+        const int estimate = static_cast<int>(share * st.prompt_tokens);
+        if (st.reused_tokens > estimate + estimate / 10 + 32) return;
+        report.token_offset = st.reused_tokens > 0 ? st.reused_tokens : estimate;
+        report.token_offset_estimated = true;
+    }
+    confirm_cache_buster(ctx_, std::move(report), st, chat_.messages);
+}
+
 void upstream_generation::log_end(const update& u) const {
     const generation_stats& st = u.stats;
     std::fprintf(stderr,
@@ -222,6 +292,49 @@ generation_opener upstream_generations(server_context& ctx, upstream_pool& pool)
                       http::response_writer& w, std::string id) -> generation_source_ptr {
             return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), gen, w, std::move(id));
         };
+}
+
+token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
+    return [&ctx, &pool](const http::request&, const api::chat_request& chat) {
+        api::chat_request served = chat;
+        ctx.policy->apply(served, {}, policy::policy_use::counting);
+        const auto route =
+            pool.peek(chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars), served.model);
+        if (!route) throw http::http_error(503, "no upstream is up to count the tokens", "server_error");
+        const upstream_config& u = *route->config;
+        const auto call = build_count_call(u.dialect, served, route->model, u.api_key);
+        if (!call) {
+            throw http::http_error(501,
+                                   "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
+                                       ", which cannot count a chat's tokens",
+                                   "api_error");
+        }
+        http::fetched answer;
+        try {
+            answer = http::fetch(u.origin, "POST", call->target, call->body, call->headers,
+                                 {.read_timeout = std::chrono::seconds(60)});
+        } catch (const http::client_error& e) {
+            const bool timeout = e.reason == http::client_error::kind::timeout;
+            throw http::http_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
+                                   timeout ? "timeout_error" : "server_error");
+        }
+        if (answer.status >= 400) {
+            const upstream_error_info info = parse_error_body(answer.body);
+            if (answer.status < 500 && answer.status != 404) {
+                throw http::http_error(answer.status, info.message,
+                                       info.type.empty() ? "invalid_request_error" : info.type);
+            }
+            throw http::http_error(502,
+                                   "count_tokens: upstream " + u.origin.url() + " answered " +
+                                       std::to_string(answer.status) + ": " + info.message,
+                                   "server_error");
+        }
+        try {
+            return parse_count_answer(answer.body);
+        } catch (const std::invalid_argument& e) {
+            throw http::http_error(502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(), "server_error");
+        }
+    };
 }
 
 }  // namespace keepwarm::proxy

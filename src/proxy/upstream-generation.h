@@ -19,6 +19,7 @@
 #include "http/http-client.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
+#include "server/anthropic-routes.h"
 #include "server/chat-generation.h"
 
 namespace keepwarm::proxy {
@@ -49,15 +50,23 @@ private:
     void connect();
     void read_body();  // the reader thread
     generation_stats stats() const;
+    void confirm_buster(const generation_stats& st);
+    // The policy's forced biases in this upstream's token ids, over the client's own; returns their fired names.
+    std::vector<std::string> bind_biases(size_t upstream);
+    void name_fired_rules(const std::vector<std::string>& rules);  // appended to x-keepwarm-policy and logged
     void log_end(const update& u) const;
 
     server_context& ctx_;
     upstream_pool& pool_;
     http::response_writer& w_;
     api::chat_request chat_;
+    std::string prompt_text_;  // canonical_prompt_text(chat_): what routing and the cache-buster detector compare
     std::string id_;
     http::header_list headers_;
     std::optional<common_chat_msg> ping_reply_;
+    std::vector<policy::forced_bias> unbound_biases_;           // what the policy forces, by token text
+    std::vector<std::pair<llama_token, float>> client_biases_;  // the client's own logit_bias
+    std::optional<policy::cache_buster_report> buster_;  // a span that may have cost this prompt its cached prefix
     bool ping_answered_ = false;
 
     std::optional<upstream_pool::route> route_;
@@ -69,13 +78,20 @@ private:
 
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<piece> pieces_;  // guarded by mu_
-    bool reader_done_ = false;  // guarded by mu_
-    bool stop_reader_ = false;  // guarded by mu_
+    std::deque<piece> pieces_;    // guarded by mu_
+    bool reader_done_ = false;    // guarded by mu_
+    bool stop_reader_ = false;    // guarded by mu_
+    bool drain_ = false;          // guarded by mu_: once stopped, read the body to its end (the answer is whole)
+    bool body_complete_ = false;  // guarded by mu_: the reader read the body to its end
     std::thread reader_;
 };
 
 // Opens upstream_generations from `pool` for the API routes.
 generation_opener upstream_generations(server_context& ctx, upstream_pool& pool);
+
+// count_tokens through the proxy: the policy as for counting, then the upstream the request would go to counts it
+// (Anthropic's count_tokens, which keepwarm and llama-server answer too). Throws http_error: 501 when that upstream
+// cannot count (Ollama dialect), 503 when none is up, 504 on a timeout, its 4xx as is, 502 for anything else.
+token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool);
 
 }  // namespace keepwarm::proxy

@@ -38,7 +38,9 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
     : upstreams_(std::move(upstreams)),
       options_(options),
       router_(upstreams_.size(), options.routing),
-      listed_models_(upstreams_.size()) {}
+      listed_models_(upstreams_.size()),
+      connections_(upstreams_.size()),
+      bias_tokens_(upstreams_.size()) {}
 
 upstream_pool::~upstream_pool() {
     {
@@ -82,15 +84,67 @@ void upstream_pool::check_all() {
         } catch (const std::exception&) {
             healthy = false;  // refused, reset or timed out: down
         }
-        std::lock_guard lock(mu_);
-        const bool was_healthy = router_.stats(i).healthy;
-        router_.set_health(i, healthy, listing.instance);
-        if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
-        if (was_healthy != healthy) {
-            std::fprintf(stderr, "keepwarm proxy: upstream %s is %s\n", u.origin.url().c_str(),
-                         healthy ? "back (its prefix tree starts empty)" : "down");
+        bool ask_biases = false;
+        {
+            std::lock_guard lock(mu_);
+            const bool was_healthy = router_.stats(i).healthy;
+            router_.set_health(i, healthy, listing.instance);
+            if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
+            if (was_healthy != healthy) {
+                std::fprintf(stderr, "keepwarm proxy: upstream %s is %s\n", u.origin.url().c_str(),
+                             healthy ? "back (its prefix tree starts empty)" : "down");
+            }
+            if (!healthy) {
+                bias_tokens_[i].reset();  // it may come back with another model
+                connections_[i].idle.clear();
+            }
+            ask_biases = healthy && !bias_tokens_[i] && !options_.bias_texts.empty();
+        }
+        if (ask_biases) {
+            auto tokens = resolve_bias_tokens(i, client);
+            std::lock_guard lock(mu_);
+            bias_tokens_[i] = std::move(tokens);
         }
     }
+}
+
+std::map<std::string, int32_t> upstream_pool::resolve_bias_tokens(size_t i, const http::client_options& client) const {
+    const upstream_config& u = upstreams_[i];
+    std::map<std::string, int32_t> tokens;
+    const auto unbound = [&](const std::string& why) {
+        std::fprintf(stderr, "keepwarm proxy: upstream %s: forced logit biases are not applied there (%s)\n",
+                     u.origin.url().c_str(), why.c_str());
+        return std::map<std::string, int32_t>{};
+    };
+    if (u.dialect != upstream_dialect::openai) return unbound(std::string(dialect_name(u.dialect)) + " dialect");
+    http::header_list headers;
+    if (!u.api_key.empty()) headers.emplace_back("authorization", "Bearer " + u.api_key);
+    for (const std::string& text : options_.bias_texts) {
+        const json body = {{"content", text}, {"add_special", false}, {"parse_special", true}};
+        try {
+            const http::fetched answer = http::fetch(u.origin, "POST", "/tokenize", body.dump(), headers, client);
+            if (answer.status != 200) return unbound("POST /tokenize answered " + std::to_string(answer.status));
+            const json ids = json::parse(answer.body).at("tokens");
+            const bool one = ids.size() == 1 && ids[0].is_number_integer();
+            tokens[text] = one ? ids[0].get<int32_t>() : -1;
+            std::fprintf(
+                stderr, "keepwarm proxy: upstream %s: logit_bias '%s' %s\n", u.origin.url().c_str(), text.c_str(),
+                one ? ("is token " + std::to_string(tokens[text])).c_str()
+                    : ("is " + std::to_string(ids.size()) + " tokens of its model: not applied there").c_str());
+        } catch (const std::exception& e) {
+            return unbound(std::string("POST /tokenize: ") + e.what());
+        }
+    }
+    return tokens;
+}
+
+std::optional<int32_t> upstream_pool::bias_token(size_t upstream, const std::string& text) const {
+    std::lock_guard lock(mu_);
+    const auto& tokens = bias_tokens_.at(upstream);
+    if (!tokens) return std::nullopt;
+    const auto it = tokens->find(text);
+    if (it == tokens->end() || it->second < 0) return std::nullopt;
+    return it->second;
 }
 
 std::optional<upstream_pool::route> upstream_pool::acquire(std::span<const uint64_t> blocks,
@@ -100,14 +154,25 @@ std::optional<upstream_pool::route> upstream_pool::acquire(std::span<const uint6
     const auto decision = router_.choose(blocks, excluded);
     if (!decision) return std::nullopt;
     router_.start(*decision, blocks);
-    const upstream_config& config = upstreams_[decision->upstream];
-    std::string model = !config.model.empty()                         ? config.model
-                        : !listed_models_[decision->upstream].empty() ? listed_models_[decision->upstream]
-                                                                      : fallback_model;
-    return route{.upstream = decision->upstream,
-                 .config = &config,
-                 .model = std::move(model),
-                 .matched_blocks = decision->matched_blocks};
+    return route_for(*decision, fallback_model);
+}
+
+std::optional<upstream_pool::route> upstream_pool::peek(std::span<const uint64_t> blocks,
+                                                        const std::string& fallback_model) const {
+    std::lock_guard lock(mu_);
+    const auto decision = router_.choose(blocks, {});
+    if (!decision) return std::nullopt;
+    return route_for(*decision, fallback_model);
+}
+
+upstream_pool::route upstream_pool::route_for(const upstream_router::decision& d,
+                                              const std::string& fallback_model) const {
+    const upstream_config& config = upstreams_[d.upstream];
+    std::string model = !config.model.empty()                 ? config.model
+                        : !listed_models_[d.upstream].empty() ? listed_models_[d.upstream]
+                                                              : fallback_model;
+    return route{
+        .upstream = d.upstream, .config = &config, .model = std::move(model), .matched_blocks = d.matched_blocks};
 }
 
 void upstream_pool::release(size_t upstream) {
@@ -122,6 +187,35 @@ void upstream_pool::mark_down(size_t upstream) {
                      upstreams_[upstream].origin.url().c_str());
     }
     router_.set_health(upstream, false);
+    connections_[upstream].idle.clear();
+}
+
+std::unique_ptr<http::client_connection> upstream_pool::connection(size_t upstream) {
+    std::unique_ptr<http::client_connection> conn;
+    {
+        std::lock_guard lock(mu_);
+        connection_pool& pool = connections_.at(upstream);
+        if (!pool.idle.empty()) {
+            conn = std::move(pool.idle.back());
+            pool.idle.pop_back();
+            pool.reused++;
+            return conn;
+        }
+        pool.opened++;
+    }
+    return std::make_unique<http::client_connection>(upstreams_.at(upstream).origin);
+}
+
+void upstream_pool::keep_alive(size_t upstream, std::unique_ptr<http::client_connection> conn) {
+    if (!conn || !conn->reusable()) return;
+    std::unique_ptr<http::client_connection> dropped;  // closed outside the lock
+    std::lock_guard lock(mu_);
+    connection_pool& pool = connections_.at(upstream);
+    if (!router_.stats(upstream).healthy || pool.idle.size() >= options_.max_idle_connections) {
+        dropped = std::move(conn);
+        return;
+    }
+    pool.idle.push_back(std::move(conn));
 }
 
 size_t upstream_pool::healthy_count() const {
@@ -147,7 +241,11 @@ json upstream_pool::cache_json() const {
                         {"rebalanced", s.rebalanced},
                         {"in_flight", s.in_flight},
                         {"tree_blocks", s.tree_blocks},
-                        {"forgotten", s.forgotten}});
+                        {"forgotten", s.forgotten},
+                        {"connections",
+                         {{"opened", connections_[i].opened},
+                          {"reused", connections_[i].reused},
+                          {"idle", connections_[i].idle.size()}}}});
     }
     const router_options& r = options_.routing;
     return {{"upstreams", std::move(list)},

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -35,6 +38,10 @@ struct pool_options {
     router_options routing;
     std::chrono::milliseconds health_interval{1000};
     std::chrono::milliseconds health_timeout{2000};
+    // Token texts the policy's forced logit biases name: resolved to each OpenAI-dialect upstream's token ids through
+    // its POST /tokenize (keepwarm and llama-server have it) when a health check finds it up.
+    std::vector<std::string> bias_texts;
+    size_t max_idle_connections = 32;  // kept-alive connections per upstream
 };
 
 class upstream_pool {
@@ -59,8 +66,20 @@ public:
     std::optional<route> acquire(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded,
                                  const std::string& fallback_model);
     void release(size_t upstream);
+    // Where a request would go now, without sending it there (count_tokens): nothing is counted or remembered.
+    std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model) const;
     // A call to it failed below HTTP: it is down until a health check sees it answer (its tree is forgotten then).
     void mark_down(size_t upstream);
+
+    // A connection to this upstream: an idle kept-alive one when there is one, else a new one.
+    std::unique_ptr<http::client_connection> connection(size_t upstream);
+    // A connection whose last response was read to its end waits for the upstream's next request (at most
+    // max_idle_connections per upstream; idle ones are dropped when the upstream goes down).
+    void keep_alive(size_t upstream, std::unique_ptr<http::client_connection> conn);
+
+    // The token `text` is for this upstream's model; nullopt: unknown (another dialect, no /tokenize, not yet asked)
+    // or not one token there.
+    std::optional<int32_t> bias_token(size_t upstream, const std::string& text) const;
 
     size_t size() const { return upstreams_.size(); }
     const router_options& routing() const { return options_.routing; }
@@ -72,6 +91,9 @@ public:
 private:
     void check_all();
     void health_loop();
+    route route_for(const upstream_router::decision& d, const std::string& fallback_model) const;  // holds mu_
+    // Asks upstream `i` for the token of each bias text; -1 for a text that is not one token. Empty when it cannot say.
+    std::map<std::string, int32_t> resolve_bias_tokens(size_t i, const http::client_options& client) const;
 
     const std::vector<upstream_config> upstreams_;
     const pool_options options_;
@@ -79,7 +101,15 @@ private:
     mutable std::mutex mu_;
     upstream_router router_;                  // guarded by mu_
     std::vector<std::string> listed_models_;  // guarded by mu_: what each health answer listed first
-    bool stopping_ = false;                   // guarded by mu_
+    struct connection_pool {
+        std::vector<std::unique_ptr<http::client_connection>> idle;
+        uint64_t opened = 0;  // connections made for requests (not counting health checks)
+        uint64_t reused = 0;  // requests sent on a kept-alive connection
+    };
+    std::vector<connection_pool> connections_;  // guarded by mu_
+    // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up
+    std::vector<std::optional<std::map<std::string, int32_t>>> bias_tokens_;
+    bool stopping_ = false;  // guarded by mu_
     std::condition_variable stop_cv_;
     std::thread health_thread_;
 };

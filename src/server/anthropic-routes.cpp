@@ -124,18 +124,17 @@ void handle_messages(const generation_opener& open, server_context& ctx, const h
     }
 }
 
-// Renders and tokenizes like a real request, without generating.
-void handle_count_tokens(server_context& ctx, const http::request& req, http::response_writer& w,
-                         const std::shared_ptr<generation_request>& /*unused: no generation*/) {
+// Counts like a real request, without generating.
+void handle_count_tokens(const token_counter& count, const http::request& req, http::response_writer& w) {
     const api::chat_request request =
         anthropic::parse_messages_request(parse_json_body(req), anthropic::endpoint::count_tokens);
-    w.send(200, "application/json",
-           anthropic::count_tokens_json(chat_generation::count_prompt_tokens(ctx, request)).dump());
+    w.send(200, "application/json", anthropic::count_tokens_json(count(req, request)).dump());
 }
 
 }  // namespace
 
-void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open) {
+void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open,
+                               token_counter count) {
     if (!open) open = local_generation(ctx);
     const http::route_options options{.requires_auth = true, .format_error = anthropic::error_body};
     const auto messages = [open](server_context& c, const http::request& req, http::response_writer& w,
@@ -143,16 +142,17 @@ void register_anthropic_routes(http::http_server& server, server_context& ctx, g
         handle_messages(open, c, req, w, gen);
     };
     server.add_route("POST", "/v1/messages", generation_route(ctx, messages), options);
+    // Renders and tokenizes like a real request (the policy applied as for counting: never a ping).
+    if (!count) {
+        count = [&ctx](const http::request&, const api::chat_request& chat) {
+            return chat_generation::count_prompt_tokens(ctx, chat);
+        };
+    }
     // generation_route for its 4xx accounting; count_tokens never reaches the engine.
-    const generation_handler count_tokens =
-        ctx.llm ? generation_handler(handle_count_tokens)
-                : [](server_context&, const http::request&, http::response_writer&,
-                     const std::shared_ptr<generation_request>&) {
-                      throw http::http_error(501,
-                                             "count_tokens is not available through keepwarm proxy: counting needs "
-                                             "the model's chat template and tokenizer, which only the upstream has",
-                                             "api_error");
-                  };
+    const generation_handler count_tokens = [count](server_context&, const http::request& req, http::response_writer& w,
+                                                    const std::shared_ptr<generation_request>&) {
+        handle_count_tokens(count, req, w);
+    };
     server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, count_tokens), options);
 }
 

@@ -2,14 +2,20 @@
 // POST /v1/messages/count_tokens. Errors answer in Anthropic's error shape.
 #pragma once
 
+#include <functional>
+
 #include "http/http-server.h"
 #include "server/chat-generation.h"
 #include "server/server-context.h"
 
 namespace keepwarm {
 
-// Messages go to `open` (default: this server's engine). Without a local engine (ctx.llm null: `keepwarm proxy`)
-// count_tokens answers 501: counting needs the local model's template and tokenizer.
-void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr);
+// Counts a parsed count_tokens request's prompt tokens (the policy applied as for counting). Throws http_error.
+using token_counter = std::function<int(const http::request&, const api::chat_request&)>;
+
+// Messages go to `open` (default: this server's engine); count_tokens to `count` (default: this server's template and
+// tokenizer).
+void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr,
+                               token_counter count = nullptr);
 
 }  // namespace keepwarm

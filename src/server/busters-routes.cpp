@@ -30,6 +30,7 @@ json report_json(const policy::cache_buster_report& r) {
             {"span",
              {{"char_offset", r.char_offset},
               {"token_offset", or_null(r.token_offset)},
+              {"token_offset_estimated", r.token_offset_estimated},
               {"message_index", or_null(r.message_index)},
               {"role", r.role.empty() ? json(nullptr) : json(r.role)},
               {"previous", r.previous_text},
@@ -40,40 +41,47 @@ json report_json(const policy::cache_buster_report& r) {
             {"prompt_tokens", r.prompt_tokens},
             {"reused_tokens", r.reused_tokens},
             {"cost_tokens", r.cost_tokens},
-            {"rule", rule_json(r.rule)}};
+            {"rule", rule_json(r.rule)},
+            {"adopted_rule", r.adopted_rule.empty() ? json(nullptr) : json(r.adopted_rule)}};
 }
 }  // namespace
 
-json busters_json(const policy::cache_buster_detector& detector) {
+json busters_json(const policy::cache_buster_detector* detector, policy::detect_mode mode) {
     json reports = json::array();
-    for (const auto& r : detector.reports()) reports.push_back(report_json(r));
     json counts = json::array();
-    for (const auto& c : detector.counts()) {
-        counts.push_back({{"client", c.client},
-                          {"pattern", c.pattern},
-                          {"rule", c.rule_name},
-                          {"kind", policy::span_kind_name(c.kind)},
-                          {"count", c.count},
-                          {"cost_tokens", c.cost_tokens},
-                          {"last_seen", c.last_seen}});
+    json settings = nullptr;
+    if (detector) {
+        for (const auto& r : detector->reports()) reports.push_back(report_json(r));
+        for (const auto& c : detector->counts()) {
+            counts.push_back({{"client", c.client},
+                              {"pattern", c.pattern},
+                              {"rule", c.rule_name},
+                              {"kind", policy::span_kind_name(c.kind)},
+                              {"count", c.count},
+                              {"cost_tokens", c.cost_tokens},
+                              {"last_seen", c.last_seen}});
+        }
+        const auto& o = detector->settings();
+        settings = {{"max_span_chars", o.diff.max_span_chars},
+                    {"min_agreed_chars", o.diff.min_agreed_chars},
+                    {"min_agreed_share", o.diff.min_agreed_share},
+                    {"prompts_per_client", o.prompts_per_client},
+                    {"max_clients", o.max_clients}};
     }
-    const auto& o = detector.settings();
     return {{"object", "cache_busters"},
+            {"mode", policy::detect_mode_name(mode)},
             {"reports", std::move(reports)},
             {"counts", std::move(counts)},
-            {"settings",
-             {{"max_span_chars", o.diff.max_span_chars},
-              {"min_agreed_chars", o.diff.min_agreed_chars},
-              {"min_agreed_share", o.diff.min_agreed_share},
-              {"prompts_per_client", o.prompts_per_client},
-              {"max_clients", o.max_clients}}}};
+            {"settings", std::move(settings)}};
 }
 
 void register_busters_routes(http::http_server& server, server_context& ctx) {
-    if (!ctx.busters) ctx.busters = std::make_unique<policy::cache_buster_detector>();
-    server.add_route("GET", "/v1/cache/busters", [&ctx](const http::request&, http::response_writer& w) {
+    const policy::detect_mode mode = ctx.policy->config().detect.mode;
+    if (!ctx.busters && mode != policy::detect_mode::off)
+        ctx.busters = std::make_unique<policy::cache_buster_detector>();
+    server.add_route("GET", "/v1/cache/busters", [&ctx, mode](const http::request&, http::response_writer& w) {
         w.send(200, "application/json",
-               busters_json(*ctx.busters).dump(-1, ' ', false, json::error_handler_t::replace));
+               busters_json(ctx.busters.get(), mode).dump(-1, ' ', false, json::error_handler_t::replace));
     });
 }
 

@@ -10,9 +10,10 @@
 
 namespace keepwarm {
 
+// Makes the server's detector (none with detect mode off: the route then lists nothing) and serves its findings.
 void register_busters_routes(http::http_server& server, server_context& ctx);
 
-// The body of GET /v1/cache/busters.
-nlohmann::ordered_json busters_json(const policy::cache_buster_detector& detector);
+// The body of GET /v1/cache/busters; `detector` null: detection is off.
+nlohmann::ordered_json busters_json(const policy::cache_buster_detector* detector, policy::detect_mode mode);
 
 }  // namespace keepwarm

@@ -56,6 +56,31 @@ policy::policy_outcome apply_request_policy(const policy::request_policy& policy
     return outcome;
 }
 
+void confirm_cache_buster(server_context& ctx, policy::cache_buster_report report, const generation_stats& stats,
+                          const std::vector<common_chat_msg>& messages) {
+    const policy::detect_policy& detect = ctx.policy->config().detect;
+    std::optional<policy::span_rule> rule;
+    if (detect.mode == policy::detect_mode::automatic) rule = policy::auto_span_rule(report, messages);
+    if (rule) {
+        const auto in_force = ctx.policy->span_rules();
+        size_t automatic = 0;
+        bool known = false;
+        for (const policy::span_rule& r : in_force->rules()) {
+            automatic += r.origin() == policy::span_origin::automatic;
+            known = known || r.name() == rule->name();
+        }
+        if (known || automatic >= detect.max_auto_rules) rule.reset();
+    }
+    if (rule) report.adopted_rule = rule->name();
+    if (!ctx.busters->confirm(std::move(report), stats) || !rule) return;
+    ctx.policy->add_span_rule(*rule);
+    std::fprintf(stderr,
+                 "keepwarm: detect auto: span rule %s (pattern '%s', replace with '%s', roles %s) in force from "
+                 "the next request\n",
+                 rule->name().c_str(), rule->pattern().c_str(), rule->replacement().c_str(),
+                 policy::role_names(rule->roles()).front().c_str());
+}
+
 std::optional<generation_source::update> chat_generation::next() {
     if (ping_reply_) {
         // The whole answer at once: the reply text, then done with zero token counts (nothing was computed).
@@ -78,7 +103,7 @@ std::optional<generation_source::update> chat_generation::next() {
     u.error = ev->error;
     u.stats = ev->stats;
     if (ev->done && buster_ && ev->reason != finish_reason::error) {
-        ctx_.busters->confirm(*std::exchange(buster_, std::nullopt), ev->stats);
+        confirm_cache_buster(ctx_, *std::exchange(buster_, std::nullopt), ev->stats, chat_.messages);
     }
     if (ev->done && ev->reason != finish_reason::error) {
         std::vector<common_chat_msg_diff> final_diffs;

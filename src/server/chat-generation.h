@@ -62,6 +62,13 @@ generation_opener local_generation(server_context& ctx);
 policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
                                             api::chat_request& chat, const std::string& id, http::header_list& headers);
 
+// A generation that the cache-buster detector flagged ended (not in error): keeps the report if the cache really
+// stopped at the span, and in auto detect mode puts the span's rule in force for the requests that follow (at most
+// the policy's max_auto_rules; a rule of that name already in force is not added again). `messages` are the
+// request's, as the policy left them.
+void confirm_cache_buster(server_context& ctx, policy::cache_buster_report report, const generation_stats& stats,
+                          const std::vector<common_chat_msg>& messages);
+
 // The local engine's generation_source.
 class chat_generation final : public generation_source {
 public:

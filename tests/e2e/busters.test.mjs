@@ -3,20 +3,32 @@
 // cost, suggested rule) and in the log.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
+import { randomUUID, randomBytes } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { startServer, curl } from './harness.mjs';
 
-let server;
+// Auto mode: random ids become span rules by themselves. The built-in timestamp rule is off so that a changing
+// clock reaches the detector.
+const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-busters-'));
+const autoPolicy = path.join(dir, 'auto.toml');
+writeFileSync(autoPolicy, '[detect]\nmode = "auto"\n[spans]\ntimestamp = false\n');
+const offPolicy = path.join(dir, 'off.toml');
+writeFileSync(offPolicy, '[detect]\nmode = "off"\n');
+
+let server, auto;
 before(async () => {
-    server = await startServer(['-c', '4096']);
+    [server, auto] = await Promise.all([startServer(['-c', '4096']),
+                                        startServer(['-c', '4096', '--policy', autoPolicy])]);
 });
-after(async () => server?.stop());
+after(async () => Promise.all([server?.stop(), auto?.stop()]));
 
 // A system prompt of ~2,500 chars (several hundred tokens) with a per-request id in its second line.
-function systemPrompt(requestId) {
+function systemPrompt(requestId, key = 'request-id') {
     const rules = [];
     for (let i = 1; i <= 40; i++) rules.push(`${i}. Read the relevant files before you change rule ${i}; keep edits small.`);
-    return `You are a coding agent.\nrequest-id: ${requestId}\n${rules.join('\n')}`;
+    return `You are a coding agent.\n${key}: ${requestId}\n${rules.join('\n')}`;
 }
 
 const ask = (openai, messages) =>
@@ -82,4 +94,78 @@ test('a conversation that goes on, and another client, add no report', async () 
     assert.equal(body.reports.length, afterFirst);
     assert.ok(body.reports.every((r) => r.client === 'OpenAI'));
     assert.equal(body.counts[0].count, 2);
+});
+
+test('auto mode puts a random id\'s rule in force: the next prompts share their prefix again', async () => {
+    const openai = auto.client();
+    const user = { role: 'user', content: 'List the files.' };
+    const send = (id) => openai.chat.completions
+        .create({ model: 'tiny', messages: [{ role: 'system', content: systemPrompt(id, 'session') }, user],
+                  max_tokens: 2, temperature: 0 })
+        .withResponse();
+    const hex = () => randomBytes(16).toString('hex');
+    await send(hex());
+    await send(hex());
+
+    const { body } = await curl(`${auto.url}/v1/cache/busters`);
+    assert.equal(body.mode, 'auto');
+    assert.equal(body.reports.length, 1, JSON.stringify(body));
+    const r = body.reports[0];
+    assert.equal(r.kind, 'hex_id');
+    assert.equal(r.adopted_rule, `auto-${r.rule.name}`);
+    const policy = (await curl(`${auto.url}/v1/policy`)).body;
+    const rule = policy.spans.find((s) => s.name === r.adopted_rule);
+    assert.ok(rule, JSON.stringify(policy.spans));
+    assert.equal(rule.origin, 'auto');
+    assert.equal(rule.action, 'replace');
+    assert.deepEqual(rule.roles, ['system']);
+    assert.match(auto.output(), new RegExp(`detect auto: span rule ${r.adopted_rule} .* in force from the next request`));
+
+    // The first prompt with the rule in force differs from the last one without it, once; then every id is the same
+    // constant and the whole prompt but its last token comes from the cache.
+    const third = await send(hex());
+    assert.match(third.response.headers.get('x-keepwarm-policy'), new RegExp(`span:${r.adopted_rule}\\(replace\\)`));
+    const fourth = await send(hex());
+    assert.match(fourth.response.headers.get('x-keepwarm-policy'), new RegExp(`span:${r.adopted_rule}\\(replace\\)`));
+    const usage = fourth.data.usage;
+    assert.ok(usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1, JSON.stringify(usage));
+    // Nothing new to report from the fourth: it kept its prefix.
+    const after = (await curl(`${auto.url}/v1/cache/busters`)).body.reports;
+    assert.ok(after.every((x) => x.request_id !== fourth.data.id), JSON.stringify(after.map((x) => x.request_id)));
+    assert.equal(after.filter((x) => x.adopted_rule).length, 1);
+});
+
+test('auto mode only reports a clock: changing it would change what the model reads', async () => {
+    const openai = auto.client({ defaultHeaders: { 'x-keepwarm-client': 'clock-agent' } });
+    const user = { role: 'user', content: 'What time is it?' };
+    for (const time of ['2026-06-30T12:34:56Z', '2026-06-30T12:41:07Z']) {
+        await openai.chat.completions.create({
+            model: 'tiny', messages: [{ role: 'system', content: systemPrompt(time, 'now') }, user],
+            max_tokens: 2, temperature: 0 });
+    }
+    const { body } = await curl(`${auto.url}/v1/cache/busters`);
+    const r = body.reports.find((x) => x.client === 'clock-agent');
+    assert.ok(r, JSON.stringify(body.reports));
+    assert.equal(r.random_id, false);
+    assert.equal(r.adopted_rule, null);
+    const policy = (await curl(`${auto.url}/v1/policy`)).body;
+    assert.equal(policy.detect.mode, 'auto');
+    assert.equal(policy.spans.filter((s) => s.origin === 'auto').length, 1);
+});
+
+test('detect mode off compares nothing', async () => {
+    const off = await startServer(['-c', '4096', '--policy', offPolicy]);
+    try {
+        const openai = off.client();
+        const user = { role: 'user', content: 'List the files.' };
+        for (const id of [randomBytes(16).toString('hex'), randomBytes(16).toString('hex')]) {
+            await ask(openai, [{ role: 'system', content: systemPrompt(id, 'session') }, user]);
+        }
+        const { status, body } = await curl(`${off.url}/v1/cache/busters`);
+        assert.equal(status, 200);
+        assert.equal(body.mode, 'off');
+        assert.deepEqual(body.reports, []);
+    } finally {
+        await off.stop();
+    }
 });

@@ -1,11 +1,12 @@
 // `keepwarm proxy` in front of real `keepwarm serve` upstreams on loopback (no mocks): routing by prefix, each API
 // through the proxy with the official clients, dialect translation with streaming, failover when an upstream is
-// killed mid-answer, and an upstream rejoining after a restart. llama-server as an upstream when
-// bench/build-llama-server.sh has built it.
+// killed mid-answer, an upstream rejoining after a restart, three upstreams with llama-server among them, and
+// cache-buster reports from the proxy.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -122,6 +123,8 @@ test('a conversation stays on one upstream across turns, and reuses its prefix t
     assert.equal(home.prefix_hits, 2);
     assert.equal(home.in_flight, 0);
     assert.equal(home.healthy, true);
+    // One kept-alive connection carried the three turns.
+    assert.deepEqual(home.connections, { opened: 1, reused: 2, idle: 1 });
 });
 
 test('different conversations spread over the upstreams', async () => {
@@ -207,11 +210,16 @@ test('bad input and what needs the local model answer in each API\'s error shape
     const completions = await curl(`${proxy.url}/v1/completions`, { method: 'POST', body: { prompt: 'x' } });
     assert.equal(completions.status, 501);
     assert.match(completions.body.error.message, /proxy/);
-    const count = await curl(`${proxy.url}/v1/messages/count_tokens`, {
-        method: 'POST', body: { model: 'x', messages: [{ role: 'user', content: 'hi' }] },
-    });
-    assert.equal(count.status, 501);
-    assert.equal(count.body.type, 'error');
+    // count_tokens goes to an upstream, which counts with its own template and tokenizer.
+    const countBody = { model: 'x', system: 'Be brief.', messages: [{ role: 'user', content: 'hi there' }] };
+    const count = await curl(`${proxy.url}/v1/messages/count_tokens`, { method: 'POST', body: countBody });
+    assert.equal(count.status, 200, JSON.stringify(count.body));
+    const direct = await curl(`${upstreams[0].url}/v1/messages/count_tokens`, { method: 'POST', body: countBody });
+    assert.equal(count.body.input_tokens, direct.body.input_tokens);
+    assert.ok(count.body.input_tokens > 5);
+    const badCount = await curl(`${proxy.url}/v1/messages/count_tokens`, { method: 'POST', body: { model: 'x' } });
+    assert.equal(badCount.status, 400);
+    assert.equal(badCount.body.type, 'error');
     const show = await curl(`${proxy.url}/api/show`, { method: 'POST', body: { model: 'tiny' } });
     assert.equal(show.status, 501);
     assert.match(show.body.error, /proxy/);
@@ -222,6 +230,12 @@ test('bad input and what needs the local model answer in each API\'s error shape
 test('an Anthropic client streams through the proxy from an Ollama-dialect upstream', async () => {
     const ollamaProxy = await startProxy([`${upstreams[0].url},dialect=ollama`]);
     try {
+        const count = await curl(`${ollamaProxy.url}/v1/messages/count_tokens`, {
+            method: 'POST', body: { model: 'x', messages: [{ role: 'user', content: 'hi' }] },
+        });
+        assert.equal(count.status, 501);
+        assert.equal(count.body.type, 'error');
+        assert.match(count.body.error.message, /speaks ollama/);
         const client = new Anthropic({ baseURL: ollamaProxy.url, apiKey: 'none', maxRetries: 0 });
         const stream = client.messages.stream({
             model: 'claude-x', max_tokens: 5, system: 'be brief', messages: [{ role: 'user', content: 'translate me' }],
@@ -300,8 +314,8 @@ test('killing an upstream mid-answer fails only that request; traffic moves; the
     assert.equal((await turn(client, messages)).upstream, victimUrl);
 });
 
-// llama-server as an upstream, only where bench/build-llama-server.sh has built it: it leaves the binary at
-// <keepwarm cache>/llama.cpp-*/tools/llama-server (or set LLAMA_SERVER).
+// llama-server as an upstream: scripts/test.sh builds it with bench/build-llama-server.sh (cached by llama.cpp
+// commit) and passes its path in LLAMA_SERVER; otherwise it is looked up where that script leaves it.
 function findLlamaServer() {
     if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
     const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
@@ -312,30 +326,123 @@ function findLlamaServer() {
     }
     return null;
 }
-const llamaServer = findLlamaServer();
-test('llama-server as an upstream', { skip: !llamaServer && 'bench/build-llama-server.sh has not been run' },
-    async () => {
-        const model = await testModel('tiny');
-        const port = await freePort();
-        const server = spawn(llamaServer, ['-m', model, '--port', String(port), '-t', '1', '-c', '4096'],
-            { stdio: 'ignore' });
-        const url = `http://127.0.0.1:${port}`;
+
+test('three upstreams, two keepwarm and one llama-server: conversations spread and each stays home', async () => {
+    const llamaServer = findLlamaServer();
+    assert.ok(llamaServer, 'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
+    const model = await testModel('tiny');
+    const port = await freePort();
+    const server = spawn(llamaServer, ['-m', model, '--port', String(port), '-t', '1', '-c', '4096'],
+        { stdio: 'ignore' });
+    const url = `http://127.0.0.1:${port}`;
+    try {
+        assert.ok(await waitFor(async () => (await curl(`${url}/health`)).status === 200, { timeoutMs: 60_000 }));
+        const p = await startProxy([upstreams[0].url, upstreams[1].url, url]);
         try {
-            assert.ok(await waitFor(async () => (await curl(`${url}/health`)).status === 200, { timeoutMs: 60_000 }));
-            const p = await startProxy([url]);
-            try {
-                const messages = conversation('llama');
+            // A fresh proxy: three new conversations go to the three upstreams, fewest requests first.
+            const conversations = ['one', 'two', 'three'].map((name) => conversation(`${name}-of-three`));
+            const homes = [];
+            for (const messages of conversations) {
                 messages.push({ role: 'user', content: 'hello' });
-                const first = await turn(openai(p), messages);
-                assert.equal(first.upstream, url);
-                messages.push({ role: 'user', content: 'and again' });
-                const second = await turn(openai(p), messages);
-                assert.ok(second.data.usage.prompt_tokens_details?.cached_tokens > 0
-                    || second.data.timings?.cache_n > 0, 'llama-server reported reuse through the proxy');
-            } finally {
-                await p.stop();
+                homes.push((await turn(openai(p), messages)).upstream);
             }
+            assert.deepEqual(homes, [upstreams[0].url, upstreams[1].url, url]);
+            // Their next turns stay where their prefixes are, and llama-server reports its reuse through the proxy.
+            for (const [i, messages] of conversations.entries()) {
+                messages.push({ role: 'user', content: 'and again' });
+                const next = await turn(openai(p), messages);
+                assert.equal(next.upstream, homes[i]);
+                assert.ok(next.data.usage.prompt_tokens_details?.cached_tokens > 0,
+                          `${homes[i]} reported reuse through the proxy: ${JSON.stringify(next.data.usage)}`);
+            }
+            const state = await cache(p);
+            assert.deepEqual(state.upstreams.map((u) => [u.requests, u.prefix_hits]), [[2, 1], [2, 1], [2, 1]]);
         } finally {
-            server.kill('SIGTERM');
+            await p.stop();
         }
+    } finally {
+        server.kill('SIGTERM');
+    }
+});
+
+test('the proxy reports a cache buster, with the tokens its upstream had to compute because of it', async () => {
+    const client = new OpenAI({ baseURL: `${proxy.url}/v1`, apiKey: 'none', maxRetries: 0,
+                                defaultHeaders: { 'x-keepwarm-client': 'proxy-buster' } });
+    const rules = Array.from({ length: 30 }, (_, i) => `${i + 1}. Read the files before you change rule ${i + 1}.`);
+    let last;
+    for (const id of [randomBytes(16).toString('hex'), randomBytes(16).toString('hex')]) {
+        last = await client.chat.completions.create({ model: 'anything', max_tokens: 2, messages: [
+            { role: 'system', content: `You are a coding agent.\nsession: ${id}\n${rules.join('\n')}` },
+            { role: 'user', content: 'List the files.' }] });
+    }
+    const { body } = await curl(`${proxy.url}/v1/cache/busters`);
+    assert.equal(body.mode, 'report');
+    const r = body.reports.find((x) => x.client === 'proxy-buster');
+    assert.ok(r, JSON.stringify(body));
+    assert.equal(r.api, 'openai');
+    assert.equal(r.kind, 'hex_id');
+    assert.equal(r.rule.pattern, 'session: [0-9a-f]{32}');
+    assert.equal(r.span.role, 'system');
+    // No tokenizer in the proxy: the position comes from where the upstream's reuse ended.
+    assert.equal(r.span.token_offset_estimated, true);
+    assert.equal(r.prompt_tokens, last.usage.prompt_tokens);
+    assert.equal(r.reused_tokens, last.usage.prompt_tokens_details.cached_tokens);
+    assert.ok(r.reused_tokens < 40, `reused ${r.reused_tokens}: the upstream's cache stopped at the span`);
+    assert.ok(r.cost_tokens > 200 && r.cost_tokens <= r.prompt_tokens - r.reused_tokens, JSON.stringify(r));
+});
+
+test('a forced logit bias given by token text is bound to each upstream\'s own token id', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-policy-'));
+    const policy = path.join(dir, 'policy.toml');
+    // +100 on the end-of-turn token: the answer ends at once, whatever the random model would have said.
+    writeFileSync(policy, '[options]\nlogit_bias = { "<|im_end|>" = 100 }\n');
+    const p = await startProxy([upstreams[0].url], ['--policy', policy]);
+    try {
+        const { data, response } = await openai(p).chat.completions
+            .create({ model: 'anything', max_tokens: 8, messages: [{ role: 'user', content: 'Say something long.' }] })
+            .withResponse();
+        assert.match(response.headers.get('x-keepwarm-policy'), /logit-bias:<\|im_end\|>=100/);
+        assert.equal(data.choices[0].message.content, '');
+        assert.equal(data.choices[0].finish_reason, 'stop');
+        assert.equal(data.usage.completion_tokens, 1);
+        assert.match(p.output(), /logit_bias '<\|im_end\|>' is token \d+/);
+    } finally {
+        await p.stop();
+    }
+    // Without the policy the same request goes on.
+    const { data } = await openai(proxy).chat.completions
+        .create({ model: 'anything', max_tokens: 8, messages: [{ role: 'user', content: 'Say something long.' }] })
+        .withResponse();
+    assert.ok(data.usage.completion_tokens > 1, JSON.stringify(data.usage));
+});
+
+test('--config: upstreams and settings from a TOML file, the command line over it; mistakes name their line',
+    async () => {
+        const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-config-'));
+        const config = path.join(dir, 'proxy.toml');
+        writeFileSync(config, `alias = "team-model"\n[listen]\nport = 1\n[health]\ninterval = 0.2\n` +
+            `[[upstream]]\nurl = "${upstreams[0].url}"\n[[upstream]]\nurl = "${upstreams[1].url}"\n`);
+        // --port 0 wins over the file's port 1.
+        const p = await startProcess(['proxy', '--config', config, '--port', '0']);
+        try {
+            const state = await cache(p);
+            assert.deepEqual(state.upstreams.map((u) => u.url), upstreams.map((u) => u.url));
+            const models = (await curl(`${p.url}/v1/models`)).body;
+            assert.equal(models.data[0].id, 'team-model');
+            const messages = conversation('configured');
+            messages.push({ role: 'user', content: 'hello' });
+            const { data } = await turn(openai(p), messages);
+            assert.equal(data.object, 'chat.completion');
+        } finally {
+            await p.stop();
+        }
+
+        writeFileSync(config, `[[upstream]]\nurl = "${upstreams[0].url}"\ndialect = "vllm"\n`);
+        const bad = spawn(binary, ['proxy', '--config', config, '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+        let output = '';
+        bad.stdout.on('data', (c) => { output += c; });
+        bad.stderr.on('data', (c) => { output += c; });
+        const code = await new Promise((resolve) => bad.on('exit', resolve));
+        assert.notEqual(code, 0);
+        assert.match(output, /proxy\.toml:3:\d+: upstream\.dialect: dialect 'vllm' is not one of openai, anthropic, ollama/);
     });

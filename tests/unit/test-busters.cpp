@@ -395,6 +395,23 @@ TEST(CacheBusterDetector, NoReportWhenTheCacheReusedPastTheSpan) {
     EXPECT_TRUE(detector.reports().empty());
 }
 
+TEST(CacheBusterDetector, ReuseThatStopsInsideTheSpanStillCounts) {
+    // Digits are tokens of their own: the cache keeps "12:3" of "12:34:56" -> "12:41:07" and stops inside the span.
+    cache_buster_detector detector;
+    detector.inspect({"a", "1", "openai"}, head + "now: 2026-06-30T12:34:56Z\n" + body, {}, {});
+    const token_locator per_char = [](size_t c) { return static_cast<int>(c); };
+    auto report = detector.inspect({"a", "2", "openai"}, head + "now: 2026-06-30T12:41:07Z\n" + body, {}, per_char);
+    ASSERT_TRUE(report);
+    EXPECT_EQ(report->token_end - report->token_offset, static_cast<int>(report->current_text.size()));
+    keepwarm::generation_stats stats;
+    stats.prompt_tokens = 5000;
+    stats.reused_tokens = report->token_end - 2;  // stopped at the span's last char
+    stats.computed_tokens = stats.prompt_tokens - stats.reused_tokens;
+    EXPECT_TRUE(detector.confirm(*report, stats));
+    stats.reused_tokens = report->token_end;  // past it: the span cost nothing
+    EXPECT_FALSE(detector.confirm(*report, stats));
+}
+
 TEST(CacheBusterDetector, ClientsAreComparedOnlyWithThemselves) {
     cache_buster_detector detector;
     detector.inspect({"a", "1", "openai"}, head + "id=5f2e1\n" + body, {}, {});
@@ -436,4 +453,65 @@ TEST(CacheBusterDetector, MemoryIsBoundedLeastRecentClientFirst) {
     small.inspect({"a", "2", "openai"}, head + "id=c0ffee\n" + body, {}, {});
     EXPECT_FALSE(small.inspect({"b", "1", "openai"}, head + "id=5f2e1\n" + body, {}, {}));
     EXPECT_FALSE(small.inspect({"a", "3", "openai"}, head + "id=a03b9\n" + body, {}, {}));
+}
+
+namespace {
+// A system message with `line` in front of a long body, and a user message; the rendered prompt as Qwen's template
+// would write it.
+struct chat_with_line {
+    std::vector<common_chat_msg> messages;
+    std::string rendered;
+
+    explicit chat_with_line(const std::string& line) : messages(2) {
+        messages[0].role = "system";
+        messages[0].content = "You are a coding agent.\n" + line + "\n" + body;
+        messages[1].role = "user";
+        messages[1].content = "hello";
+        rendered = head + messages[0].content + "<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n";
+    }
+};
+
+std::optional<cache_buster_report> report_between(const chat_with_line& a, const chat_with_line& b) {
+    cache_buster_detector detector;
+    detector.inspect({"agent", "1", "openai"}, a.rendered, a.messages, {});
+    return detector.inspect({"agent", "2", "openai"}, b.rendered, b.messages, {});
+}
+}  // namespace
+
+TEST(AutoSpanRule, ARandomIdBecomesAReplaceRuleForItsRole) {
+    const chat_with_line a("session: 3f9a1c7e5b2d4f60a8c1e3b5d7f90a2c"), b("session: 9c0e2b4d6f81a3c5e7092b4d6f8a1c3e");
+    const auto report = report_between(a, b);
+    ASSERT_TRUE(report);
+    ASSERT_EQ(report->kind, span_kind::hex_id);
+    const auto rule = auto_span_rule(*report, b.messages);
+    ASSERT_TRUE(rule);
+    EXPECT_EQ(rule->name(), "auto-" + report->rule.name);
+    EXPECT_EQ(rule->origin(), span_origin::automatic);
+    EXPECT_EQ(rule->action(), span_action::replace);
+    EXPECT_EQ(rule->roles(), static_cast<unsigned>(role_system));
+    // It makes every later id the same text, so the prefix is the same again.
+    std::string c = "You are a coding agent.\nsession: 0a1b2c3d4e5f60718293a4b5c6d7e8f9\n", d = b.messages[0].content;
+    std::vector<std::string> moved;
+    EXPECT_EQ(rule->apply(c, moved), 1);
+    EXPECT_EQ(rule->apply(d, moved), 1);
+    EXPECT_EQ(d.substr(0, c.size()), c);
+    EXPECT_TRUE(moved.empty());
+}
+
+TEST(AutoSpanRule, DatesProseAndSpansOutsideTheMessagesAreOnlyReported) {
+    // A date means something to the model: reported, never rewritten by itself.
+    const chat_with_line a("Now: 2026-06-30T12:34:56Z"), b("Now: 2026-06-30T12:41:07Z");
+    const auto dated = report_between(a, b);
+    ASSERT_TRUE(dated);
+    EXPECT_FALSE(dated->looks_like_random_id());
+    EXPECT_FALSE(auto_span_rule(*dated, b.messages));
+
+    // A random id whose message the report could not place (no messages given): nothing to check the rule on.
+    const chat_with_line c("session: 3f9a1c7e5b2d4f60a8c1e3b5d7f90a2c"), d("session: 9c0e2b4d6f81a3c5e7092b4d6f8a1c3e");
+    auto report = report_between(c, d);
+    ASSERT_TRUE(report);
+    EXPECT_FALSE(auto_span_rule(*report, {}));
+    // ... or whose pattern does not match the message's text (the template wrote the context, not the client).
+    report->rule.pattern = "<\\|im_start\\|>system\\nYou are a coding agent\\.\\nsession: [0-9a-f]{32}";
+    EXPECT_FALSE(auto_span_rule(*report, d.messages));
 }

@@ -166,6 +166,18 @@ TEST(PolicyFile, EmptyFileTurnsOnTheDefaults) {
     for (size_t i = 0; i < c.spans.size(); i++) EXPECT_EQ(c.spans[i].name(), builtin_spans()[i].name);
     EXPECT_FALSE(c.options.max_tokens_cap);
     EXPECT_TRUE(c.clients.empty());
+    EXPECT_EQ(c.detect.mode, detect_mode::report);
+}
+
+TEST(PolicyFile, DetectModes) {
+    EXPECT_EQ(parse("[detect]\nmode = \"off\"\n").detect.mode, detect_mode::off);
+    const policy_config c = parse("[detect]\nmode = \"auto\"\nmax_auto_rules = 3\n");
+    EXPECT_EQ(c.detect.mode, detect_mode::automatic);
+    EXPECT_EQ(c.detect.max_auto_rules, 3u);
+    EXPECT_STREQ(detect_mode_name(c.detect.mode), "auto");
+    expect_error("[detect]\nmode = \"fix\"\n", 2, "'detect.mode' must be \"off\", \"report\" or \"auto\"");
+    expect_error("[detect]\nmax_auto_rules = -1\n", 2, "'detect.max_auto_rules' must be between 0 and 1000");
+    expect_error("[detect]\nmode = \"auto\"\nautomatic = true\n", 3, "unknown key 'automatic' in [detect]");
 }
 
 TEST(PolicyFile, SwitchesOffEverything) {

@@ -3,6 +3,8 @@
 // decode into the same message and numbers, whatever byte boundaries the socket cuts it at.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "api/anthropic-api.h"
 #include "api/ollama-api.h"
 #include "api/openai-api.h"
@@ -111,6 +113,17 @@ TEST(UpstreamDialects, OpenAIRequestParsesBackIntoTheSameConversation) {
     EXPECT_EQ(body["stream_options"]["include_usage"], true);
     expect_same_conversation(sent, api::parse_chat_request(body));
     EXPECT_EQ(call.headers.at(0), (std::pair<std::string, std::string>{"authorization", "Bearer secret"}));
+}
+
+TEST(UpstreamDialects, LogitBiasesGoOutInTheApisRangeABanAsMinus100) {
+    api::chat_request sent = agent_turn();
+    sent.sampling.logit_bias = {{11, 5.5f}, {12, -INFINITY}};
+    const json body = json::parse(build_call(upstream_dialect::openai, sent, "pinned", "").body);
+    EXPECT_EQ(body["logit_bias"], json::parse(R"({"11": 5.5, "12": -100.0})"));
+    const api::chat_request back = api::parse_chat_request(body);
+    ASSERT_EQ(back.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(back.sampling.logit_bias[1].first, 12);
+    EXPECT_TRUE(std::isinf(back.sampling.logit_bias[1].second));
 }
 
 TEST(UpstreamDialects, AnthropicRequestParsesBackIntoTheSameConversation) {

@@ -1,0 +1,39 @@
+// The settings of `keepwarm proxy`: where it listens, its upstreams, routing and health checks, the policy file. They
+// come from a TOML file (`--config FILE`, described in docs/proxy.md), from the command line, or both: options given
+// on the command line win over the file, and `--upstream` adds to the file's upstreams. Every mistake in the file
+// stops start-up with its line and column.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "http/http-server.h"
+#include "proxy/upstream-pool.h"
+
+namespace keepwarm::proxy {
+
+struct proxy_settings {
+    http::server_options http;
+    std::vector<upstream_config> upstreams;
+    std::string policy_file;  // empty: none
+    std::string model_alias = "keepwarm-proxy";
+    pool_options pool;
+};
+
+// what() is "FILE:LINE:COLUMN: message".
+struct proxy_config_error : std::runtime_error {
+    int line = 0;
+    int column = 0;
+    proxy_config_error(const std::string& message, int line, int column)
+        : std::runtime_error(message), line(line), column(column) {}
+};
+
+// Reads the file; a relative `policy` path is taken from the file's folder.
+proxy_settings load_proxy_config(const std::string& path);
+// The same from text; `source_name` names it in errors, `base_dir` resolves a relative policy path.
+proxy_settings parse_proxy_config(std::string_view text, const std::string& source_name,
+                                  const std::string& base_dir = "");
+
+}  // namespace keepwarm::proxy

@@ -1,0 +1,124 @@
+// The proxy's settings file (src/proxy/proxy-config.*): a complete file, the defaults, and mistakes stopped with their
+// line and column.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "proxy/proxy-config.h"
+
+using namespace keepwarm;
+using namespace keepwarm::proxy;
+
+namespace {
+
+void expect_error(const std::string& text, int line, const std::string& needle) {
+    try {
+        parse_proxy_config(text, "proxy.toml");
+        ADD_FAILURE() << "expected an error for:\n" << text;
+    } catch (const proxy_config_error& e) {
+        const std::string message = e.what();
+        EXPECT_EQ(e.line, line) << message;
+        EXPECT_EQ(message.rfind("proxy.toml:" + std::to_string(line) + ":", 0), 0u) << message;
+        EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks '" << needle << "'";
+    }
+}
+
+}  // namespace
+
+TEST(ProxyConfig, CompleteFile) {
+    const proxy_settings s = parse_proxy_config(R"(
+alias = "team-model"
+policy = "policy.toml"
+
+[listen]
+host = "0.0.0.0"
+port = 9090
+api_key = "secret"
+
+[routing]
+block_chars = 128
+min_match_blocks = 3
+rebalance_margin = 2
+max_blocks_per_upstream = 1000
+
+[health]
+interval = 0.5
+timeout = 3
+
+[[upstream]]
+url = "http://10.0.0.2:8080"
+
+[[upstream]]
+url = "http://10.0.0.3:11434"
+dialect = "ollama"
+model = "qwen3:8b"
+
+[[upstream]]
+url = "http://10.0.0.4:8080/prefix"
+dialect = "anthropic"
+api_key = "k"
+)",
+                                                "/etc/keepwarm/proxy.toml", "/etc/keepwarm");
+    EXPECT_EQ(s.model_alias, "team-model");
+    EXPECT_EQ(s.policy_file, "/etc/keepwarm/policy.toml");  // relative to the file
+    EXPECT_EQ(s.http.host, "0.0.0.0");
+    EXPECT_EQ(s.http.port, 9090);
+    EXPECT_EQ(s.http.api_key, "secret");
+    EXPECT_EQ(s.pool.routing.block_chars, 128u);
+    EXPECT_EQ(s.pool.routing.min_match_blocks, 3u);
+    EXPECT_EQ(s.pool.routing.rebalance_margin, 2);
+    EXPECT_EQ(s.pool.routing.max_blocks_per_upstream, 1000u);
+    EXPECT_EQ(s.pool.health_interval.count(), 500);
+    EXPECT_EQ(s.pool.health_timeout.count(), 3000);
+    ASSERT_EQ(s.upstreams.size(), 3u);
+    EXPECT_EQ(s.upstreams[0].origin.url(), "http://10.0.0.2:8080");
+    EXPECT_EQ(s.upstreams[0].dialect, upstream_dialect::openai);
+    EXPECT_EQ(s.upstreams[1].dialect, upstream_dialect::ollama);
+    EXPECT_EQ(s.upstreams[1].model, "qwen3:8b");
+    EXPECT_EQ(s.upstreams[2].origin.base_path, "/prefix");
+    EXPECT_EQ(s.upstreams[2].dialect, upstream_dialect::anthropic);
+    EXPECT_EQ(s.upstreams[2].api_key, "k");
+}
+
+TEST(ProxyConfig, EmptyFileKeepsTheDefaults) {
+    const proxy_settings s = parse_proxy_config("", "proxy.toml");
+    const proxy_settings defaults;
+    EXPECT_EQ(s.http.host, defaults.http.host);
+    EXPECT_EQ(s.http.port, defaults.http.port);
+    EXPECT_EQ(s.model_alias, "keepwarm-proxy");
+    EXPECT_TRUE(s.policy_file.empty());
+    EXPECT_TRUE(s.upstreams.empty());
+    EXPECT_EQ(s.pool.routing.block_chars, defaults.pool.routing.block_chars);
+    EXPECT_EQ(s.pool.health_interval, defaults.pool.health_interval);
+}
+
+TEST(ProxyConfig, MistakesNameTheirLine) {
+    expect_error("[listen]\nport = 70000\n", 2, "'listen.port' must be between 0 and 65535");
+    expect_error("[listen]\nport = \"80\"\n", 2, "'listen.port' must be an integer");
+    expect_error("[listen]\nhots = \"x\"\n", 2, "unknown key 'hots' in [listen]");
+    expect_error("[[upstream]]\ndialect = \"openai\"\n", 1, "an [[upstream]] needs a 'url'");
+    expect_error("[[upstream]]\nurl = \"https://x:1\"\n", 2, "https is not supported");
+    expect_error("[[upstream]]\nurl = \"http://x:1\"\ndialect = \"vllm\"\n", 3, "is not one of openai, anthropic");
+    expect_error("[[upstream]]\nurl = \"http://x:1\"\nkey = \"k\"\n", 3, "unknown key 'key' in [[upstream]]");
+    expect_error("upstream = \"http://x:1\"\n", 1, "'upstream' must be an array of tables");
+    expect_error("[health]\ninterval = 0\n", 2, "'health.interval' must be between 0 and 3600 s");
+    expect_error("[routing]\nblock_chars = 8\n", 2, "'routing.block_chars' must be between 16");
+    expect_error("\n[upstreams]\n", 2, "unknown key 'upstreams' in the file");
+    expect_error("[listen]\nhost = \n", 2, "");
+}
+
+TEST(ProxyConfig, LoadsFromDiskAndReportsAMissingFile) {
+    const auto dir = std::filesystem::temp_directory_path() / "keepwarm-test-proxy-config";
+    std::filesystem::create_directories(dir);
+    {
+        std::ofstream out(dir / "proxy.toml");
+        out << "policy = \"p.toml\"\n[[upstream]]\nurl = \"http://127.0.0.1:1\"\n";
+    }
+    const proxy_settings s = load_proxy_config((dir / "proxy.toml").string());
+    EXPECT_EQ(s.policy_file, (dir / "p.toml").string());
+    ASSERT_EQ(s.upstreams.size(), 1u);
+    std::filesystem::remove_all(dir);
+    EXPECT_THROW(load_proxy_config((dir / "proxy.toml").string()), std::runtime_error);
+}
