@@ -10,6 +10,7 @@
 #include "http/http-server.h"
 #include "policy/policy-file.h"
 #include "proxy/proxy-config.h"
+#include "proxy/upstream-completion.h"
 #include "proxy/upstream-generation.h"
 #include "proxy/upstream-pool.h"
 #include "server/anthropic-routes.h"
@@ -122,7 +123,7 @@ int run_proxy(proxy::proxy_settings opts) {
     http::http_server server(opts.http);
     register_proxy_status_routes(server, ctx, pool);
     const generation_opener open = proxy::upstream_generations(ctx, pool);
-    register_openai_routes(server, ctx, open);
+    register_openai_routes(server, ctx, open, proxy::upstream_completions(pool));
     register_anthropic_routes(server, ctx, open, proxy::upstream_token_counter(ctx, pool));
     register_ollama_routes(server, ctx, open);
     register_busters_routes(server, ctx);

@@ -13,8 +13,6 @@ using namespace std::chrono_literals;
 
 namespace {
 constexpr auto check_interval = 50ms;
-constexpr size_t max_queued_pieces = 64;  // beyond this the reader waits for the client to catch up
-constexpr auto drain_time = 250ms;        // for the end of a whole answer's body, before the connection is reused
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
@@ -39,7 +37,7 @@ upstream_generation::upstream_generation(server_context& ctx, upstream_pool& poo
     if (ctx_.busters)
         buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api}, prompt_text_, chat_.messages, {});
     connect();
-    reader_ = std::thread([this] { read_body(); });
+    body_.emplace(*conn_);
 }
 
 void upstream_generation::connect() {
@@ -130,54 +128,16 @@ void upstream_generation::name_fired_rules(const std::vector<std::string>& rules
 }
 
 upstream_generation::~upstream_generation() {
-    if (reader_.joinable()) {
-        // A complete answer leaves at most the stream's end marker unread: the reader reads it, and the connection
-        // goes back to the pool for the upstream's next request. Anything else is cancelled.
+    if (body_) {
+        // A complete answer leaves at most the stream's end marker unread: it is read, and the connection goes back
+        // to the pool for the upstream's next request. Anything else is cancelled.
         const bool answered = decoder_ && decoder_->done() && decoder_->error().empty();
-        bool reader_done;
-        {
-            std::unique_lock lock(mu_);
-            stop_reader_ = true;
-            drain_ = answered;
-            cv_.notify_all();
-            if (answered) cv_.wait_for(lock, drain_time, [this] { return reader_done_; });
-            reader_done = reader_done_;
+        if (body_->finish(answered) && answered) {
+            body_.reset();
+            pool_.keep_alive(route_->upstream, std::move(conn_));
         }
-        if (!reader_done) conn_->cancel();
-        reader_.join();
-        if (answered && body_complete_) pool_.keep_alive(route_->upstream, std::move(conn_));
     }
     if (route_) pool_.release(route_->upstream);
-}
-
-void upstream_generation::read_body() {
-    piece last;
-    bool complete = false;
-    try {
-        std::string bytes;
-        for (;;) {
-            if (!conn_->read_some(bytes)) {
-                complete = true;
-                break;
-            }
-            std::unique_lock lock(mu_);
-            cv_.wait(lock, [this] { return pieces_.size() < max_queued_pieces || stop_reader_; });
-            if (stop_reader_) {
-                if (drain_) continue;  // the answer is whole: read the rest (the end marker) and drop it
-                break;
-            }
-            pieces_.push_back({.bytes = std::move(bytes)});
-            cv_.notify_all();
-        }
-        last.end = true;
-    } catch (const http::client_error& e) {
-        last.error = e.what();
-    }
-    std::lock_guard lock(mu_);
-    pieces_.push_back(std::move(last));
-    body_complete_ = complete;
-    reader_done_ = true;
-    cv_.notify_all();
 }
 
 std::optional<generation_source::update> upstream_generation::next() {
@@ -204,14 +164,9 @@ std::optional<generation_source::update> upstream_generation::next() {
                 return std::nullopt;
             }
         }
-        piece p;
-        {
-            std::unique_lock lock(mu_);
-            if (!cv_.wait_for(lock, check_interval, [this] { return !pieces_.empty(); })) continue;
-            p = std::move(pieces_.front());
-            pieces_.pop_front();
-            cv_.notify_all();
-        }
+        const std::optional<upstream_body_reader::piece> next_piece = body_->next(check_interval);
+        if (!next_piece) continue;
+        const upstream_body_reader::piece& p = *next_piece;
         update u;
         if (!p.error.empty() || (p.end && !decoder_->done())) {
             // The upstream went away mid-answer (killed, reset, timed out): this request ends with an error.

@@ -1,22 +1,19 @@
 // One chat request answered by an upstream engine (`keepwarm proxy`): the same policy layer as `keepwarm serve`
 // (pings are answered here, without an upstream), then the router picks an upstream, the request goes out in that
-// upstream's dialect, and its stream comes back as message deltas for whichever API route drives it. A reader
-// thread reads the upstream's body into a short queue the route's thread drains (a slow client slows the upstream
-// read: backpressure); a client that goes away cancels the upstream call.
-// Threading: used by the route's own thread; the reader thread only touches the connection and the queue.
+// upstream's dialect, and its stream comes back as message deltas for whichever API route drives it. The upstream's
+// body is read on a thread of its own (upstream_body_reader: backpressure); a client that goes away cancels the
+// upstream call; a whole answer leaves its connection for the upstream's next request.
+// Threading: used by the route's own thread.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "http/http-client.h"
+#include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
 #include "server/anthropic-routes.h"
@@ -42,13 +39,7 @@ public:
     const http::header_list& response_headers() const override { return headers_; }
 
 private:
-    struct piece {
-        std::string bytes;
-        bool end = false;   // the body ended
-        std::string error;  // reading failed
-    };
     void connect();
-    void read_body();  // the reader thread
     generation_stats stats() const;
     void confirm_buster(const generation_stats& st);
     // The policy's forced biases in this upstream's token ids, over the client's own; returns their fired names.
@@ -76,14 +67,7 @@ private:
     std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
     bool seen_delta_ = false;
 
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<piece> pieces_;    // guarded by mu_
-    bool reader_done_ = false;    // guarded by mu_
-    bool stop_reader_ = false;    // guarded by mu_
-    bool drain_ = false;          // guarded by mu_: once stopped, read the body to its end (the answer is whole)
-    bool body_complete_ = false;  // guarded by mu_: the reader read the body to its end
-    std::thread reader_;
+    std::optional<upstream_body_reader> body_;  // the upstream's answer, read on a thread of its own
 };
 
 // Opens upstream_generations from `pool` for the API routes.

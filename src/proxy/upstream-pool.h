@@ -82,6 +82,7 @@ public:
     std::optional<int32_t> bias_token(size_t upstream, const std::string& text) const;
 
     size_t size() const { return upstreams_.size(); }
+    const upstream_config& config(size_t upstream) const { return upstreams_.at(upstream); }
     const router_options& routing() const { return options_.routing; }
     size_t healthy_count() const;
     // GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,

@@ -172,21 +172,14 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
 
 }  // namespace
 
-void register_openai_routes(http::http_server& server, server_context& ctx, generation_opener open) {
+void register_openai_routes(http::http_server& server, server_context& ctx, generation_opener open,
+                            generation_handler completion) {
     if (!open) open = local_generation(ctx);
     const auto chat = [open](server_context& c, const http::request& req, http::response_writer& w,
                              const std::shared_ptr<generation_request>& gen) { handle_chat(open, c, req, w, gen); };
     server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));
     server.add_route("POST", "/chat/completions", generation_route(ctx, chat));
-    const generation_handler completion =
-        ctx.llm ? generation_handler(handle_completion)
-                : [](server_context&, const http::request&, http::response_writer&,
-                     const std::shared_ptr<generation_request>&) {
-                      throw http::http_error(501,
-                                             "/v1/completions is not available through keepwarm proxy: a raw prompt "
-                                             "needs the local model's tokenizer; use /v1/chat/completions",
-                                             "not_implemented_error");
-                  };
+    if (!completion) completion = handle_completion;
     server.add_route("POST", "/v1/completions", generation_route(ctx, completion));
     server.add_route("POST", "/completions", generation_route(ctx, completion));
 }

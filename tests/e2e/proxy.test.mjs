@@ -207,9 +207,9 @@ test('bad input and what needs the local model answer in each API\'s error shape
     const bad = await curl(`${proxy.url}/v1/chat/completions`, { method: 'POST', body: { messages: 'no' } });
     assert.equal(bad.status, 400);
     assert.equal(typeof bad.body.error.message, 'string');
-    const completions = await curl(`${proxy.url}/v1/completions`, { method: 'POST', body: { prompt: 'x' } });
-    assert.equal(completions.status, 501);
-    assert.match(completions.body.error.message, /proxy/);
+    const noPrompt = await curl(`${proxy.url}/v1/completions`, { method: 'POST', body: { model: 'x' } });
+    assert.equal(noPrompt.status, 400);
+    assert.match(noPrompt.body.error.message, /'prompt' is required/);
     // count_tokens goes to an upstream, which counts with its own template and tokenizer.
     const countBody = { model: 'x', system: 'Be brief.', messages: [{ role: 'user', content: 'hi there' }] };
     const count = await curl(`${proxy.url}/v1/messages/count_tokens`, { method: 'POST', body: countBody });
@@ -236,6 +236,9 @@ test('an Anthropic client streams through the proxy from an Ollama-dialect upstr
         assert.equal(count.status, 501);
         assert.equal(count.body.type, 'error');
         assert.match(count.body.error.message, /speaks ollama/);
+        const completion = await curl(`${ollamaProxy.url}/v1/completions`, { method: 'POST', body: { prompt: 'x' } });
+        assert.equal(completion.status, 501);
+        assert.match(completion.body.error.message, /speaks ollama/);
         const client = new Anthropic({ baseURL: ollamaProxy.url, apiKey: 'none', maxRetries: 0 });
         const stream = client.messages.stream({
             model: 'claude-x', max_tokens: 5, system: 'be brief', messages: [{ role: 'user', content: 'translate me' }],
@@ -446,3 +449,29 @@ test('--config: upstreams and settings from a TOML file, the command line over i
         assert.notEqual(code, 0);
         assert.match(output, /proxy\.toml:3:\d+: upstream\.dialect: dialect 'vllm' is not one of openai, anthropic, ollama/);
     });
+
+test('raw-prompt completions are forwarded to an upstream, whole and streamed', async () => {
+    const client = openai(proxy);
+    const prompt = 'Once upon a time, in a kitchen far away, a cook wrote down every recipe she knew. '.repeat(3);
+    const { data, response } = await client.completions
+        .create({ model: 'anything', prompt, max_tokens: 4, temperature: 0 })
+        .withResponse();
+    assert.equal(data.object, 'text_completion');
+    assert.equal(typeof data.choices[0].text, 'string');
+    assert.equal(data.usage.completion_tokens, 4);
+    const home = response.headers.get('x-keepwarm-upstream');
+    assert.ok(upstreams.some((u) => u.url === home), home);
+    // The same prompt again goes to the same upstream (its prefix is there), and streams chunk by chunk.
+    const stream = await client.completions
+        .create({ model: 'anything', prompt, max_tokens: 4, temperature: 0, stream: true })
+        .withResponse();
+    assert.equal(stream.response.headers.get('x-keepwarm-upstream'), home);
+    let text = '';
+    let chunks = 0;
+    for await (const chunk of stream.data) {
+        text += chunk.choices[0]?.text ?? '';
+        chunks++;
+    }
+    assert.ok(chunks >= 2, `${chunks} chunks`);
+    assert.equal(text, data.choices[0].text, 'greedy: the same text streamed as whole');
+});
