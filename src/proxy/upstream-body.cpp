@@ -34,7 +34,7 @@ void upstream_body_reader::run() {
                 if (drain_) continue;  // the answer is whole: read the rest (the end marker) and drop it
                 break;
             }
-            pieces_.push_back({.bytes = std::move(bytes)});
+            pieces_.push_back({.bytes = std::move(bytes), .read_at = std::chrono::steady_clock::now()});
             cv_.notify_all();
         }
         last.end = true;

@@ -21,8 +21,9 @@ class upstream_body_reader {
 public:
     struct piece {
         std::string bytes;
-        bool end = false;   // the body ended
-        std::string error;  // reading failed
+        bool end = false;                               // the body ended
+        std::string error;                              // reading failed
+        std::chrono::steady_clock::time_point read_at;  // when it came off the socket
     };
 
     // Starts reading `conn`'s body (its response head has been read). `conn` must outlive this object.

@@ -180,6 +180,7 @@ std::optional<generation_source::update> upstream_generation::next() {
             if (!u.diffs.empty() && !seen_delta_) {
                 seen_delta_ = true;
                 first_delta_ = std::chrono::steady_clock::now();
+                first_delta_read_ = p.read_at;
             }
             if (decoder_->done()) {
                 u.done = true;
@@ -194,6 +195,11 @@ std::optional<generation_source::update> upstream_generation::next() {
         if (!u.done && u.diffs.empty()) continue;
         if (u.done) {
             u.stats = stats();
+            // What the proxy added to this request's time to first token: receiving and forwarding it, and passing
+            // the first delta on (the route writes it right after this returns).
+            if (seen_delta_) {
+                pool_.record_overhead(ms_between(received_, sent_), ms_between(first_delta_read_, first_delta_));
+            }
             if (buster_ && u.reason != finish_reason::error) confirm_buster(u.stats);
             log_end(u);
         }

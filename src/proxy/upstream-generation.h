@@ -64,6 +64,7 @@ private:
     std::unique_ptr<http::client_connection> conn_;
     std::optional<stream_decoder> decoder_;
     std::chrono::steady_clock::time_point received_, sent_, first_delta_;
+    std::chrono::steady_clock::time_point first_delta_read_;  // when the bytes of the first delta came off the socket
     std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
     bool seen_delta_ = false;
 

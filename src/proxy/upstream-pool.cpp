@@ -1,6 +1,7 @@
 // See upstream-pool.h.
 #include "proxy/upstream-pool.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
@@ -225,6 +226,33 @@ size_t upstream_pool::healthy_count() const {
     return n;
 }
 
+namespace {
+constexpr size_t overhead_window = 65536;
+
+json percentiles(std::vector<float> samples) {
+    if (samples.empty()) return nullptr;
+    std::sort(samples.begin(), samples.end());
+    const auto at = [&](double p) {
+        return samples[std::min(samples.size() - 1, static_cast<size_t>(p * static_cast<double>(samples.size())))];
+    };
+    return {{"p50", at(0.50)}, {"p99", at(0.99)}, {"max", samples.back()}};
+}
+}  // namespace
+
+void upstream_pool::record_overhead(double forward_ms, double first_delta_ms) {
+    std::lock_guard lock(mu_);
+    overhead_samples& o = overhead_;
+    if (o.forward.size() < overhead_window) {
+        o.forward.push_back(static_cast<float>(forward_ms));
+        o.first_delta.push_back(static_cast<float>(first_delta_ms));
+    } else {
+        o.forward[o.next] = static_cast<float>(forward_ms);
+        o.first_delta[o.next] = static_cast<float>(first_delta_ms);
+    }
+    o.next = (o.next + 1) % overhead_window;
+    o.count++;
+}
+
 json upstream_pool::cache_json() const {
     std::lock_guard lock(mu_);
     json list = json::array();
@@ -248,7 +276,15 @@ json upstream_pool::cache_json() const {
                           {"idle", connections_[i].idle.size()}}}});
     }
     const router_options& r = options_.routing;
+    std::vector<float> total(overhead_.forward.size());
+    for (size_t i = 0; i < total.size(); i++) total[i] = overhead_.forward[i] + overhead_.first_delta[i];
     return {{"upstreams", std::move(list)},
+            {"overhead_ms",
+             {{"requests", overhead_.count},
+              {"window", overhead_.forward.size()},
+              {"forward", percentiles(overhead_.forward)},
+              {"first_delta", percentiles(overhead_.first_delta)},
+              {"total", percentiles(std::move(total))}}},
             {"routing",
              {{"block_chars", r.block_chars},
               {"min_match_blocks", r.min_match_blocks},

@@ -81,6 +81,11 @@ public:
     // or not one token there.
     std::optional<int32_t> bias_token(size_t upstream, const std::string& text) const;
 
+    // What the proxy added to one request's time to first token: from receiving it to sending it upstream, and from
+    // reading the first delta's bytes to handing the delta to the route. The last 65536 requests are kept for the
+    // percentiles in cache_json().
+    void record_overhead(double forward_ms, double first_delta_ms);
+
     size_t size() const { return upstreams_.size(); }
     const upstream_config& config(size_t upstream) const { return upstreams_.at(upstream); }
     const router_options& routing() const { return options_.routing; }
@@ -108,6 +113,12 @@ private:
         uint64_t reused = 0;  // requests sent on a kept-alive connection
     };
     std::vector<connection_pool> connections_;  // guarded by mu_
+    struct overhead_samples {
+        std::vector<float> forward, first_delta;  // ring buffers
+        size_t next = 0;
+        uint64_t count = 0;
+    };
+    overhead_samples overhead_;  // guarded by mu_
     // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up
     std::vector<std::optional<std::map<std::string, int32_t>>> bias_tokens_;
     bool stopping_ = false;  // guarded by mu_

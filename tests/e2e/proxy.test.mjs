@@ -125,6 +125,11 @@ test('a conversation stays on one upstream across turns, and reuses its prefix t
     assert.equal(home.healthy, true);
     // One kept-alive connection carried the three turns.
     assert.deepEqual(home.connections, { opened: 1, reused: 2, idle: 1 });
+    // What the proxy added to each turn's time to first token, by its own clock.
+    assert.equal(state.overhead_ms.requests, 3);
+    for (const part of ['forward', 'first_delta', 'total']) {
+        assert.ok(state.overhead_ms[part].p50 >= 0 && state.overhead_ms[part].p50 <= state.overhead_ms[part].max);
+    }
 });
 
 test('different conversations spread over the upstreams', async () => {

@@ -1,0 +1,220 @@
+#!/usr/bin/env node
+// keepwarm proxy under load, side by side: N concurrent streaming clients for S seconds against two `keepwarm serve`
+// upstreams, each client alternating between a request straight to its upstream and the same kind of request
+// through the proxy (so both paths see the same load at the same time). Reports protocol errors, time to first
+// token (p50/p99) direct and through the proxy and their difference, and the proxy's RSS over time (flat after
+// warm-up or not).
+//
+//   node bench/proxy-load.mjs --model tiny.gguf [--keepwarm build/keepwarm] [--clients 64] [--seconds 300]
+//        [--warmup 30] [--max-tokens 8] [--slots 16] [--threads 1] [--json FILE]
+//
+// Each client has a conversation of its own (a system prompt of ~150 tokens unique to it, then one short user turn
+// per request), so the proxy routes all its requests to one upstream; the direct requests go to that same upstream
+// (learnt from the proxy's x-keepwarm-upstream header). TTFT is measured at the client from sending the request to
+// the first SSE event carrying content (or the role), on raw node:http (no SDK in the timing).
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+
+const args = {
+    keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 16,
+    threads: 1, json: '',
+};
+for (let i = 2; i < process.argv.length; i++) {
+    const key = process.argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+    if (!(key in args)) {
+        console.error(`proxy-load: unknown option ${process.argv[i]}`);
+        process.exit(2);
+    }
+    const value = process.argv[++i];
+    args[key] = typeof args[key] === 'number' ? Number(value) : value;
+}
+if (!args.model) {
+    console.error('proxy-load: --model FILE.gguf is required');
+    process.exit(2);
+}
+const log = (...m) => console.error('proxy-load:', ...m);
+
+async function freePort() {
+    const server = net.createServer();
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address();
+    await new Promise((resolve) => server.close(resolve));
+    return port;
+}
+
+// Starts a keepwarm process and resolves with its URL once it listens.
+function start(name, argv) {
+    const proc = spawn(args.keepwarm, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const logFile = fs.createWriteStream(path.join(os.tmpdir(), `proxy-load-${name}.log`));
+    let output = '';
+    return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`${name} did not start:\n${output}`)), 120_000);
+        const onData = (chunk) => {
+            logFile.write(chunk);
+            if (output.length < 100_000) output += chunk;
+            const m = output.match(/listening on (http:\/\/[^\s]+)/);
+            if (m && timer) {
+                clearTimeout(timer);
+                resolve({ url: m[1], proc, name });
+            }
+        };
+        proc.stdout.on('data', onData);
+        proc.stderr.on('data', onData);
+        proc.on('exit', (code) => reject(new Error(`${name} exited with ${code}:\n${output}`)));
+    });
+}
+
+function rssKiB(pid) {
+    try {
+        const m = fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+) kB/);
+        return m ? Number(m[1]) : null;
+    } catch {
+        return null;
+    }
+}
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: args.clients * 2 });
+
+// One streamed chat request; resolves with { ttft, total, upstream } or { error }.
+function request(url, body) {
+    return new Promise((resolve) => {
+        const t0 = performance.now();
+        let ttft = null;
+        let buffer = '';
+        let done = false;
+        const target = new URL('/v1/chat/completions', url);
+        const req = http.request(target, {
+            method: 'POST', agent, headers: { 'content-type': 'application/json' },
+        }, (res) => {
+            if (res.statusCode !== 200) {
+                res.resume();
+                resolve({ error: `HTTP ${res.statusCode}` });
+                return;
+            }
+            res.setEncoding('utf8');
+            res.on('data', (chunk) => {
+                buffer += chunk;
+                let cut;
+                while ((cut = buffer.indexOf('\n\n')) >= 0) {
+                    const event = buffer.slice(0, cut);
+                    buffer = buffer.slice(cut + 2);
+                    const data = event.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('');
+                    if (data === '[DONE]') {
+                        done = true;
+                        continue;
+                    }
+                    if (ttft === null && data) ttft = performance.now() - t0;
+                }
+            });
+            res.on('end', () => resolve(done && ttft !== null
+                ? { ttft, total: performance.now() - t0, upstream: res.headers['x-keepwarm-upstream'] }
+                : { error: 'the stream ended without [DONE]' }));
+            res.on('error', (e) => resolve({ error: e.message }));
+        });
+        req.on('error', (e) => resolve({ error: e.message }));
+        req.end(JSON.stringify(body));
+    });
+}
+
+function percentile(sorted, p) {
+    if (sorted.length === 0) return NaN;
+    return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+}
+
+async function main() {
+    const ctx = args.slots * 2048;
+    log(`${args.clients} clients, ${args.seconds} s (${args.warmup} s warm-up), two upstreams of ${args.slots} slots, ` +
+        `model ${path.basename(args.model)}`);
+    const ports = [await freePort(), await freePort()];
+    const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
+        '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx)])));
+    const proxy = await start('proxy', ['proxy', '--port', '0', ...upstreams.flatMap((u) => ['--upstream', u.url])]);
+    const stopAll = () => [proxy, ...upstreams].forEach((p) => p.proc.kill('SIGTERM'));
+    process.on('exit', stopAll);
+
+    const results = [];  // { path, ttft, total, t } or { path, error, t }
+    const rss = [];  // [seconds, KiB]
+    const started = performance.now();
+    const elapsed = () => (performance.now() - started) / 1000;
+    const sampler = setInterval(() => rss.push([elapsed(), rssKiB(proxy.proc.pid)]), 1000);
+
+    const system = (c) => `You are agent ${c} of the load test. ` +
+        Array.from({ length: 12 }, (_, i) => `Rule ${i + 1} for agent ${c}: keep answers short and exact.`).join(' ');
+    async function client(c) {
+        let home = null;
+        for (let turn = 0; elapsed() < args.seconds; turn++) {
+            const body = {
+                model: 'load', stream: true, max_tokens: args.maxTokens, temperature: 0,
+                messages: [{ role: 'system', content: system(c) }, { role: 'user', content: `turn ${turn}` }],
+            };
+            const viaProxy = home === null || turn % 2 === 1;
+            const t = elapsed();
+            const r = await request(viaProxy ? proxy.url : home, body);
+            if (viaProxy && r.upstream) home = r.upstream;
+            results.push({ path: viaProxy ? 'proxy' : 'direct', t, ...r });
+        }
+    }
+    await Promise.all(Array.from({ length: args.clients }, (_, c) => client(c)));
+    clearInterval(sampler);
+    // The proxy's own account of what it added (receive -> sent upstream, first delta read -> handed to the route).
+    const own = await new Promise((resolve) => {
+        http.get(new URL('/v1/cache', proxy.url), (res) => {
+            let text = '';
+            res.on('data', (c) => { text += c; });
+            res.on('end', () => resolve(JSON.parse(text).overhead_ms));
+        }).on('error', () => resolve(null));
+    });
+
+    const measured = results.filter((r) => r.t >= args.warmup);
+    const errors = results.filter((r) => r.error);
+    const ttfts = (p) => measured.filter((r) => r.path === p && !r.error).map((r) => r.ttft).sort((a, b) => a - b);
+    const direct = ttfts('direct'), proxied = ttfts('proxy');
+    const afterWarmup = rss.filter(([s, kib]) => s >= args.warmup && kib !== null);
+    // Least-squares slope of RSS over time after warm-up, in KiB per minute.
+    const n = afterWarmup.length;
+    const mx = afterWarmup.reduce((a, [s]) => a + s, 0) / n, my = afterWarmup.reduce((a, [, k]) => a + k, 0) / n;
+    const slope = afterWarmup.reduce((a, [s, k]) => a + (s - mx) * (k - my), 0) /
+        Math.max(1e-9, afterWarmup.reduce((a, [s]) => a + (s - mx) ** 2, 0)) * 60;
+    const summary = {
+        clients: args.clients, seconds: args.seconds, warmup_seconds: args.warmup, slots_per_upstream: args.slots,
+        max_tokens: args.maxTokens, model: path.basename(args.model), machine: `${os.cpus().length} CPUs, ${os.cpus()[0].model}`,
+        requests: results.length, measured_requests: measured.length, errors: errors.length,
+        error_kinds: [...new Set(errors.map((e) => e.error))].slice(0, 5),
+        ttft_ms: {
+            direct: { n: direct.length, p50: percentile(direct, 50), p99: percentile(direct, 99) },
+            proxy: { n: proxied.length, p50: percentile(proxied, 50), p99: percentile(proxied, 99) },
+        },
+        added_ms: { p50: percentile(proxied, 50) - percentile(direct, 50), p99: percentile(proxied, 99) - percentile(direct, 99) },
+        proxy_own_overhead_ms: own,
+        proxy_rss_kib: {
+            at_warmup_end: afterWarmup[0]?.[1] ?? null, final: afterWarmup.at(-1)?.[1] ?? null,
+            max: Math.max(...afterWarmup.map(([, k]) => k)), slope_kib_per_min: slope,
+        },
+    };
+    const f = (x) => (Number.isFinite(x) ? x.toFixed(2) : '-');
+    console.log(`requests ${summary.requests} (${summary.measured_requests} after warm-up), protocol errors ${summary.errors}`);
+    console.log('| path | requests | TTFT p50 ms | TTFT p99 ms |\n| --- | ---: | ---: | ---: |');
+    console.log(`| direct | ${direct.length} | ${f(summary.ttft_ms.direct.p50)} | ${f(summary.ttft_ms.direct.p99)} |`);
+    console.log(`| through the proxy | ${proxied.length} | ${f(summary.ttft_ms.proxy.p50)} | ${f(summary.ttft_ms.proxy.p99)} |`);
+    console.log(`| added by the proxy | | ${f(summary.added_ms.p50)} | ${f(summary.added_ms.p99)} |`);
+    if (own?.total) {
+        console.log(`| the proxy's own account (forward + first delta) | ${own.requests} | ${f(own.total.p50)} | ` +
+            `${f(own.total.p99)} |`);
+    }
+    const r = summary.proxy_rss_kib;
+    console.log(`proxy RSS after warm-up ${r.at_warmup_end} KiB, final ${r.final} KiB, max ${r.max} KiB, ` +
+        `slope ${f(r.slope_kib_per_min)} KiB/min`);
+    if (args.json) fs.writeFileSync(args.json, JSON.stringify({ summary, rss, results }, null, 1));
+    stopAll();
+    agent.destroy();
+}
+
+main().catch((e) => {
+    console.error('proxy-load:', e.message);
+    process.exit(1);
+});
