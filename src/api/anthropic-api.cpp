@@ -8,63 +8,19 @@
 #include <limits>
 #include <set>
 
+#include "api/json-fields.h"
 #include "http/http-server.h"
 
 namespace keepwarm::api::anthropic {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) {
-    throw http::http_error(400, message);
-}
-
-std::string in_quotes(const std::string& field) {
-    return "'" + field + "'";
-}
-
-std::string indexed(const std::string& field, size_t i) {
-    return field + "[" + std::to_string(i) + "]";
-}
-
-// Missing and null both mean "not given".
-const json* find(const json& obj, const std::string& key) {
-    auto it = obj.find(key);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::optional<std::string> get_string(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) fail(in_quotes(field) + " must be a string");
-    return v->get<std::string>();
-}
+using namespace json_fields;
 
 std::string require_string(const json& obj, const std::string& key, const std::string& field) {
     auto v = get_string(obj, key, field);
     if (!v || v->empty()) fail(in_quotes(field) + " must be a non-empty string");
     return *v;
-}
-
-std::optional<bool> get_bool(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) fail(in_quotes(field) + " must be a boolean");
-    return v->get<bool>();
-}
-
-// Integers, and floats with an integral value (some clients write 1024 as 1024.0).
-std::optional<int64_t> get_integer(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (v->is_number_unsigned()) {
-        return int64_t(std::min<uint64_t>(v->get<uint64_t>(), uint64_t(std::numeric_limits<int64_t>::max())));
-    }
-    if (v->is_number_integer()) return v->get<int64_t>();
-    if (v->is_number_float()) {
-        const double d = v->get<double>();
-        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) return int64_t(d);
-    }
-    fail(in_quotes(field) + " must be an integer");
 }
 
 std::optional<float> get_unit_interval(const json& obj, const std::string& key) {

@@ -10,77 +10,31 @@
 #include <limits>
 #include <set>
 
+#include "api/json-fields.h"
 #include "http/http-server.h"
 
 namespace keepwarm::api::ollama {
 
 namespace {
 
+using namespace json_fields;
+
 constexpr size_t max_stop_strings = 16;
-
-[[noreturn]] void fail(const std::string& message) {
-    throw http::http_error(400, message);
-}
-
-std::string quoted(const std::string& field) {
-    return "'" + field + "'";
-}
-
-std::string indexed(const std::string& field, size_t i) {
-    return field + "[" + std::to_string(i) + "]";
-}
-
-// Missing and null both mean "not given".
-const json* find(const json& obj, const std::string& key) {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) return nullptr;
-    return &*it;
-}
-
-std::optional<bool> get_bool(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) fail(quoted(field) + " must be a boolean");
-    return v->get<bool>();
-}
-
-std::optional<std::string> get_string(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) fail(quoted(field) + " must be a string");
-    return v->get<std::string>();
-}
 
 std::optional<float> get_float(const json& obj, const std::string& key, const std::string& field) {
     const json* v = find(obj, key);
     if (!v) return std::nullopt;
-    if (!v->is_number()) fail(quoted(field) + " must be a number");
+    if (!v->is_number()) fail(in_quotes(field) + " must be a number");
     const double d = v->get<double>();
     // Out-of-float-range values become inf and fail validation instead of wrapping silently.
     return std::fabs(d) > double(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::infinity() : float(d);
-}
-
-// JSON integers, and floats with an integral value (Go clients send every number as a float64).
-std::optional<int64_t> get_integer(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) return std::nullopt;
-    if (v->is_number_unsigned()) {
-        const uint64_t u = v->get<uint64_t>();
-        return u > uint64_t(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : int64_t(u);
-    }
-    if (v->is_number_integer()) return v->get<int64_t>();
-    if (v->is_number_float()) {
-        const double d = v->get<double>();
-        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) return int64_t(d);
-    }
-    fail(quoted(field) + " must be an integer");
 }
 
 std::optional<int> get_int_in(const json& obj, const std::string& key, const std::string& field, int64_t lo,
                               int64_t hi) {
     auto v = get_integer(obj, key, field);
     if (v && (*v < lo || *v > hi)) {
-        fail(quoted(field) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
+        fail(in_quotes(field) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
     }
     return v ? std::optional<int>(int(*v)) : std::nullopt;
 }
@@ -99,20 +53,20 @@ std::string parse_model(const json& body) {
 void reject_images(const json& obj, const std::string& field) {
     const json* images = find(obj, "images");
     if (!images) return;
-    if (!images->is_array()) fail(quoted(field) + " must be an array");
-    if (!images->empty()) fail(quoted(field) + ": images are not supported, this server serves a text-only model");
+    if (!images->is_array()) fail(in_quotes(field) + " must be an array");
+    if (!images->empty()) fail(in_quotes(field) + ": images are not supported, this server serves a text-only model");
 }
 
 common_chat_tool_call parse_tool_call(const json& call, const std::string& path) {
-    if (!call.is_object()) fail(quoted(path) + " must be an object");
+    if (!call.is_object()) fail(in_quotes(path) + " must be an object");
     const json* function = find(call, "function");
-    if (!function || !function->is_object()) fail(quoted(path + ".function") + " must be an object");
+    if (!function || !function->is_object()) fail(in_quotes(path + ".function") + " must be an object");
     common_chat_tool_call tc;
     auto name = get_string(*function, "name", path + ".function.name");
-    if (!name || name->empty()) fail(quoted(path + ".function.name") + " must be a non-empty string");
+    if (!name || name->empty()) fail(in_quotes(path + ".function.name") + " must be a non-empty string");
     tc.name = *name;
     const json* arguments = find(*function, "arguments");
-    if (arguments && !arguments->is_object()) fail(quoted(path + ".function.arguments") + " must be an object");
+    if (arguments && !arguments->is_object()) fail(in_quotes(path + ".function.arguments") + " must be an object");
     tc.arguments = arguments ? arguments->dump() : "{}";
     tc.id = get_string(call, "id", path + ".id").value_or("");
     return tc;
@@ -120,22 +74,22 @@ common_chat_tool_call parse_tool_call(const json& call, const std::string& path)
 
 common_chat_msg parse_message(const json& message, size_t i) {
     const std::string path = indexed("messages", i);
-    if (!message.is_object()) fail(quoted(path) + " must be an object");
+    if (!message.is_object()) fail(in_quotes(path) + " must be an object");
     auto role = get_string(message, "role", path + ".role");
     static const std::set<std::string> roles = {"system", "user", "assistant", "tool"};
     if (role) {
         // Ollama lowercases roles.
         std::transform(role->begin(), role->end(), role->begin(), [](unsigned char c) { return std::tolower(c); });
     }
-    if (!role || !roles.count(*role)) fail(quoted(path + ".role") + " must be one of system, user, assistant, tool");
+    if (!role || !roles.count(*role)) fail(in_quotes(path + ".role") + " must be one of system, user, assistant, tool");
     common_chat_msg msg;
     msg.role = *role;
     msg.content = get_string(message, "content", path + ".content").value_or("");
     reject_images(message, path + ".images");
 
     if (const json* calls = find(message, "tool_calls")) {
-        if (msg.role != "assistant") fail(quoted(path + ".tool_calls") + " is only allowed on assistant messages");
-        if (!calls->is_array()) fail(quoted(path + ".tool_calls") + " must be an array");
+        if (msg.role != "assistant") fail(in_quotes(path + ".tool_calls") + " is only allowed on assistant messages");
+        if (!calls->is_array()) fail(in_quotes(path + ".tool_calls") + " must be an array");
         for (size_t j = 0; j < calls->size(); j++) {
             msg.tool_calls.push_back(parse_tool_call((*calls)[j], indexed(path + ".tool_calls", j)));
         }
@@ -170,23 +124,23 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
     for (size_t i = 0; i < v->size(); i++) {
         const json& tool = (*v)[i];
         const std::string field = indexed("tools", i);
-        if (!tool.is_object()) fail(quoted(field) + " must be an object");
+        if (!tool.is_object()) fail(in_quotes(field) + " must be an object");
         if (auto type = get_string(tool, "type", field + ".type"); type && *type != "function") {
-            fail(quoted(field + ".type") + " must be 'function'");
+            fail(in_quotes(field + ".type") + " must be 'function'");
         }
         const json* function = find(tool, "function");
-        if (!function || !function->is_object()) fail(quoted(field + ".function") + " must be an object");
+        if (!function || !function->is_object()) fail(in_quotes(field + ".function") + " must be an object");
         auto name = get_string(*function, "name", field + ".function.name");
-        if (!name || name->empty()) fail(quoted(field + ".function.name") + " must be a non-empty string");
+        if (!name || name->empty()) fail(in_quotes(field + ".function.name") + " must be a non-empty string");
         if (!names.insert(*name).second) {
-            fail(quoted(field + ".function.name") + ": duplicate tool name '" + *name + "'");
+            fail(in_quotes(field + ".function.name") + ": duplicate tool name '" + *name + "'");
         }
         common_chat_tool t;
         t.name = *name;
         t.description = get_string(*function, "description", field + ".function.description").value_or("");
         const json* params = find(*function, "parameters");
         if (params && !params->is_object()) {
-            fail(quoted(field + ".function.parameters") + " must be an object (a JSON schema)");
+            fail(in_quotes(field + ".function.parameters") + " must be an object (a JSON schema)");
         }
         t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
         tools.push_back(std::move(t));
@@ -238,7 +192,7 @@ std::vector<std::string> parse_stop(const json& options) {
     }
     if (!stop->is_array()) fail("'options.stop' must be an array of strings");
     for (size_t i = 0; i < stop->size(); i++) {
-        if (!(*stop)[i].is_string()) fail(quoted(indexed("options.stop", i)) + " must be a string");
+        if (!(*stop)[i].is_string()) fail(in_quotes(indexed("options.stop", i)) + " must be a string");
         if (!(*stop)[i].get_ref<const std::string&>().empty()) stops.push_back((*stop)[i].get<std::string>());
     }
     if (stops.size() > max_stop_strings) {

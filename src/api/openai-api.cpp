@@ -9,56 +9,16 @@
 #include <random>
 #include <set>
 
+#include "api/json-fields.h"
 #include "http/http-server.h"
 
 namespace keepwarm::api {
 
 namespace {
 
+using namespace json_fields;
+
 constexpr size_t max_stop_strings = 16;
-
-[[noreturn]] void fail(const std::string& message) {
-    throw http::http_error(400, message);
-}
-
-std::string quoted(const std::string& field) {
-    return "'" + field + "'";
-}
-
-std::string indexed(const std::string& field, size_t i) {
-    return field + "[" + std::to_string(i) + "]";
-}
-
-// Missing and null both mean "not given": clients send null to ask for the default.
-const json* find(const json& obj, const std::string& key) {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) {
-        return nullptr;
-    }
-    return &*it;
-}
-
-std::optional<bool> get_bool(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) {
-        return std::nullopt;
-    }
-    if (!v->is_boolean()) {
-        fail(quoted(field) + " must be a boolean");
-    }
-    return v->get<bool>();
-}
-
-std::optional<std::string> get_string(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) {
-        return std::nullopt;
-    }
-    if (!v->is_string()) {
-        fail(quoted(field) + " must be a string");
-    }
-    return v->get<std::string>();
-}
 
 std::optional<double> get_number(const json& obj, const std::string& key, const std::string& field) {
     const json* v = find(obj, key);
@@ -66,37 +26,15 @@ std::optional<double> get_number(const json& obj, const std::string& key, const 
         return std::nullopt;
     }
     if (!v->is_number()) {
-        fail(quoted(field) + " must be a number");
+        fail(in_quotes(field) + " must be a number");
     }
     return v->get<double>();
-}
-
-// Accepts JSON integers and floats with an integral value (some clients serialize 256 as 256.0).
-std::optional<int64_t> get_integer(const json& obj, const std::string& key, const std::string& field) {
-    const json* v = find(obj, key);
-    if (!v) {
-        return std::nullopt;
-    }
-    if (v->is_number_unsigned()) {
-        uint64_t u = v->get<uint64_t>();
-        return u > uint64_t(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : int64_t(u);
-    }
-    if (v->is_number_integer()) {
-        return v->get<int64_t>();
-    }
-    if (v->is_number_float()) {
-        double d = v->get<double>();
-        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
-            return int64_t(d);
-        }
-    }
-    fail(quoted(field) + " must be an integer");
 }
 
 std::optional<int> get_int_in(const json& obj, const std::string& key, int64_t lo, int64_t hi) {
     auto v = get_integer(obj, key, key);
     if (v && (*v < lo || *v > hi)) {
-        fail(quoted(key) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
+        fail(in_quotes(key) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
     }
     return v ? std::optional<int>(int(*v)) : std::nullopt;
 }
@@ -111,7 +49,7 @@ void check_range(const std::optional<float>& v, const char* field, float lo, flo
 
 void check_range(const std::optional<int>& v, const char* field, int lo, int hi) {
     if (v && (*v < lo || *v > hi)) {
-        fail(quoted(field) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
+        fail(in_quotes(field) + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi));
     }
 }
 
@@ -184,7 +122,7 @@ std::vector<std::string> parse_stop(const json& body) {
     for (size_t i = 0; i < v->size(); i++) {
         const json& s = (*v)[i];
         if (!s.is_string()) {
-            fail(quoted(indexed("stop", i)) + " must be a string");
+            fail(in_quotes(indexed("stop", i)) + " must be a string");
         }
         // An empty stop string would end generation immediately; llama-server drops them too.
         if (!s.get_ref<const std::string&>().empty()) {
@@ -199,7 +137,7 @@ std::optional<int> parse_max_tokens(const json& body) {
     for (const char* key : {"max_completion_tokens", "max_tokens"}) {
         if (auto v = get_integer(body, key, key)) {
             if (*v < 1) {
-                fail(quoted(key) + " must be a positive integer");
+                fail(in_quotes(key) + " must be a positive integer");
             }
             return int(std::min<int64_t>(*v, std::numeric_limits<int32_t>::max()));
         }
@@ -239,7 +177,7 @@ void parse_content(const json& message, const std::string& path, bool allow_null
     const json* content = find(message, "content");
     if (!content) {
         if (!allow_null) {
-            fail(quoted(field) + " must be a string or an array of content parts");
+            fail(in_quotes(field) + " must be a string or an array of content parts");
         }
         return;
     }
@@ -248,33 +186,33 @@ void parse_content(const json& message, const std::string& path, bool allow_null
         return;
     }
     if (!content->is_array()) {
-        fail(quoted(field) + " must be a string or an array of content parts");
+        fail(in_quotes(field) + " must be a string or an array of content parts");
     }
     for (size_t j = 0; j < content->size(); j++) {
         const json& part = (*content)[j];
         const std::string part_field = indexed(field, j);
         if (!part.is_object()) {
-            fail(quoted(part_field) + " must be an object");
+            fail(in_quotes(part_field) + " must be an object");
         }
         auto type = get_string(part, "type", part_field + ".type");
         if (!type) {
-            fail(quoted(part_field + ".type") + " is required");
+            fail(in_quotes(part_field + ".type") + " is required");
         }
         // OpenAI lets assistant messages carry back a refusal part; its text is ordinary content to the model.
         const std::string text_key = *type == "refusal" ? "refusal" : "text";
         if (*type == "text" || *type == "refusal") {
             auto text = get_string(part, text_key, part_field + "." + text_key);
             if (!text) {
-                fail(quoted(part_field + "." + text_key) + " must be a string");
+                fail(in_quotes(part_field + "." + text_key) + " must be a string");
             }
             msg.content_parts.push_back({"text", *text});
         } else if (*type == "image_url" || *type == "image" || *type == "input_image") {
-            fail(quoted(part_field) + ": images are not supported");
+            fail(in_quotes(part_field) + ": images are not supported");
         } else if (*type == "input_audio" || *type == "audio" || *type == "input_video" || *type == "video" ||
                    *type == "file") {
-            fail(quoted(part_field) + ": " + *type + " content is not supported");
+            fail(in_quotes(part_field) + ": " + *type + " content is not supported");
         } else {
-            fail(quoted(part_field + ".type") + " must be 'text' (got '" + *type + "')");
+            fail(in_quotes(part_field + ".type") + " must be 'text' (got '" + *type + "')");
         }
     }
 }
@@ -286,26 +224,26 @@ void parse_tool_calls(const json& message, const std::string& path, common_chat_
     }
     const std::string field = path + ".tool_calls";
     if (!calls->is_array()) {
-        fail(quoted(field) + " must be an array");
+        fail(in_quotes(field) + " must be an array");
     }
     for (size_t j = 0; j < calls->size(); j++) {
         const json& call = (*calls)[j];
         const std::string call_field = indexed(field, j);
         if (!call.is_object()) {
-            fail(quoted(call_field) + " must be an object");
+            fail(in_quotes(call_field) + " must be an object");
         }
         common_chat_tool_call tc;
         tc.id = get_string(call, "id", call_field + ".id").value_or("");
         if (auto type = get_string(call, "type", call_field + ".type"); type && *type != "function") {
-            fail(quoted(call_field + ".type") + " must be 'function'");
+            fail(in_quotes(call_field + ".type") + " must be 'function'");
         }
         const json* function = find(call, "function");
         if (!function || !function->is_object()) {
-            fail(quoted(call_field + ".function") + " must be an object");
+            fail(in_quotes(call_field + ".function") + " must be an object");
         }
         auto name = get_string(*function, "name", call_field + ".function.name");
         if (!name || name->empty()) {
-            fail(quoted(call_field + ".function.name") + " must be a non-empty string");
+            fail(in_quotes(call_field + ".function.name") + " must be a non-empty string");
         }
         tc.name = *name;
         const json* args = find(*function, "arguments");
@@ -319,10 +257,10 @@ void parse_tool_calls(const json& message, const std::string& path, common_chat_
             if (tc.arguments.empty()) {
                 tc.arguments = "{}";  // some clients echo a no-argument call back as ""
             } else if (!json::accept(tc.arguments)) {
-                fail(quoted(call_field + ".function.arguments") + " must be a JSON-encoded string");
+                fail(in_quotes(call_field + ".function.arguments") + " must be a JSON-encoded string");
             }
         } else {
-            fail(quoted(call_field + ".function.arguments") + " must be a JSON string or an object");
+            fail(in_quotes(call_field + ".function.arguments") + " must be a JSON string or an object");
         }
         msg.tool_calls.push_back(std::move(tc));
     }
@@ -331,12 +269,12 @@ void parse_tool_calls(const json& message, const std::string& path, common_chat_
 common_chat_msg parse_message(const json& message, size_t i) {
     const std::string path = indexed("messages", i);
     if (!message.is_object()) {
-        fail(quoted(path) + " must be an object");
+        fail(in_quotes(path) + " must be an object");
     }
     static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
     auto role = get_string(message, "role", path + ".role");
     if (!role || !roles.count(*role)) {
-        fail(quoted(path + ".role") + " must be one of system, user, assistant, tool, developer");
+        fail(in_quotes(path + ".role") + " must be one of system, user, assistant, tool, developer");
     }
     common_chat_msg msg;
     msg.role = *role;
@@ -351,15 +289,15 @@ common_chat_msg parse_message(const json& message, size_t i) {
         }
         msg.reasoning_content = reasoning.value_or("");
         if (!find(message, "content") && msg.tool_calls.empty() && msg.reasoning_content.empty()) {
-            fail(quoted(path) + " (assistant) must have 'content' or 'tool_calls'");
+            fail(in_quotes(path) + " (assistant) must have 'content' or 'tool_calls'");
         }
     } else if (find(message, "tool_calls")) {
-        fail(quoted(path + ".tool_calls") + " is only allowed on assistant messages");
+        fail(in_quotes(path + ".tool_calls") + " is only allowed on assistant messages");
     }
     if (*role == "tool") {
         auto id = get_string(message, "tool_call_id", path + ".tool_call_id");
         if (!id || id->empty()) {
-            fail(quoted(path + ".tool_call_id") + " must be a non-empty string (required for role tool)");
+            fail(in_quotes(path + ".tool_call_id") + " must be a non-empty string (required for role tool)");
         }
         msg.tool_call_id = *id;
         msg.tool_name = get_string(message, "name", path + ".name").value_or("");
@@ -394,28 +332,28 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
         const json& tool = (*v)[i];
         const std::string field = indexed("tools", i);
         if (!tool.is_object()) {
-            fail(quoted(field) + " must be an object");
+            fail(in_quotes(field) + " must be an object");
         }
         if (auto type = get_string(tool, "type", field + ".type"); type && *type != "function") {
-            fail(quoted(field + ".type") + " must be 'function'");
+            fail(in_quotes(field + ".type") + " must be 'function'");
         }
         const json* function = find(tool, "function");
         if (!function || !function->is_object()) {
-            fail(quoted(field + ".function") + " must be an object");
+            fail(in_quotes(field + ".function") + " must be an object");
         }
         auto name = get_string(*function, "name", field + ".function.name");
         if (!name || name->empty()) {
-            fail(quoted(field + ".function.name") + " must be a non-empty string");
+            fail(in_quotes(field + ".function.name") + " must be a non-empty string");
         }
         if (!names.insert(*name).second) {
-            fail(quoted(field + ".function.name") + ": duplicate tool name '" + *name + "'");
+            fail(in_quotes(field + ".function.name") + ": duplicate tool name '" + *name + "'");
         }
         common_chat_tool t;
         t.name = *name;
         t.description = get_string(*function, "description", field + ".function.description").value_or("");
         const json* params = find(*function, "parameters");
         if (params && !params->is_object()) {
-            fail(quoted(field + ".function.parameters") + " must be an object (a JSON schema)");
+            fail(in_quotes(field + ".function.parameters") + " must be an object (a JSON schema)");
         }
         // OpenAI allows omitting parameters for functions without arguments.
         t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
