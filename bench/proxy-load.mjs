@@ -11,7 +11,7 @@
 // Each client has a conversation of its own (a system prompt of ~150 tokens unique to it, then one short user turn
 // per request), so the proxy routes all its requests to one upstream; the direct requests go to that same upstream
 // (learnt from the proxy's x-keepwarm-upstream header). TTFT is measured at the client from sending the request to
-// the first SSE event carrying content (or the role), on raw node:http (no SDK in the timing).
+// the first SSE chunk carrying content (a role-only chunk does not count), on raw node:http (no SDK in the timing).
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -108,7 +108,18 @@ function request(url, body) {
                         done = true;
                         continue;
                     }
-                    if (ttft === null && data) ttft = performance.now() - t0;
+                    // The first token: the first chunk with content (a role-only chunk is not one; the proxy
+                    // sends none, since it passes on message deltas).
+                    if (ttft === null && data) {
+                        try {
+                            const delta = JSON.parse(data).choices?.[0]?.delta ?? {};
+                            if (delta.content || delta.reasoning_content || delta.tool_calls) {
+                                ttft = performance.now() - t0;
+                            }
+                        } catch {
+                            ttft = performance.now() - t0;
+                        }
+                    }
                 }
             });
             res.on('end', () => resolve(done && ttft !== null
