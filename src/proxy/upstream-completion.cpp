@@ -31,16 +31,7 @@ std::string apply_policy(const server_context& ctx, const http::request& req, js
     const policy::policy_outcome outcome =
         ctx.policy->apply(chat, {.client = client_name(req), .headers = &req.headers}, policy::policy_use::counting);
     if (chat.max_tokens) body["max_tokens"] = *chat.max_tokens;
-    const api::sampling_options& s = chat.sampling;
-    if (s.temperature) body["temperature"] = *s.temperature;
-    if (s.top_p) body["top_p"] = *s.top_p;
-    if (s.min_p) body["min_p"] = *s.min_p;
-    if (s.top_k) body["top_k"] = *s.top_k;
-    if (s.seed) body["seed"] = *s.seed;
-    if (s.repeat_penalty) body["repeat_penalty"] = *s.repeat_penalty;
-    if (s.repeat_last_n) body["repeat_last_n"] = *s.repeat_last_n;
-    if (s.presence_penalty) body["presence_penalty"] = *s.presence_penalty;
-    if (s.frequency_penalty) body["frequency_penalty"] = *s.frequency_penalty;
+    write_openai_sampling(body, chat.sampling);  // only what the policy forced: the request set none
     return outcome.header_value();
 }
 
@@ -163,14 +154,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
                     error_body = conn->read_body();
                 } catch (const http::client_error&) {
                 }
-                const upstream_error_info info = parse_error_body(error_body);
-                if (head.status < 500) {
-                    throw http::http_error(head.status, info.message,
-                                           info.type.empty() ? "invalid_request_error" : info.type);
-                }
-                throw http::http_error(
-                    502, "upstream " + url + " answered " + std::to_string(head.status) + ": " + info.message,
-                    "server_error");
+                throw upstream_http_error(head.status, error_body, url);
             }
             headers.emplace_back("x-keepwarm-upstream", url);
             upstream_body_reader reader(*conn);

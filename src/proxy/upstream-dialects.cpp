@@ -76,24 +76,7 @@ json openai_body(const api::chat_request& chat, const std::string& model) {
     if (chat.parallel_tool_calls) body["parallel_tool_calls"] = *chat.parallel_tool_calls;
     if (chat.max_tokens) body["max_tokens"] = *chat.max_tokens;
     if (!chat.stop.empty()) body["stop"] = chat.stop;
-    const api::sampling_options& s = chat.sampling;
-    if (s.temperature) body["temperature"] = *s.temperature;
-    if (s.top_p) body["top_p"] = *s.top_p;
-    if (s.min_p) body["min_p"] = *s.min_p;
-    if (s.top_k) body["top_k"] = *s.top_k;
-    if (s.repeat_penalty) body["repeat_penalty"] = *s.repeat_penalty;
-    if (s.repeat_last_n) body["repeat_last_n"] = *s.repeat_last_n;
-    if (s.presence_penalty) body["presence_penalty"] = *s.presence_penalty;
-    if (s.frequency_penalty) body["frequency_penalty"] = *s.frequency_penalty;
-    if (s.seed) body["seed"] = *s.seed;
-    if (s.ignore_eos) body["ignore_eos"] = true;
-    if (!s.logit_bias.empty()) {
-        json bias = json::object();
-        // A ban is -infinity here and -100 in the API (JSON has no infinity).
-        for (const auto& [token, value] : s.logit_bias)
-            bias[std::to_string(token)] = std::clamp(value, -100.0f, 100.0f);
-        body["logit_bias"] = std::move(bias);
-    }
+    write_openai_sampling(body, chat.sampling);
     if (!chat.json_schema.empty()) {
         body["response_format"] = {{"type", "json_schema"},
                                    {"json_schema", {{"name", "response"}, {"schema", json::parse(chat.json_schema)}}}};
@@ -242,6 +225,32 @@ upstream_dialect parse_dialect(std::string_view name) {
     if (name == "anthropic") return upstream_dialect::anthropic;
     if (name == "ollama") return upstream_dialect::ollama;
     throw std::invalid_argument("dialect '" + std::string(name) + "' is not one of openai, anthropic, ollama");
+}
+
+void write_openai_sampling(json& body, const api::sampling_options& s) {
+    if (s.temperature) body["temperature"] = *s.temperature;
+    if (s.top_p) body["top_p"] = *s.top_p;
+    if (s.min_p) body["min_p"] = *s.min_p;
+    if (s.top_k) body["top_k"] = *s.top_k;
+    if (s.repeat_penalty) body["repeat_penalty"] = *s.repeat_penalty;
+    if (s.repeat_last_n) body["repeat_last_n"] = *s.repeat_last_n;
+    if (s.presence_penalty) body["presence_penalty"] = *s.presence_penalty;
+    if (s.frequency_penalty) body["frequency_penalty"] = *s.frequency_penalty;
+    if (s.seed) body["seed"] = *s.seed;
+    if (s.ignore_eos) body["ignore_eos"] = true;
+    if (!s.logit_bias.empty()) {
+        json bias = json::object();
+        // A ban is -infinity here and -100 in the API (JSON has no infinity).
+        for (const auto& [token, value] : s.logit_bias)
+            bias[std::to_string(token)] = std::clamp(value, -100.0f, 100.0f);
+        body["logit_bias"] = std::move(bias);
+    }
+}
+
+http::http_error upstream_http_error(int status, const std::string& body, const std::string& url) {
+    const upstream_error_info info = parse_error_body(body);
+    if (status < 500) return {status, info.message, info.type.empty() ? "invalid_request_error" : info.type};
+    return {502, "upstream " + url + " answered " + std::to_string(status) + ": " + info.message, "server_error"};
 }
 
 upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat, const std::string& model,

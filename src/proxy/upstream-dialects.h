@@ -95,6 +95,13 @@ struct upstream_error_info {
     std::string type;
 };
 upstream_error_info parse_error_body(const std::string& body);
+// What the client gets for an upstream's error answer (`status` >= 400, `body` its error body): a 4xx as is, with
+// the upstream's message and type; a 5xx as 502 naming the upstream (`url`).
+http::http_error upstream_http_error(int status, const std::string& body, const std::string& url);
+
+// The sampling options as OpenAI-style request fields (temperature, top_p, ..., seed, ignore_eos, logit_bias with a
+// ban as -100), written into `body`; unset options are left out.
+void write_openai_sampling(nlohmann::ordered_json& body, const api::sampling_options& s);
 
 // The cheap call that says whether an upstream is up, never running inference: GET /v1/models (OpenAI, Anthropic)
 // or /api/tags (Ollama).

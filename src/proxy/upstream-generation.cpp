@@ -83,14 +83,7 @@ void upstream_generation::connect() {
             }
             pool_.release(route_->upstream);
             route_.reset();
-            const upstream_error_info info = parse_error_body(body);
-            if (head.status < 500) {
-                throw http::http_error(head.status, info.message,
-                                       info.type.empty() ? "invalid_request_error" : info.type);
-            }
-            throw http::http_error(
-                502, "upstream " + u.origin.url() + " answered " + std::to_string(head.status) + ": " + info.message,
-                "server_error");
+            throw upstream_http_error(head.status, body, u.origin.url());
         }
         headers_.emplace_back("x-keepwarm-upstream", u.origin.url());
         if (!bias_rules.empty()) name_fired_rules(bias_rules);
