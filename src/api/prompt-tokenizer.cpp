@@ -2,12 +2,20 @@
 // token, the end of its text piece in the edge's text and whether the model generated it.
 #include "api/prompt-tokenizer.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <tuple>
 
+#include "cache/file-io.h"
 #include "common.h"
+#include "engine/text-stream.h"
 
 namespace keepwarm::api {
 
@@ -108,12 +116,17 @@ prompt_tokenizer::prompt_tokenizer(const llama_vocab* vocab, options opts)
 }
 
 prompt_tokenizer::~prompt_tokenizer() {
+    free_tree(std::move(root_));
+}
+
+void prompt_tokenizer::free_tree(std::unique_ptr<node> root) {
     // Iteratively: a long-lived index can be deeper than the stack likes.
     std::vector<std::unique_ptr<node>> pending;
-    pending.push_back(std::move(root_));
+    pending.push_back(std::move(root));
     while (!pending.empty()) {
         std::unique_ptr<node> n = std::move(pending.back());
         pending.pop_back();
+        if (!n) continue;
         for (auto& c : n->children) pending.push_back(std::move(c));
     }
 }
@@ -201,62 +214,188 @@ std::vector<llama_token> prompt_tokenizer::tokenize(const std::string& text) {
     return out;
 }
 
-size_t prompt_tokenizer::matched_tokens(std::span<const llama_token> path) const {
+// A path to insert: the prompt's tokens (BOS dropped), then the generated ones, and the text they spell.
+struct prompt_tokenizer::path {
+    std::vector<llama_token> tokens;
+    size_t prompt_size = 0;           // tokens[0, prompt_size) are the prompt's
+    std::string text;                 // the prompt text, then the generated tokens' texts
+    std::vector<std::string> pieces;  // per generated token: its text (the model's piece, or what the client got)
+
+    // The text of tokens[j] for a node that does not hold it yet: the vocab's piece for a prompt token, which must
+    // spell the prompt text at `offset` (nullopt otherwise: the prompt is not what the text says).
+    std::optional<std::string> text_of(const prompt_tokenizer& pt, size_t j, size_t offset) const {
+        if (j >= prompt_size) return pieces[j - prompt_size];
+        std::string p = pt.piece(tokens[j]);
+        if (text.compare(offset, p.size(), p) != 0) return std::nullopt;
+        return p;
+    }
+};
+
+namespace {
+
+// Whether the k-th token of `n` is tokens[j] of `p` with the same text (at `offset` in p.text).
+bool same_token(const std::vector<llama_token>& tokens, const std::string& text, size_t j, size_t offset, const auto& n,
+                size_t k) {
+    if (n.tokens[k] != tokens[j]) return false;
+    const uint32_t from = k ? n.ends[k - 1] : 0;
+    return text.compare(offset, n.ends[k] - from, n.text, from, n.ends[k] - from) == 0;
+}
+
+uint32_t piece_size(const auto& n, size_t k) {
+    return n.ends[k] - (k ? n.ends[k - 1] : 0);
+}
+
+}  // namespace
+
+bool prompt_tokenizer::in_vocab(std::span<const llama_token> tokens) const {
+    return std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < n_vocab_; });
+}
+
+prompt_tokenizer::node* prompt_tokenizer::child_along(const node& at, const path& p, size_t i, size_t offset) const {
+    for (const auto& c : at.children) {
+        if (same_token(p.tokens, p.text, i, offset, *c, 0)) return c.get();
+    }
+    return nullptr;
+}
+
+std::pair<size_t, size_t> prompt_tokenizer::matched_tokens(const path& p) const {
     const node* at = root_.get();
-    size_t i = 0;
-    while (i < path.size()) {
-        const node* next = nullptr;
-        for (const auto& c : at->children) {
-            if (c->tokens.front() == path[i]) next = c.get();
-        }
+    size_t i = 0, offset = 0;
+    while (i < p.tokens.size()) {
+        node* next = child_along(*at, p, i, offset);
         if (!next) break;
         size_t k = 0;
-        while (k < next->tokens.size() && i < path.size() && next->tokens[k] == path[i]) ++k, ++i;
+        while (k < next->tokens.size() && i < p.tokens.size() && same_token(p.tokens, p.text, i, offset, *next, k)) {
+            offset += piece_size(*next, k);
+            ++k, ++i;
+        }
         if (k < next->tokens.size()) break;
         at = next;
     }
-    return i;
+    return {i, offset};
 }
 
-void prompt_tokenizer::record(std::span<const llama_token> prompt, std::span<const llama_token> generated) {
-    if (!indexed_) return;
-    // The index holds text, and BOS is not part of the rendered text: tokenize() adds it back.
-    if (add_bos_ && !prompt.empty() && prompt.front() == bos_) prompt = prompt.subspan(1);
-    std::vector<llama_token> path(prompt.begin(), prompt.end());
-    path.insert(path.end(), generated.begin(), generated.end());
-    if (path.empty()) return;
-    if (std::any_of(path.begin(), path.end(), [&](llama_token t) { return t < 0 || t >= n_vocab_; })) return;
+namespace {
 
+std::vector<llama_token> without_bos(std::span<const llama_token> prompt, bool add_bos, llama_token bos) {
+    // The index holds text, and BOS is not part of the rendered text: tokenize() adds it back.
+    if (add_bos && !prompt.empty() && prompt.front() == bos) prompt = prompt.subspan(1);
+    return {prompt.begin(), prompt.end()};
+}
+
+}  // namespace
+
+void prompt_tokenizer::record(std::string_view prompt_text, std::span<const llama_token> prompt,
+                              std::span<const llama_token> generated) {
+    if (!indexed_ || !in_vocab(prompt) || !in_vocab(generated)) return;
+    path p;
+    p.tokens = without_bos(prompt, add_bos_, bos_);
+    p.prompt_size = p.tokens.size();
+    p.tokens.insert(p.tokens.end(), generated.begin(), generated.end());
+    p.text = prompt_text;
+    for (const llama_token t : generated) {
+        p.pieces.push_back(piece(t));
+        p.text += p.pieces.back();
+    }
+    insert(p);
+}
+
+bool prompt_tokenizer::record_delivered(std::string_view prompt_text, std::span<const llama_token> prompt,
+                                        std::span<const llama_token> generated, std::string_view delivered) {
+    if (!indexed_ || !in_vocab(prompt) || !in_vocab(generated)) return false;
+    // A final end of generation is not part of the answer: the template writes its own after the content.
+    while (!generated.empty() && llama_vocab_is_eog(vocab_, generated.back()))
+        generated = generated.first(generated.size() - 1);
+    if (generated.empty()) return false;
+
+    // What the client saw of each token, streamed: a UTF-8 character split across tokens shows with the token that
+    // completes it, invalid bytes as U+FFFD. A special token may not have been shown at all.
+    text_stream stream;
+    std::vector<std::string> written, seen;
+    for (const llama_token t : generated) {
+        if (llama_vocab_get_attr(vocab_, t) &
+            (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN)) {
+            return false;
+        }
+        written.push_back(piece(t));
+        seen.push_back(stream.push(written.back()));
+    }
+    seen.back() += stream.finish();
+    std::string all;
+    for (const std::string& s : seen) all += s;
+
+    // `delivered` must be `all` less whitespace at either end.
+    const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    std::optional<size_t> from;
+    for (size_t lead = 0; lead <= all.size(); ++lead) {
+        if (all.compare(lead, delivered.size(), delivered) == 0 &&
+            std::all_of(all.begin() + static_cast<std::ptrdiff_t>(lead + delivered.size()), all.end(), space)) {
+            from = lead;
+            break;
+        }
+        if (lead == all.size() || !space(all[lead])) break;
+    }
+    if (!from) return false;
+
+    // Each token keeps the part of `delivered` it produced; trimmed whitespace leaves its tokens without text.
+    const size_t to = *from + delivered.size();
+    path p;
+    p.tokens = without_bos(prompt, add_bos_, bos_);
+    p.prompt_size = p.tokens.size();
+    p.tokens.insert(p.tokens.end(), generated.begin(), generated.end());
+    p.text = prompt_text;
+    size_t start = 0;
+    for (const std::string& s : seen) {
+        const size_t a = std::clamp(start, *from, to), b = std::clamp(start + s.size(), *from, to);
+        p.pieces.push_back(all.substr(a, b - a));
+        start += s.size();
+    }
+    p.text += delivered;
+    if (p.pieces != written) answers_delivered_differently_.fetch_add(1, std::memory_order_relaxed);
+    insert(p);
+    return true;
+}
+
+void prompt_tokenizer::insert(const path& p) {
+    if (p.tokens.empty()) return;
     // The pieces of what the index does not hold yet are looked up before taking the exclusive lock; usually that
-    // is only the last turn.
-    size_t known;
+    // is only the last turn. They must spell the prompt text: if not, the prompt is not this text's, and recording
+    // it would make later walks return wrong tokens.
+    size_t known, known_offset;
     {
         std::shared_lock lock(mu_);
-        known = matched_tokens(path);
+        std::tie(known, known_offset) = matched_tokens(p);
     }
     std::vector<std::string> pieces;
-    pieces.reserve(path.size() - known);
-    for (size_t i = known; i < path.size(); ++i) pieces.push_back(piece(path[i]));
+    pieces.reserve(p.tokens.size() - known);
+    for (size_t j = known, offset = known_offset; j < p.tokens.size(); ++j) {
+        std::optional<std::string> t = p.text_of(*this, j, offset);
+        if (!t) return;
+        offset += t->size();
+        pieces.push_back(std::move(*t));
+    }
 
     std::unique_lock lock(mu_);
     const uint64_t now = tick_.fetch_add(1, std::memory_order_relaxed) + 1;
     node* at = root_.get();
-    size_t i = 0;
-    while (i < path.size()) {
-        auto slot = std::find_if(at->children.begin(), at->children.end(),
-                                 [&](const std::unique_ptr<node>& c) { return c->tokens.front() == path[i]; });
-        if (slot == at->children.end()) break;
-        node* child = slot->get();
+    size_t i = 0, offset = 0;
+    while (i < p.tokens.size()) {
+        node* child = child_along(*at, p, i, offset);
+        if (!child) break;
         size_t k = 0;
-        while (k < child->tokens.size() && i + k < path.size() && child->tokens[k] == path[i + k]) {
-            if (i + k >= prompt.size()) child->generated[k] = 1;
+        while (k < child->tokens.size() && i + k < p.tokens.size() &&
+               same_token(p.tokens, p.text, i + k, offset, *child, k)) {
+            if (i + k >= p.prompt_size) child->generated[k] = 1;
+            offset += piece_size(*child, k);
             ++k;
         }
         child->last_used.store(now, std::memory_order_relaxed);
         i += k;
         if (k < child->tokens.size()) {
-            if (i == path.size()) break;  // the path ends inside this edge: nothing to add
+            if (i == p.tokens.size()) break;  // the path ends inside this edge: nothing to add
             // Split the edge where the path leaves it: a new node takes the shared first k tokens.
+            auto slot = std::find_if(at->children.begin(), at->children.end(),
+                                     [&](const std::unique_ptr<node>& c) { return c.get() == child; });
             auto head = std::make_unique<node>();
             const uint32_t cut = child->ends[k - 1];
             const auto kk = static_cast<std::ptrdiff_t>(k);
@@ -276,11 +415,20 @@ void prompt_tokenizer::record(std::span<const llama_token> prompt, std::span<con
             tail->parent = slot->get();
             slot->get()->children.push_back(std::move(tail));
             at = slot->get();
+            changes_.fetch_add(1, std::memory_order_relaxed);
             break;
         }
         at = child;
     }
-    if (i < path.size()) {
+    if (i < p.tokens.size()) {
+        // Another record() may have been evicted in between: pieces before `known` are looked up now.
+        std::vector<std::string> missing;
+        for (size_t j = i, o = offset; j < known; ++j) {
+            std::optional<std::string> t = p.text_of(*this, j, o);
+            if (!t) return;
+            o += t->size();
+            missing.push_back(std::move(*t));
+        }
         // A leaf grows in place rather than getting a single child, so a conversation that only ever extends stays
         // one node.
         node* leaf = at;
@@ -291,12 +439,12 @@ void prompt_tokenizer::record(std::span<const llama_token> prompt, std::span<con
             at->children.push_back(std::move(fresh));
         }
         leaf->last_used.store(now, std::memory_order_relaxed);
-        for (size_t j = i; j < path.size(); ++j) {
-            // Another record() may have been evicted in between: pieces before `known` are looked up now.
-            const std::string p = j >= known ? std::move(pieces[j - known]) : piece(path[j]);
-            leaf->append(path[j], p, j >= prompt.size());
+        for (size_t j = i; j < p.tokens.size(); ++j) {
+            const std::string& t = j < known ? missing[j - i] : pieces[j - known];
+            leaf->append(p.tokens[j], t, j >= p.prompt_size);
         }
-        tokens_held_ += path.size() - i;
+        tokens_held_ += p.tokens.size() - i;
+        changes_.fetch_add(1, std::memory_order_relaxed);
     }
     evict_to_budget();
 }
@@ -337,12 +485,151 @@ void prompt_tokenizer::evict_to_budget() {
     }
 }
 
+// Saved index, version 1 (integers in the host's byte order, little-endian on every platform keepwarm builds for):
+//   "KWPTIDX1", u32 version, u32 fingerprint length, fingerprint, u64 node count, then per node, parents before
+//   children: u32 parent (0: the root, else 1 + its position in the file), u32 token count c (> 0), i32 tokens[c],
+//   u32 ends[c], u8 generated[c], u32 text length, text; and last, u64 XXH3-64 of every byte before it.
+namespace {
+
+constexpr char index_magic[8] = {'K', 'W', 'P', 'T', 'I', 'D', 'X', '1'};
+constexpr uint32_t index_version = 1;
+
+template <typename T>
+void put(std::string& out, const T& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+void put_all(std::string& out, const std::vector<T>& v) {
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// Reads what put() wrote; every read past the end fails instead.
+class index_reader {
+public:
+    explicit index_reader(std::string_view in) : in_(in) {}
+    template <typename T>
+    bool get(T& v) {
+        if (in_.size() - at_ < sizeof v) return false;
+        std::memcpy(&v, in_.data() + at_, sizeof v);
+        at_ += sizeof v;
+        return true;
+    }
+    template <typename T>
+    bool get_all(std::vector<T>& v, size_t n) {
+        if ((in_.size() - at_) / sizeof(T) < n) return false;
+        v.resize(n);
+        std::memcpy(v.data(), in_.data() + at_, n * sizeof(T));
+        at_ += n * sizeof(T);
+        return true;
+    }
+    bool get_text(std::string& s, size_t n) {
+        if (in_.size() - at_ < n) return false;
+        s.assign(in_.substr(at_, n));
+        at_ += n;
+        return true;
+    }
+    bool done() const { return at_ == in_.size(); }
+
+private:
+    std::string_view in_;
+    size_t at_ = 0;
+};
+
+}  // namespace
+
+void prompt_tokenizer::save(const std::filesystem::path& file, std::string_view fingerprint) const {
+    std::string out(index_magic, sizeof index_magic);
+    put(out, index_version);
+    put(out, static_cast<uint32_t>(fingerprint.size()));
+    out.append(fingerprint);
+    {
+        std::shared_lock lock(mu_);
+        std::vector<std::pair<const node*, uint32_t>> order;  // node, its parent's number
+        std::vector<std::pair<const node*, uint32_t>> pending;
+        for (const auto& c : root_->children) pending.emplace_back(c.get(), 0);
+        while (!pending.empty()) {
+            order.push_back(pending.back());
+            pending.pop_back();
+            const auto number = static_cast<uint32_t>(order.size());
+            for (const auto& c : order.back().first->children) pending.emplace_back(c.get(), number);
+        }
+        put(out, static_cast<uint64_t>(order.size()));
+        for (const auto& [n, parent] : order) {
+            put(out, parent);
+            put(out, static_cast<uint32_t>(n->tokens.size()));
+            put_all(out, n->tokens);
+            put_all(out, n->ends);
+            put_all(out, n->generated);
+            put(out, static_cast<uint32_t>(n->text.size()));
+            out.append(n->text);
+        }
+    }
+    put(out, static_cast<uint64_t>(XXH3_64bits(out.data(), out.size())));
+    const auto bytes = std::span(reinterpret_cast<const uint8_t*>(out.data()), out.size());
+    if (auto error = write_file_atomically(file, {bytes})) throw std::runtime_error(*error);
+}
+
+std::string prompt_tokenizer::load(const std::filesystem::path& file, std::string_view fingerprint) {
+    std::ifstream f(file, std::ios::binary);
+    if (!f) return "cannot open " + file.string();
+    const std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (f.bad()) return "cannot read " + file.string();
+    if (data.size() < sizeof index_magic + 8 ||
+        data.compare(0, sizeof index_magic, index_magic, sizeof index_magic) != 0) {
+        return "not a saved prompt index";
+    }
+    uint64_t checksum = 0;
+    std::memcpy(&checksum, data.data() + data.size() - 8, 8);
+    if (XXH3_64bits(data.data(), data.size() - 8) != checksum) return "checksum mismatch (truncated or damaged)";
+
+    index_reader in(std::string_view(data).substr(sizeof index_magic, data.size() - sizeof index_magic - 8));
+    uint32_t version = 0, fp_size = 0;
+    std::string fp;
+    if (!in.get(version) || version != index_version) return "format version " + std::to_string(version);
+    if (!in.get(fp_size) || !in.get_text(fp, fp_size)) return "truncated header";
+    if (fp != fingerprint) return "saved for another model (" + fp + ")";
+    uint64_t count = 0;
+    if (!in.get(count)) return "truncated header";
+
+    auto root = std::make_unique<node>();
+    std::vector<node*> numbered{root.get()};
+    size_t held = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+        uint32_t parent = 0, size = 0, text_size = 0;
+        auto n = std::make_unique<node>();
+        if (!in.get(parent) || !in.get(size) || !in.get_all(n->tokens, size) || !in.get_all(n->ends, size) ||
+            !in.get_all(n->generated, size) || !in.get(text_size) || !in.get_text(n->text, text_size)) {
+            return "node " + std::to_string(i) + " is cut short";
+        }
+        const bool consistent = parent < numbered.size() && size > 0 && in_vocab(n->tokens) &&
+                                std::is_sorted(n->ends.begin(), n->ends.end()) && n->ends.back() == text_size;
+        if (!consistent) return "node " + std::to_string(i) + " is inconsistent";
+        n->parent = numbered[parent];
+        numbered.push_back(n.get());
+        held += size;
+        n->parent->children.push_back(std::move(n));
+    }
+    if (!in.done()) return "unexpected bytes after the last node";
+
+    std::unique_ptr<node> old;
+    {
+        std::unique_lock lock(mu_);
+        old = std::exchange(root_, std::move(root));
+        tokens_held_ = held;
+        changes_.fetch_add(1, std::memory_order_relaxed);
+        evict_to_budget();
+    }
+    free_tree(std::move(old));
+    return {};
+}
+
 prompt_tokenizer::counters prompt_tokenizer::snapshot() const {
     counters c;
     c.lookups = lookups_.load(std::memory_order_relaxed);
     c.tokens_matched = tokens_matched_.load(std::memory_order_relaxed);
     c.tokens_tokenized = tokens_tokenized_.load(std::memory_order_relaxed);
     c.tokens_evicted = tokens_evicted_.load(std::memory_order_relaxed);
+    c.answers_delivered_differently = answers_delivered_differently_.load(std::memory_order_relaxed);
     std::shared_lock lock(mu_);
     c.tokens_held = tokens_held_;
     return c;

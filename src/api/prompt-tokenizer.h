@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "llama.h"
@@ -33,7 +35,12 @@ namespace keepwarm::api {
 // WPM, RWKV, ... normalize text) and for vocabs that append EOS, tokenize() always runs the full tokenization and
 // record() does nothing (see indexed()).
 //
-// Bounded by a token budget: when it is exceeded, the least recently used leaves go first.
+// A generated span can be held twice: under the text the model wrote, and under the text the client received when
+// that differs (see record_delivered()). A node's pieces then spell the client's text while its tokens stay the
+// model's, so the path is matched, and inserted, by token id AND text.
+//
+// Bounded by a token budget: when it is exceeded, the least recently used leaves go first. save()/load() carry the
+// index across a restart, so an answer carried back after it still matches the KV cache restored from disk.
 // Why not cache/prefix-tree.h: that tree is the engine's KV index, walked by token ids; this one is walked by text
 // and keeps per-token pieces and flags that its edge splits and merges must carry along.
 //
@@ -51,7 +58,9 @@ public:
         uint64_t tokens_matched = 0;    // tokens taken from the index
         uint64_t tokens_tokenized = 0;  // tokens produced by running the vocab's tokenizer
         uint64_t tokens_evicted = 0;    // tokens dropped to stay within the budget
-        size_t tokens_held = 0;         // tokens in the index now
+        // record_delivered() calls whose text differed from what the model wrote (trimmed, bytes replaced)
+        uint64_t answers_delivered_differently = 0;
+        size_t tokens_held = 0;  // tokens in the index now
     };
 
     explicit prompt_tokenizer(const llama_vocab* vocab);
@@ -64,10 +73,32 @@ public:
     // (as common_tokenize with add_special and parse_special).
     std::vector<llama_token> tokenize(const std::string& text);
 
-    // Adds prompt + generated as one path; `generated` tokens are flagged as the model's own. `prompt` should come
-    // from tokenize() (or common_tokenize): prompt tokens are trusted to be the canonical tokenization of their text.
-    // Token ids outside the vocab make the call a no-op.
-    void record(std::span<const llama_token> prompt, std::span<const llama_token> generated);
+    // Adds prompt + generated as one path; `generated` tokens are flagged as the model's own. `prompt` must come from
+    // tokenize(prompt_text) (or be common_tokenize's result for it): the text tells which of two paths with the same
+    // token ids (the model's text and the client's, see record_delivered) the prompt followed. Token ids outside the
+    // vocab, or prompt tokens whose pieces do not spell `prompt_text`, make the call a no-op.
+    void record(std::string_view prompt_text, std::span<const llama_token> prompt,
+                std::span<const llama_token> generated);
+
+    // The answer as the client received it. A chat client gets the parsed content, which can differ from what the
+    // model wrote: the output parser trims whitespace at both ends (the model wrote " Sure", the client got "Sure")
+    // and the text stream replaces invalid UTF-8 by U+FFFD. When the client sends that text back in its history,
+    // re-tokenizing it gives other ids than the KV cache holds. This adds prompt + generated once more, each token
+    // under the part of `delivered` it produced (empty for trimmed whitespace), so the next prompt carries the model's
+    // own tokens there. Returns false, recording nothing, when `delivered` is not such a variant of the answer (e.g.
+    // reasoning or a tool call was split off) or the answer holds special tokens other than a final end of generation.
+    bool record_delivered(std::string_view prompt_text, std::span<const llama_token> prompt,
+                          std::span<const llama_token> generated, std::string_view delivered);
+
+    // Writes the index to `file` atomically (temporary file, fsync, rename) with a checksum and `fingerprint` (which
+    // should name the vocab). Throws std::runtime_error on an I/O error.
+    void save(const std::filesystem::path& file, std::string_view fingerprint) const;
+    // Replaces the index by the one saved in `file`. Returns an empty string on success, otherwise why the file was
+    // ignored (missing, truncated, checksum, another fingerprint or format, inconsistent): the index is then left
+    // as it was. Beyond the token budget, the least recently saved leaves are evicted.
+    std::string load(const std::filesystem::path& file, std::string_view fingerprint);
+    // Goes up whenever the index changes: whoever saves it compares this with the value it last saved.
+    uint64_t changes() const { return changes_.load(std::memory_order_relaxed); }
 
     counters snapshot() const;
     // False when this vocab type cannot guarantee the result above: every tokenize() is a full tokenization.
@@ -76,12 +107,18 @@ public:
 private:
     struct node;
     struct walk_result;
+    struct path;
 
     std::string piece(llama_token token) const;
     bool resume_after(const node& n, size_t i) const;
-    walk_result walk_text(std::string_view text) const;              // caller holds mu_ (shared)
-    size_t matched_tokens(std::span<const llama_token> path) const;  // caller holds mu_ (shared)
-    void evict_to_budget();                                          // caller holds mu_ (exclusive)
+    walk_result walk_text(std::string_view text) const;  // caller holds mu_ (shared)
+    bool in_vocab(std::span<const llama_token> tokens) const;
+    void insert(const path& p);  // takes mu_
+    // Tokens of `p` the index holds as one path (by id and text), and the text they cover. Caller holds mu_.
+    std::pair<size_t, size_t> matched_tokens(const path& p) const;
+    node* child_along(const node& at, const path& p, size_t i, size_t offset) const;  // caller holds mu_
+    void evict_to_budget();                                                           // caller holds mu_ (exclusive)
+    static void free_tree(std::unique_ptr<node> root);
 
     const llama_vocab* vocab_;
     const options opts_;
@@ -100,6 +137,8 @@ private:
     std::atomic<uint64_t> tokens_matched_{0};
     std::atomic<uint64_t> tokens_tokenized_{0};
     std::atomic<uint64_t> tokens_evicted_{0};
+    std::atomic<uint64_t> answers_delivered_differently_{0};
+    std::atomic<uint64_t> changes_{0};
 };
 
 }  // namespace keepwarm::api

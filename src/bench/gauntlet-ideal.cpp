@@ -53,18 +53,20 @@ size_t ideal_prefill::count_tokens(const std::string& text) const {
 ideal_count ideal_prefill::add(const json& normalized_body, wire_api api, const assistant_answer& answer) {
     ideal_count count;
     std::vector<llama_token> prompt;
+    std::string prompt_text;
     api::chat_request request;
     try {
         request = api == wire_api::anthropic ? api::anthropic::parse_messages_request(normalized_body)
                                              : api::parse_chat_request(normalized_body);
-        prompt = tokenizer_->tokenize(renderer_->render(request).prompt);
+        prompt_text = renderer_->render(request).prompt;
+        prompt = tokenizer_->tokenize(prompt_text);
     } catch (const std::exception& e) {
         count.error = e.what();
         return count;
     }
     count.prompt_tokens = prompt.size();
     count.new_tokens = std::max<size_t>(1, prompt.size() - history_.shared_prefix(prompt));
-    tokenizer_->record(prompt, {});
+    tokenizer_->record(prompt_text, prompt, {});
     history_.add(prompt);
 
     if (answer.content.empty() && answer.reasoning.empty()) return count;

@@ -3,7 +3,6 @@
 #include "cache/disk-store.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -15,6 +14,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
+
+#include "cache/file-io.h"
 
 namespace keepwarm {
 
@@ -33,64 +34,7 @@ constexpr uint64_t header_overhead = fixed_prefix + 4 + 2 * block_key_size + 4 *
 constexpr uint64_t max_header = 256ull << 20;  // 64M tokens: far beyond any context, so bigger means damage
 constexpr std::string_view entry_suffix = ".kwkv";
 constexpr std::string_view temp_marker = ".kwkv.tmp.";
-constexpr size_t io_chunk = 4 << 20;
-
-std::atomic<uint64_t> temp_sequence{0};  // temp names stay unique even with two stores on one directory
-
-struct unique_fd {
-    int fd = -1;
-    explicit unique_fd(int f) : fd(f) {}
-    unique_fd(const unique_fd&) = delete;
-    unique_fd& operator=(const unique_fd&) = delete;
-    ~unique_fd() {
-        if (fd >= 0) ::close(fd);
-    }
-    // Closes now and reports the error close() gives (a deferred write error on some file systems).
-    int close_checked() {
-        const int r = ::close(fd);
-        fd = -1;
-        return r == 0 ? 0 : errno;
-    }
-};
-
-std::string errno_text(int err) {
-    return std::strerror(err);
-}
-
-// Writes all of `data`; retries EINTR and short writes. Returns 0 or an errno value.
-int write_all(int fd, const uint8_t* data, size_t size) {
-    while (size > 0) {
-        const ssize_t n = ::write(fd, data, std::min(size, io_chunk));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (n == 0) return EIO;
-        data += n;
-        size -= static_cast<size_t>(n);
-    }
-    return 0;
-}
-
-// Reads exactly `size` bytes at `offset`. Returns 0, an errno value, or -1 if the file ended first.
-int read_exact(int fd, uint8_t* data, size_t size, uint64_t offset) {
-    while (size > 0) {
-        const ssize_t n = ::pread(fd, data, std::min(size, io_chunk), static_cast<off_t>(offset));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (n == 0) return -1;
-        data += n;
-        size -= static_cast<size_t>(n);
-        offset += static_cast<uint64_t>(n);
-    }
-    return 0;
-}
-
-std::string read_error_text(int err) {
-    return err < 0 ? std::string("unexpected end of file") : errno_text(err);
-}
+constexpr size_t io_chunk = 4 << 20;  // checksum reads, in pieces of this size
 
 // Fills a buffer of a size known up front (memcpy into place; vector::insert trips a GCC 12 -Wstringop-overflow
 // false positive at -O3).
@@ -268,44 +212,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Makes the directory entry of a rename durable. File systems that cannot fsync a directory say EINVAL; there is
-// nothing more to do on those.
-int fsync_directory(const fs::path& dir) {
-    unique_fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (d.fd < 0) return errno;
-    if (::fsync(d.fd) != 0 && errno != EINVAL) return errno;
-    return 0;
-}
-
-// Writes header + payload to a temp file, fsyncs it, renames it to `final_path` and fsyncs the directory. On
-// failure nothing is left behind and the reason is returned.
-std::optional<std::string> write_entry_file(const fs::path& dir, const fs::path& final_path,
-                                            const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload) {
-    const fs::path temp =
-        final_path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_sequence.fetch_add(1));
-    unique_fd f(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (f.fd < 0) return "cannot create " + temp.string() + ": " + errno_text(errno);
-    // Held until the file has its final name, so that open() in another process can tell a live write from debris.
-    (void)::flock(f.fd, LOCK_EX | LOCK_NB);
-    auto fail = [&](const std::string& what, int err) -> std::optional<std::string> {
-        ::unlink(temp.c_str());
-        return what + " " + temp.string() + ": " + errno_text(err);
-    };
-    if (int err = write_all(f.fd, header.data(), header.size())) return fail("cannot write", err);
-    if (int err = write_all(f.fd, payload.data(), payload.size())) return fail("cannot write", err);
-    if (::fsync(f.fd) != 0) return fail("cannot fsync", errno);
-    if (::rename(temp.c_str(), final_path.c_str()) != 0) return fail("cannot rename", errno);
-    if (int err = fsync_directory(dir)) {
-        ::unlink(final_path.c_str());
-        return "cannot fsync directory " + dir.string() + ": " + errno_text(err);
-    }
-    if (int err = f.close_checked()) {
-        ::unlink(final_path.c_str());
-        return "cannot close " + final_path.string() + ": " + errno_text(err);
-    }
-    return std::nullopt;
-}
-
 // Moves a damaged file to rejected/ (deletes it if that fails) so it is never loaded again.
 void move_aside(const fs::path& file) {
     std::error_code ec;
@@ -362,11 +268,7 @@ disk_store::open_report disk_store::open(bool verify_payloads) {
         const std::string name = path.filename().string();
 
         if (name.find(temp_marker) != std::string::npos) {
-            unique_fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-            if (f.fd < 0) continue;
-            // A live writer holds the lock; a crashed one released it when it died.
-            if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) continue;
-            if (::unlink(path.c_str()) == 0) {
+            if (remove_abandoned_temp(path)) {
                 ++report.temp_removed;
                 counters_.temp_removed++;
             }
@@ -626,7 +528,7 @@ void disk_store::writer_loop() {
                 const fs::path final_path = entry_path(op.key);
                 const uint64_t checksum = XXH3_64bits(payload->data(), payload->size());
                 const auto error =
-                    write_entry_file(dir_, final_path, encode_header(info, fingerprint_, checksum), *payload);
+                    write_file_atomically(final_path, {encode_header(info, fingerprint_, checksum), *payload});
 
                 lock.lock();
                 // Still there: only this thread removes an entry that is in flight.

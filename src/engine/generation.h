@@ -69,6 +69,7 @@ private:
 
 struct generation_request {
     std::vector<llama_token> prompt;
+    std::string prompt_text;  // what `prompt` spells (the rendered prompt), for the prompt tokenizer's index
     common_params_sampling sampling;
     int max_tokens = -1;                   // -1: until end of generation or the slot's context is full
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned

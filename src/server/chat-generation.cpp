@@ -18,7 +18,7 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
         return;
     }
     rendered_ = ctx_.renderer->render(chat_);
-    gen_->prompt = tokenize_prompt(ctx_, rendered_.prompt);
+    set_prompt(ctx_, *gen_, rendered_.prompt);
     gen_->sampling = api::to_sampling_params(chat_.sampling, common_params_sampling{});
     api::chat_renderer::apply_to_sampling(rendered_, gen_->sampling, ctx_.llm->vocab());
     bind_to_vocab(ctx_, gen_->sampling);
@@ -107,8 +107,13 @@ std::optional<generation_source::update> chat_generation::next() {
     }
     if (ev->done && ev->reason != finish_reason::error) {
         std::vector<common_chat_msg_diff> final_diffs;
-        parser_->finish(&final_diffs);
+        const common_chat_msg answer = parser_->finish(&final_diffs);
         u.diffs.insert(u.diffs.end(), final_diffs.begin(), final_diffs.end());
+        // The client may get the answer with whitespace trimmed or bytes replaced: when that text comes back in
+        // the next turn's history, it should still map to the tokens the KV cache holds.
+        if (answer.tool_calls.empty() && answer.reasoning_content.empty() && !answer.content.empty()) {
+            ctx_.tokenizer->record_delivered(gen_->prompt_text, gen_->prompt, ev->generated, answer.content);
+        }
     }
     return u;
 }

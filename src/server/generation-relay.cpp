@@ -26,6 +26,11 @@ json parse_json_body(const http::request& req) {
     return body;
 }
 
+void set_prompt(const server_context& ctx, generation_request& gen, std::string text) {
+    gen.prompt = tokenize_prompt(ctx, text);
+    gen.prompt_text = std::move(text);
+}
+
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
     auto tokens = ctx.tokenizer->tokenize(prompt);
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
@@ -96,7 +101,7 @@ void generation_relay::finish(const generation_event& ev) {
     finished_ = true;
     log_request(ev);
     // A failed step leaves the KV in an unknown state; anything else is what the model saw and wrote.
-    if (ev.reason != finish_reason::error) ctx_.tokenizer->record(gen_.prompt, ev.generated);
+    if (ev.reason != finish_reason::error) ctx_.tokenizer->record(gen_.prompt_text, gen_.prompt, ev.generated);
 }
 
 // One line per generation, so an operator sees what each request reused without reading responses.

@@ -24,6 +24,8 @@ nlohmann::ordered_json parse_json_body(const http::request& req);
 // Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and
 // wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error").
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt);
+// tokenize_prompt() into gen.prompt, keeping the text in gen.prompt_text.
+void set_prompt(const server_context& ctx, generation_request& gen, std::string text);
 
 // Checks the request's token ids against the vocab, and turns ignore_eos into bans on end-of-generation tokens.
 void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling);

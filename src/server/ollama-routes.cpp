@@ -168,7 +168,7 @@ void handle_chat(const generation_opener& open, server_context& ctx, const http:
 void generate_raw(server_context& ctx, const ollama::generate_request& request, http::response_writer& w,
                   const std::shared_ptr<generation_request>& gen) {
     const api::chat_request& params = request.chat;
-    gen->prompt = tokenize_prompt(ctx, request.prompt);
+    set_prompt(ctx, *gen, request.prompt);
     gen->sampling = api::to_sampling_params(params.sampling, common_params_sampling{});
     if (!params.json_schema.empty()) {
         try {

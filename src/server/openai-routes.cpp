@@ -111,7 +111,7 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
     ctx.http.completions++;
     const api::completion_request comp = api::parse_completion_request(parse_json_body(req));
 
-    gen->prompt = tokenize_prompt(ctx, comp.prompt);
+    set_prompt(ctx, *gen, comp.prompt);
     gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
     bind_to_vocab(ctx, gen->sampling);
     gen->max_tokens = comp.max_tokens.value_or(-1);

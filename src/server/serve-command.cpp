@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 
+#include "cache/block-key.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
@@ -19,6 +20,7 @@
 #include "server/busters-routes.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
+#include "server/prompt-index-keeper.h"
 #include "server/server-context.h"
 #include "server/status-routes.h"
 #include "server/tokenizer-routes.h"
@@ -107,6 +109,13 @@ int run_serve(serve_options opts) {
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
     ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());
+    std::unique_ptr<prompt_index_keeper> index_keeper;  // destroyed (saving the index) before ctx
+    if (!opts.engine.cache_dir.empty() && ctx.tokenizer->indexed()) {
+        // The index depends on the vocab only, but a model file is what a fingerprint names.
+        const std::string fingerprint = model_fingerprint(ctx.model_path, "prompt-index v1");
+        index_keeper = std::make_unique<prompt_index_keeper>(
+            *ctx.tokenizer, prompt_index_keeper::file_in(opts.engine.cache_dir, fingerprint), fingerprint);
+    }
 
     http::http_server server(opts.http);
     register_status_routes(server, ctx);

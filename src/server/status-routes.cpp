@@ -103,7 +103,16 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
     });
 
     server.add_route("GET", "/v1/cache", [&ctx](const http::request&, http::response_writer& w) {
-        w.send(200, "application/json", cache_json(ctx.llm->cache_stats()).dump());
+        json body = cache_json(ctx.llm->cache_stats());
+        const api::prompt_tokenizer::counters t = ctx.tokenizer->snapshot();
+        body["prompt_index"] = {{"indexed", ctx.tokenizer->indexed()},
+                                {"lookups", t.lookups},
+                                {"tokens_matched", t.tokens_matched},
+                                {"tokens_tokenized", t.tokens_tokenized},
+                                {"tokens_held", t.tokens_held},
+                                {"tokens_evicted", t.tokens_evicted},
+                                {"answers_delivered_differently", t.answers_delivered_differently}};
+        w.send(200, "application/json", body.dump());
     });
 
     server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {

@@ -123,6 +123,55 @@ test('a restarted server restores from disk; damaged entries are reported and ne
     assert.equal((await curl(`${third.url}/v1/cache`)).body.restore_failures, 0);
 });
 
+// An agent sends each answer back in the next turn's history as it got it: the content, with the whitespace around
+// it trimmed and invalid UTF-8 replaced. That text must map to the tokens the model wrote, which the KV cache holds,
+// in the same run and after a restart (the prompt tokenizer's index is saved beside the disk tier). A random model's
+// answers are random tokens: re-tokenizing their text almost never gives the same ids.
+test('answers carried back reuse the tokens the model wrote, in the same run and after a restart', async () => {
+    const args = ['--parallel', '1', '--cache-block', '16'];
+    const server = await start(args);
+    const first = (i) => ({
+        model: 'any',
+        temperature: 1,
+        seed: i,
+        max_tokens: 40,
+        messages: [
+            { role: 'system', content: words(120, 50 + i) },
+            { role: 'user', content: `question ${i}` },
+        ],
+    });
+    const second = (i, answer) => {
+        const body = first(i);
+        body.max_tokens = 2;
+        body.messages.push({ role: 'assistant', content: answer.choices[0].message.content ?? '' });
+        body.messages.push({ role: 'user', content: 'go on' });
+        return body;
+    };
+    const held = (answer) => answer.usage.prompt_tokens + answer.usage.completion_tokens - 1; // KV cells it left
+    for (let i = 0; i < 8; i++) {
+        const answer = await complete(server, first(i));
+        const next = await complete(server, second(i, answer));
+        const reused = next.usage.prompt_tokens_details.cached_tokens;
+        assert.ok(reused >= held(answer), `conversation ${i}: reused ${reused} of the ${held(answer)} cached`);
+    }
+    const index = (await curl(`${server.url}/v1/cache`)).body.prompt_index;
+    assert.ok(index.answers_delivered_differently >= 1, `some answer reached the client trimmed: ${JSON.stringify(index)}`);
+
+    const answers = [];
+    for (let i = 8; i < 14; i++) answers.push(await complete(server, first(i)));
+    await server.stop();
+    const restarted = await start(args, { cacheDir: server.cacheDir });
+    assert.match(restarted.output(), /prompt index: \d+ tokens loaded/);
+    for (let i = 8; i < 14; i++) {
+        const answer = answers[i - 8];
+        const next = await complete(restarted, second(i, answer));
+        const reused = next.usage.prompt_tokens_details.cached_tokens;
+        // The disk tier keeps whole blocks.
+        const blocks = held(answer) - (held(answer) % 16);
+        assert.ok(reused >= blocks, `conversation ${i}: reused ${reused} of the ${blocks} on disk after the restart`);
+    }
+});
+
 test('kill -9 during heavy disk writes: the next start loads only whole entries', async () => {
     const args = ['--parallel', '1', '--cache-parked', '0', '--cache-block', '16'];
     const server = await start(args);

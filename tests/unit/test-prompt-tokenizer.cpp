@@ -2,10 +2,13 @@
 // edits of long rendered chats (Qwen2 and Qwen3.5 vocabs, and every other BPE vocab in the pinned llama.cpp tree),
 // the model's own token ids surviving a round trip through text, the token budget, and concurrent use.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -161,6 +164,25 @@ private:
     std::vector<std::string> specials_;
 };
 
+// The canonical tokens of `text` with its first multi-letter token split into its first letter and the rest: a
+// split the model may sample but tokenizing the text never gives.
+std::vector<llama_token> split_one_word(const llama_vocab* vocab, const std::string& text) {
+    std::vector<llama_token> out;
+    bool split = false;
+    for (const llama_token t : common_tokenize(vocab, text, false, true)) {
+        const std::string p = common_token_to_piece(vocab, t, true);
+        if (!split && p.size() >= 4) {
+            for (const std::string& part : {p.substr(0, 1), p.substr(1)}) {
+                for (const llama_token u : common_tokenize(vocab, part, false, true)) out.push_back(u);
+            }
+            split = true;
+        } else {
+            out.push_back(t);
+        }
+    }
+    return out;
+}
+
 std::vector<std::string> qwen_specials() {
     return {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<|endoftext|>"};
 }
@@ -173,7 +195,7 @@ void expect_exact_after_edits(const llama_model* model, const std::string& base,
                               int edits, uint32_t seed, double min_reused) {
     prompt_tokenizer pt(llama_model_get_vocab(model));
     ASSERT_TRUE(pt.indexed());
-    pt.record(pt.tokenize(base), {});
+    pt.record(base, pt.tokenize(base), {});
     text_editor editor(seed, std::move(specials));
     std::string text = base;
     int failures = 0;
@@ -197,7 +219,7 @@ void expect_exact_after_edits(const llama_model* model, const std::string& base,
                                  true)
                           << "'";
         }
-        if (i % 4 != 3) pt.record(got, {});
+        if (i % 4 != 3) pt.record(text, got, {});
     }
     const prompt_tokenizer::counters c = pt.snapshot();
     // The index was used: the test exercises the resume rule, not the fallback.
@@ -258,7 +280,7 @@ TEST(prompt_tokenizer, equals_full_tokenization_for_every_vocab_in_the_llama_tre
         prompt_tokenizer pt(vocab);
         if (!pt.indexed()) {
             EXPECT_NE(llama_vocab_type(vocab), LLAMA_VOCAB_TYPE_BPE);
-            pt.record(full_tokenize(model, base), {});
+            pt.record(base, full_tokenize(model, base), {});
             EXPECT_EQ(pt.tokenize(base), full_tokenize(model, base));
             continue;
         }
@@ -278,28 +300,15 @@ TEST(prompt_tokenizer, generated_tokens_come_back_unchanged) {
     api::json first = {{"messages", {{{"role", "user"}, {"content", "How is the weather?"}}}}};
     const std::string prompt_text = renderer.render(api::parse_chat_request(first)).prompt;
 
-    // The canonical tokens of the answer, with one multi-letter word token split into its first letter and the rest.
     const std::vector<llama_token> canonical = common_tokenize(vocab, answer, false, true);
-    std::vector<llama_token> generated;
-    bool split = false;
-    for (const llama_token t : canonical) {
-        const std::string p = common_token_to_piece(vocab, t, true);
-        if (!split && p.size() >= 4) {
-            for (const std::string& part : {p.substr(0, 1), p.substr(1)}) {
-                for (const llama_token u : common_tokenize(vocab, part, false, true)) generated.push_back(u);
-            }
-            split = true;
-        } else {
-            generated.push_back(t);
-        }
-    }
+    const std::vector<llama_token> generated = split_one_word(vocab, answer);
     ASSERT_NE(generated, canonical);
     ASSERT_EQ(common_detokenize(vocab, generated, true), answer);
 
     prompt_tokenizer pt(vocab);
     const std::vector<llama_token> prompt = pt.tokenize(prompt_text);
     ASSERT_EQ(prompt, full_tokenize(model, prompt_text));
-    pt.record(prompt, generated);
+    pt.record(prompt_text, prompt, generated);
 
     api::json second = first;
     second["messages"].push_back({{"role", "assistant"}, {"content", answer}});
@@ -317,11 +326,189 @@ TEST(prompt_tokenizer, generated_tokens_come_back_unchanged) {
     EXPECT_NE(got, full_tokenize(model, next_text));
 
     // The next turn extends the same path: the first answer's split survives a second round trip too.
-    pt.record(got, {});
+    pt.record(next_text, got, {});
     const std::string third_text = next_text + "Probably rain.<|im_end|>\n";
     const std::vector<llama_token> third = pt.tokenize(third_text);
     ASSERT_GE(third.size(), got.size());
     EXPECT_TRUE(std::equal(got.begin(), got.end(), third.begin()));
+}
+
+namespace {
+
+// One chat turn: the prompt a server renders for `messages`, and what the next request renders after the answer
+// `delivered` (as the client got it) and another user message.
+struct turn {
+    std::string prompt_text;
+    std::string next_text;
+};
+
+turn chat_turn(const llama_model* model, api::json messages, const std::string& delivered) {
+    const api::chat_renderer renderer(model);
+    turn t;
+    t.prompt_text = renderer.render(api::parse_chat_request({{"messages", messages}})).prompt;
+    messages.push_back({{"role", "assistant"}, {"content", delivered}});
+    messages.push_back({{"role", "user"}, {"content", "And tomorrow?"}});
+    t.next_text = renderer.render(api::parse_chat_request({{"messages", messages}})).prompt;
+    return t;
+}
+
+// prompt + generated + the canonical tokens of what `next_text` has after `covered` bytes.
+std::vector<llama_token> continued(const llama_vocab* vocab, std::vector<llama_token> prompt,
+                                   const std::vector<llama_token>& generated, const std::string& next_text,
+                                   size_t covered) {
+    prompt.insert(prompt.end(), generated.begin(), generated.end());
+    const auto rest = common_tokenize(vocab, next_text.substr(covered), false, true);
+    prompt.insert(prompt.end(), rest.begin(), rest.end());
+    return prompt;
+}
+
+llama_token byte_token(const llama_vocab* vocab, unsigned char byte) {
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+        const std::string p = common_token_to_piece(vocab, t, true);
+        if (p.size() == 1 && static_cast<unsigned char>(p[0]) == byte) return t;
+    }
+    return LLAMA_TOKEN_NULL;
+}
+
+}  // namespace
+
+// The model wrote "  Sure, ..." with whitespace around it; the client got the content trimmed, and sends that back.
+// Re-tokenizing it cannot give the model's tokens (the first one is " Sure" or "  "), so only the delivered text's
+// mapping can; and the turn after that still finds both answers' own tokens.
+TEST(prompt_tokenizer, an_answer_delivered_trimmed_maps_back_to_the_models_tokens) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const std::string written = "  Sure, it is sunny in Copenhagen. \n";
+    const std::string delivered = "Sure, it is sunny in Copenhagen.";
+    const api::json messages = {{{"role", "user"}, {"content", "How is the weather?"}}};
+    const turn t = chat_turn(model, messages, delivered);
+    ASSERT_EQ(t.next_text.rfind(t.prompt_text + delivered + "<|im_end|>", 0), 0u) << t.next_text;
+    const std::vector<llama_token> generated = common_tokenize(vocab, written, false, true);
+
+    prompt_tokenizer plain(vocab), pt(vocab);
+    const std::vector<llama_token> prompt = pt.tokenize(t.prompt_text);
+    plain.record(t.prompt_text, prompt, generated);
+    pt.record(t.prompt_text, prompt, generated);
+    ASSERT_TRUE(pt.record_delivered(t.prompt_text, prompt, generated, delivered));
+
+    const auto expected = continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + delivered.size());
+    const std::vector<llama_token> got = pt.tokenize(t.next_text);
+    EXPECT_EQ(got, expected);
+    EXPECT_NE(plain.tokenize(t.next_text), expected) << "without the delivered text, the answer is re-tokenized";
+
+    // The next turn: its prompt (which went through the delivered path) is recorded with a new answer in the
+    // model's own split; the turn after carries both answers back.
+    const std::string second = "Rain, I am afraid.";
+    const std::vector<llama_token> generated2 = split_one_word(vocab, second);
+    ASSERT_NE(generated2, common_tokenize(vocab, second, false, true));
+    pt.record(t.next_text, got, generated2);
+    api::json longer = messages;
+    longer.push_back({{"role", "assistant"}, {"content", delivered}});
+    longer.push_back({{"role", "user"}, {"content", "And tomorrow?"}});
+    const turn t2 = chat_turn(model, longer, second);
+    ASSERT_EQ(t2.prompt_text, t.next_text);
+    EXPECT_EQ(pt.tokenize(t2.next_text),
+              continued(vocab, got, generated2, t2.next_text, t.next_text.size() + second.size()));
+}
+
+// A random model can write bytes that are not UTF-8; the client got U+FFFD in their place.
+TEST(prompt_tokenizer, an_answer_delivered_with_replaced_bytes_maps_back_to_the_models_tokens) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const llama_token lone_lead_byte = byte_token(vocab, 0xE2);  // starts a 3-byte character that never comes
+    ASSERT_NE(lone_lead_byte, LLAMA_TOKEN_NULL);
+    std::vector<llama_token> generated = common_tokenize(vocab, "Price:", false, true);
+    generated.push_back(lone_lead_byte);
+    for (const llama_token t : common_tokenize(vocab, " fine", false, true)) generated.push_back(t);
+    const std::string delivered = "Price:\xEF\xBF\xBD fine";
+    const turn t = chat_turn(model, {{{"role", "user"}, {"content", "Cost?"}}}, delivered);
+
+    prompt_tokenizer plain(vocab), pt(vocab);
+    const std::vector<llama_token> prompt = pt.tokenize(t.prompt_text);
+    plain.record(t.prompt_text, prompt, generated);
+    pt.record(t.prompt_text, prompt, generated);
+    ASSERT_TRUE(pt.record_delivered(t.prompt_text, prompt, generated, delivered));
+    const auto expected = continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + delivered.size());
+    EXPECT_EQ(pt.tokenize(t.next_text), expected);
+    EXPECT_NE(plain.tokenize(t.next_text), expected);
+}
+
+TEST(prompt_tokenizer, record_delivered_refuses_what_is_not_the_answer_trimmed) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const std::string prompt_text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    prompt_tokenizer pt(vocab);
+    const std::vector<llama_token> prompt = pt.tokenize(prompt_text);
+    const auto answer = common_tokenize(vocab, " Hello there, friend. ", false, true);
+    EXPECT_FALSE(pt.record_delivered(prompt_text, prompt, answer, "Hello friend."));  // text removed inside
+    EXPECT_FALSE(pt.record_delivered(prompt_text, prompt, answer, "Hello there"));    // more than whitespace cut
+    EXPECT_FALSE(pt.record_delivered(prompt_text, prompt, answer, "Hello there, friend. And"));  // text added
+    // Reasoning split off by the parser: the answer holds special tokens the client did not get as content.
+    const auto reasoning = common_tokenize(vocab, "<think>\nhmm\n</think>\n\nHello", false, true);
+    EXPECT_FALSE(pt.record_delivered(prompt_text, prompt, reasoning, "Hello"));
+    EXPECT_EQ(pt.snapshot().tokens_held, 0u);
+    EXPECT_TRUE(pt.record_delivered(prompt_text, prompt, answer, "Hello there, friend."));
+    EXPECT_GT(pt.snapshot().tokens_held, 0u);
+}
+
+// After a restart the index comes back from its file: the model's split of an answer is returned again, which
+// re-tokenizing the history would not give.
+TEST(prompt_tokenizer, the_index_survives_save_and_load) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const std::string answer = "The weather in Copenhagen is lovely today.";
+    const turn t = chat_turn(model, {{{"role", "user"}, {"content", "How is the weather?"}}}, answer);
+    const std::vector<llama_token> generated = split_one_word(vocab, answer);
+
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("keepwarm-test-prompt-index-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::filesystem::path file = dir / "index.kwpi";
+    std::vector<llama_token> prompt;
+    size_t held = 0;
+    {
+        prompt_tokenizer before(vocab);
+        prompt = before.tokenize(t.prompt_text);
+        before.record(t.prompt_text, prompt, generated);
+        held = before.snapshot().tokens_held;
+        before.save(file, "vocab-a");
+    }
+    const auto expected = continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + answer.size());
+    ASSERT_NE(full_tokenize(model, t.next_text), expected);
+
+    prompt_tokenizer after(vocab);
+    EXPECT_EQ(after.load(file, "vocab-a"), "");
+    EXPECT_EQ(after.snapshot().tokens_held, held);
+    EXPECT_EQ(after.tokenize(t.next_text), expected);
+
+    // Another vocab's file, a flipped byte, a cut file: reported, and the index stays as it was.
+    prompt_tokenizer other(vocab);
+    EXPECT_NE(other.load(file, "vocab-b").find("another model"), std::string::npos);
+    std::string bytes;
+    {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    auto write = [&](const std::string& content) {
+        std::ofstream out(file, std::ios::binary | std::ios::trunc);
+        out << content;
+    };
+    std::string flipped = bytes;
+    flipped[flipped.size() / 2] ^= 0x40;
+    write(flipped);
+    EXPECT_NE(other.load(file, "vocab-a").find("checksum"), std::string::npos);
+    write(bytes.substr(0, bytes.size() - 100));
+    EXPECT_NE(other.load(file, "vocab-a"), "");
+    write("");
+    EXPECT_NE(other.load(file, "vocab-a"), "");
+    EXPECT_EQ(other.snapshot().tokens_held, 0u);
+    EXPECT_EQ(other.tokenize(t.next_text), full_tokenize(model, t.next_text));
+    // A loaded index beyond a smaller budget is cut down to it.
+    write(bytes);
+    prompt_tokenizer small(vocab, {.token_budget = held / 2});
+    EXPECT_EQ(small.load(file, "vocab-a"), "");
+    EXPECT_LE(small.snapshot().tokens_held, held / 2);
+    std::filesystem::remove_all(dir);
 }
 
 TEST(prompt_tokenizer, evicts_least_recently_used_paths_beyond_the_budget) {
@@ -344,13 +531,13 @@ TEST(prompt_tokenizer, evicts_least_recently_used_paths_beyond_the_budget) {
         EXPECT_EQ(pt.tokenize(text), full_tokenize(model, text));
         return pt.snapshot().tokens_matched - before;
     };
-    pt.record(full_tokenize(model, a), {});
-    pt.record(full_tokenize(model, b), {});
+    pt.record(a, full_tokenize(model, a), {});
+    pt.record(b, full_tokenize(model, b), {});
     EXPECT_EQ(pt.snapshot().tokens_evicted, 0u);
     // Everything up to the last special token, <|im_end|>, comes from the index; a is now more recent than b.
     EXPECT_EQ(matched_by(a), na - 1);
 
-    pt.record(full_tokenize(model, c), {});
+    pt.record(c, full_tokenize(model, c), {});
     const prompt_tokenizer::counters after = pt.snapshot();
     EXPECT_LE(after.tokens_held, budget);
     EXPECT_EQ(after.tokens_evicted, nb - 3) << "b's own tokens go; the shared '<|im_start|>user\\n' stays";
@@ -373,7 +560,7 @@ TEST(prompt_tokenizer, concurrent_tokenize_and_record_stay_exact) {
                 const std::vector<llama_token> got = pt.tokenize(text);
                 if (got != full_tokenize(model, text)) mismatches++;
                 // Half the threads also record, so inserts, splits and evictions race with the walks.
-                if (t % 2 == 0) pt.record(got, {});
+                if (t % 2 == 0) pt.record(text, got, {});
             }
         });
     }
@@ -407,7 +594,7 @@ TEST(prompt_tokenizer, reports_the_cost_of_a_38k_token_turn) {
     prompt_tokenizer pt(llama_model_get_vocab(model));
     const std::vector<llama_token> previous_tokens = pt.tokenize(previous_text);
     const std::string last_answer = body["messages"][body["messages"].size() - 2]["content"];
-    pt.record(previous_tokens, common_tokenize(llama_model_get_vocab(model), last_answer, false, true));
+    pt.record(previous_text, previous_tokens, common_tokenize(llama_model_get_vocab(model), last_answer, false, true));
 
     const std::string raw = body.dump();
     double json_ms = 1e9, typed_ms = 1e9, render_ms = 1e9, full_ms = 1e9, indexed_ms = 1e9;
