@@ -301,7 +301,8 @@ void prompt_tokenizer::record(std::string_view prompt_text, std::span<const llam
 }
 
 bool prompt_tokenizer::record_delivered(std::string_view prompt_text, std::span<const llama_token> prompt,
-                                        std::span<const llama_token> generated, std::string_view delivered) {
+                                        std::span<const llama_token> generated, std::string_view delivered,
+                                        bool complete) {
     if (!indexed_ || !in_vocab(prompt) || !in_vocab(generated)) return false;
     // A final end of generation is not part of the answer: the template writes its own after the content.
     while (!generated.empty() && llama_vocab_is_eog(vocab_, generated.back()))
@@ -324,12 +325,13 @@ bool prompt_tokenizer::record_delivered(std::string_view prompt_text, std::span<
     std::string all;
     for (const std::string& s : seen) all += s;
 
-    // `delivered` must be `all` less whitespace at either end.
+    // `delivered` must be `all` less whitespace at either end; for an answer cut short, less whitespace at the start
+    // and anything after what was streamed.
     const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
     std::optional<size_t> from;
     for (size_t lead = 0; lead <= all.size(); ++lead) {
-        if (all.compare(lead, delivered.size(), delivered) == 0 &&
-            std::all_of(all.begin() + static_cast<std::ptrdiff_t>(lead + delivered.size()), all.end(), space)) {
+        const auto rest = all.begin() + static_cast<std::ptrdiff_t>(std::min(all.size(), lead + delivered.size()));
+        if (all.compare(lead, delivered.size(), delivered) == 0 && (!complete || std::all_of(rest, all.end(), space))) {
             from = lead;
             break;
         }
@@ -337,20 +339,30 @@ bool prompt_tokenizer::record_delivered(std::string_view prompt_text, std::span<
     }
     if (!from) return false;
 
-    // Each token keeps the part of `delivered` it produced; trimmed whitespace leaves its tokens without text.
+    // Each token keeps the part of `delivered` it produced; trimmed whitespace leaves its tokens without text. Of an
+    // answer cut short, only the tokens the client got whole: the rest will not come back as they were.
     const size_t to = *from + delivered.size();
     path p;
     p.tokens = without_bos(prompt, add_bos_, bos_);
     p.prompt_size = p.tokens.size();
-    p.tokens.insert(p.tokens.end(), generated.begin(), generated.end());
     p.text = prompt_text;
     size_t start = 0;
-    for (const std::string& s : seen) {
-        const size_t a = std::clamp(start, *from, to), b = std::clamp(start + s.size(), *from, to);
+    for (size_t j = 0; j < seen.size(); ++j) {
+        const size_t end = start + seen[j].size();
+        if (!complete && end > to) break;
+        const size_t a = std::clamp(start, *from, to), b = std::clamp(end, *from, to);
+        p.tokens.push_back(generated[j]);
         p.pieces.push_back(all.substr(a, b - a));
-        start += s.size();
+        p.text += p.pieces.back();
+        start = end;
     }
-    p.text += delivered;
+    // A cut answer ends where the client's text does, not on a token that showed nothing (e.g. half a character).
+    while (!complete && !p.pieces.empty() && p.pieces.back().empty()) {
+        p.tokens.pop_back();
+        p.pieces.pop_back();
+    }
+    if (p.pieces.empty()) return false;
+    written.resize(p.pieces.size());
     if (p.pieces != written) answers_delivered_differently_.fetch_add(1, std::memory_order_relaxed);
     insert(p);
     return true;

@@ -85,10 +85,12 @@ public:
     // and the text stream replaces invalid UTF-8 by U+FFFD. When the client sends that text back in its history,
     // re-tokenizing it gives other ids than the KV cache holds. This adds prompt + generated once more, each token
     // under the part of `delivered` it produced (empty for trimmed whitespace), so the next prompt carries the model's
-    // own tokens there. Returns false, recording nothing, when `delivered` is not such a variant of the answer (e.g.
-    // reasoning or a tool call was split off) or the answer holds special tokens other than a final end of generation.
+    // own tokens there. `complete` false: the client went away mid-answer and got only the start of it (which it may
+    // send back to have it continued); then only the tokens it got whole are added. Returns false, recording nothing,
+    // when `delivered` is not such a variant of the answer (e.g. reasoning or a tool call was split off) or the
+    // answer holds special tokens other than a final end of generation.
     bool record_delivered(std::string_view prompt_text, std::span<const llama_token> prompt,
-                          std::span<const llama_token> generated, std::string_view delivered);
+                          std::span<const llama_token> generated, std::string_view delivered, bool complete = true);
 
     // Writes the index to `file` atomically (temporary file, fsync, rename) with a checksum and `fingerprint` (which
     // should name the vocab). Throws std::runtime_error on an I/O error.

@@ -35,6 +35,26 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     }
 }
 
+chat_generation::~chat_generation() {
+    if (!relay_ || !parser_) return;
+    // The client went away mid-answer (or a write failed): it kept what was streamed, and may send it back, e.g. to
+    // have it continued.
+    if (const std::optional<generation_event> last = relay_->cancel(); last && last->reason != finish_reason::error) {
+        record_delivered(last->generated, parser_->message(), false);
+    }
+}
+
+// The client may get the answer with whitespace trimmed or bytes replaced: when that text comes back in the next
+// turn's history, it should still map to the tokens the KV cache holds. Only plain content qualifies: reasoning and
+// tool calls come back in the template's own markup. A continuation's content starts with the prefilled text, which
+// the model did not write.
+void chat_generation::record_delivered(const std::vector<llama_token>& generated, const common_chat_msg& answer,
+                                       bool complete) {
+    if (!answer.tool_calls.empty() || !answer.reasoning_content.empty() || answer.content.empty()) return;
+    if (rendered_.continuation) return;
+    ctx_.tokenizer->record_delivered(gen_->prompt_text, gen_->prompt, generated, answer.content, complete);
+}
+
 generation_opener local_generation(server_context& ctx) {
     return [&ctx](const http::request& req, api::chat_request chat, const std::shared_ptr<generation_request>& gen,
                   http::response_writer& w, std::string id) -> generation_source_ptr {
@@ -109,11 +129,7 @@ std::optional<generation_source::update> chat_generation::next() {
         std::vector<common_chat_msg_diff> final_diffs;
         const common_chat_msg answer = parser_->finish(&final_diffs);
         u.diffs.insert(u.diffs.end(), final_diffs.begin(), final_diffs.end());
-        // The client may get the answer with whitespace trimmed or bytes replaced: when that text comes back in
-        // the next turn's history, it should still map to the tokens the KV cache holds.
-        if (answer.tool_calls.empty() && answer.reasoning_content.empty() && !answer.content.empty()) {
-            ctx_.tokenizer->record_delivered(gen_->prompt_text, gen_->prompt, ev->generated, answer.content);
-        }
+        record_delivered(ev->generated, answer, true);
     }
     return u;
 }

@@ -78,6 +78,10 @@ public:
     chat_generation(server_context& ctx, const http::request& req, api::chat_request chat,
                     std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id);
 
+    ~chat_generation() override;
+    chat_generation(const chat_generation&) = delete;
+    chat_generation& operator=(const chat_generation&) = delete;
+
     std::optional<update> next() override;
     const common_chat_msg& message() const override { return ping_reply_ ? *ping_reply_ : parser_->message(); }
     const api::chat_request& request() const override { return chat_; }
@@ -90,6 +94,8 @@ public:
     static int count_prompt_tokens(server_context& ctx, const api::chat_request& chat);
 
 private:
+    void record_delivered(const std::vector<llama_token>& generated, const common_chat_msg& answer, bool complete);
+
     server_context& ctx_;
     api::chat_request chat_;
     std::shared_ptr<generation_request> gen_;

@@ -67,15 +67,20 @@ generation_relay::generation_relay(generation_request& gen, http::response_write
     : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
 
 generation_relay::~generation_relay() {
-    if (finished_) return;
+    cancel();
+}
+
+std::optional<generation_event> generation_relay::cancel() {
+    if (finished_) return std::nullopt;
     gen_.cancelled = true;
     const auto deadline = std::chrono::steady_clock::now() + drain_limit;
     while (std::chrono::steady_clock::now() < deadline) {
         if (auto ev = gen_.output.pop(check_interval); ev && ev->done) {
             finish(*ev);
-            return;
+            return ev;
         }
     }
+    return std::nullopt;
 }
 
 std::optional<generation_event> generation_relay::next() {

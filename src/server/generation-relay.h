@@ -46,6 +46,9 @@ public:
     ~generation_relay();
 
     std::optional<generation_event> next();
+    // Stops a generation that has not ended: tells the engine, waits (at most 2 s) for its final event, records it as
+    // next() would, and returns it. nullopt when the generation had ended already, or no final event came in time.
+    std::optional<generation_event> cancel();
 
 private:
     void finish(const generation_event& ev);

@@ -172,6 +172,48 @@ test('answers carried back reuse the tokens the model wrote, in the same run and
     }
 });
 
+// A client that leaves mid-answer keeps what was streamed and may send it back (to have it continued, or as
+// history): the tokens it got whole are the ones the cache holds, even where the content was trimmed.
+test('the part of an answer a client got before it left comes back as the tokens the model wrote', async () => {
+    const server = await start(['--parallel', '1']);
+    const question = (i) => [{ role: 'user', content: `question number ${i}, about ${words(20, 70 + i)}` }];
+    for (let i = 0; i < 8; i++) {
+        const counted = await complete(server, { model: 'any', max_tokens: 1, messages: question(i) });
+        const controller = new AbortController();
+        const stream = await server.client().chat.completions.create(
+            { model: 'any', messages: question(i), temperature: 1, seed: i, max_tokens: 100000, ignore_eos: true,
+              stream: true },
+            { signal: controller.signal },
+        );
+        let partial = '';
+        let chunks = 0;
+        try {
+            for await (const chunk of stream) {
+                const text = chunk.choices[0]?.delta?.content ?? '';
+                if (!text) continue;
+                partial += text;
+                if (++chunks === 12) {
+                    controller.abort();
+                    break;
+                }
+            }
+        } catch {
+            // The client may report the abort as an error; either way the connection is closed.
+        }
+        assert.ok(await waitFor(async () => (await curl(`${server.url}/health`)).body.slots_processing === 0));
+        const next = await complete(server, {
+            model: 'any',
+            max_tokens: 2,
+            messages: [...question(i), { role: 'assistant', content: partial }, { role: 'user', content: 'go on' }],
+        });
+        const reused = next.usage.prompt_tokens_details.cached_tokens;
+        const prompt = counted.usage.prompt_tokens;
+        assert.ok(reused >= prompt + 6, `conversation ${i}: reused ${reused}, the prompt alone is ${prompt} tokens`);
+    }
+    const index = (await curl(`${server.url}/v1/cache`)).body.prompt_index;
+    assert.ok(index.answers_delivered_differently >= 1, `some answer reached the client trimmed: ${JSON.stringify(index)}`);
+});
+
 test('kill -9 during heavy disk writes: the next start loads only whole entries', async () => {
     const args = ['--parallel', '1', '--cache-parked', '0', '--cache-block', '16'];
     const server = await start(args);

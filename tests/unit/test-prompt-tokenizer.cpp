@@ -411,6 +411,30 @@ TEST(prompt_tokenizer, an_answer_delivered_trimmed_maps_back_to_the_models_token
               continued(vocab, got, generated2, t2.next_text, t.next_text.size() + second.size()));
 }
 
+// The client went away in the middle of " sunny": it got "Sure, it is sun" and may send that back to have it
+// continued. The tokens it got whole map back; the cut one and those after it are the continuation's to tokenize.
+TEST(prompt_tokenizer, an_answer_cut_short_maps_back_as_far_as_the_client_got_it) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const std::string prompt_text = "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n";
+    const std::vector<llama_token> generated = common_tokenize(vocab, "  Sure, it is sunny in Copenhagen", false, true);
+    size_t whole = 0;  // tokens up to the end of " is"
+    for (std::string text; whole < generated.size() && text != "  Sure, it is"; ++whole) {
+        text += common_token_to_piece(vocab, generated[whole], true);
+    }
+    ASSERT_LT(whole, generated.size());
+
+    prompt_tokenizer pt(vocab);
+    const std::vector<llama_token> prompt = pt.tokenize(prompt_text);
+    pt.record(prompt_text, prompt, generated);
+    EXPECT_FALSE(pt.record_delivered(prompt_text, prompt, generated, "Sure, it is sun")) << "not the whole answer";
+    ASSERT_TRUE(pt.record_delivered(prompt_text, prompt, generated, "Sure, it is sun", /*complete=*/false));
+    const std::string continued_text = prompt_text + "Sure, it is sunny and warm";
+    EXPECT_EQ(pt.tokenize(continued_text),
+              continued(vocab, prompt, {generated.begin(), generated.begin() + static_cast<std::ptrdiff_t>(whole)},
+                        continued_text, prompt_text.size() + std::string("Sure, it is").size()));
+}
+
 // A random model can write bytes that are not UTF-8; the client got U+FFFD in their place.
 TEST(prompt_tokenizer, an_answer_delivered_with_replaced_bytes_maps_back_to_the_models_tokens) {
     const llama_model* model = preset_model("tiny");
