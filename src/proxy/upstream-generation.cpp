@@ -121,6 +121,12 @@ void upstream_generation::name_fired_rules(const std::vector<std::string>& rules
 }
 
 upstream_generation::~upstream_generation() {
+    leave_upstream();
+}
+
+void upstream_generation::leave_upstream() {
+    if (left_) return;
+    left_ = true;
     if (body_) {
         // A complete answer leaves at most the stream's end marker unread: it is read, and the connection goes back
         // to the pool for the upstream's next request. Anything else is cancelled.
@@ -195,6 +201,9 @@ std::optional<generation_source::update> upstream_generation::next() {
             }
             if (buster_ && u.reason != finish_reason::error) confirm_buster(u.stats);
             log_end(u);
+            // Before the client gets its last chunk (and can send its next turn): the connection is back in the
+            // pool and the upstream's load counts one request less.
+            leave_upstream();
         }
         return u;
     }

@@ -46,6 +46,9 @@ private:
     std::vector<std::string> bind_biases(size_t upstream);
     void name_fired_rules(const std::vector<std::string>& rules);  // appended to x-keepwarm-policy and logged
     void log_end(const update& u) const;
+    // Once: the answer's connection goes back to the pool if it was read whole (else it is cancelled), and the router
+    // stops counting this request against the upstream.
+    void leave_upstream();
 
     server_context& ctx_;
     upstream_pool& pool_;
@@ -69,6 +72,7 @@ private:
     bool seen_delta_ = false;
 
     std::optional<upstream_body_reader> body_;  // the upstream's answer, read on a thread of its own
+    bool left_ = false;                         // leave_upstream() ran: the router no longer counts this request
 };
 
 // Opens upstream_generations from `pool` for the API routes.

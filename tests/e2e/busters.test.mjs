@@ -61,7 +61,8 @@ test('a per-request uuid in the system prompt is reported with its client, posit
     assert.ok(cached <= r.span.token_offset + 1, `cached ${cached}, span at token ${r.span.token_offset}`);
     assert.equal(r.prompt_tokens, busted.usage.prompt_tokens);
     assert.equal(r.reused_tokens, cached);
-    assert.equal(r.cost_tokens, busted.usage.prompt_tokens - r.span.token_offset);
+    // From the span on, less what the cache still matched inside it (two uuids can share their first characters).
+    assert.equal(r.cost_tokens, busted.usage.prompt_tokens - Math.max(r.span.token_offset, cached));
     assert.ok(r.cost_tokens > 300, `cost ${r.cost_tokens}`);
     assert.equal(r.rule.pattern, 'request-id: [0-9a-f-]{36}');
     assert.equal(r.rule.action, 'replace');
