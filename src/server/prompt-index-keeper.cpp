@@ -1,6 +1,7 @@
 // See prompt-index-keeper.h.
 #include "server/prompt-index-keeper.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -47,7 +48,9 @@ void prompt_index_keeper::save_if_changed() {
     const uint64_t changes = tokenizer_.changes();
     if (changes == saved_changes_) return;
     try {
+        const auto started = std::chrono::steady_clock::now();
         tokenizer_.save(file_, fingerprint_);
+        last_save_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
         saved_changes_ = changes;
         failing_ = false;
     } catch (const std::exception& e) {
@@ -60,7 +63,8 @@ void prompt_index_keeper::save_if_changed() {
 void prompt_index_keeper::run() {
     std::unique_lock lock(mu_);
     while (!stopping_) {
-        wake_.wait_for(lock, interval_, [this] { return stopping_; });
+        // A big index takes a while to write: at most 5% of the time goes to saving it.
+        wake_.wait_for(lock, std::max(interval_, 20 * last_save_), [this] { return stopping_; });
         lock.unlock();
         save_if_changed();
         lock.lock();

@@ -1,8 +1,9 @@
 // Keeps the prompt tokenizer's index on disk beside the KV cache, so that after a restart the history a client sends
 // back still maps to the token ids the disk tier holds (the model's own split of its answers, which re-tokenizing
 // the text does not give back). Loads the saved index at start-up; saves it on a background thread at most every
-// `interval` while it changes, and once more when destroyed (a clean shutdown loses nothing; a kill -9 at most the
-// last interval).
+// `interval` (or 20 times as long as the last save took, for a big index) while it changes, and once more when
+// destroyed (a clean shutdown loses nothing; a kill -9 at most the last interval's records, whose answers are then
+// recomputed once).
 #pragma once
 
 #include <chrono>
@@ -38,8 +39,9 @@ private:
     const std::string fingerprint_;
     const std::chrono::milliseconds interval_;
     // Used by the saving thread only (and the constructor, before it starts):
-    uint64_t saved_changes_ = 0;  // tokenizer_.changes() when last saved or loaded
-    bool failing_ = false;        // the last save failed
+    uint64_t saved_changes_ = 0;              // tokenizer_.changes() when last saved or loaded
+    bool failing_ = false;                    // the last save failed
+    std::chrono::milliseconds last_save_{0};  // how long the last save took
 
     std::mutex mu_;
     std::condition_variable wake_;
