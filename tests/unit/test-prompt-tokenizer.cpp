@@ -362,6 +362,20 @@ std::vector<llama_token> continued(const llama_vocab* vocab, std::vector<llama_t
     return prompt;
 }
 
+// An answer recorded as the server does: in `plain` as the model wrote it only, in `pt` also as the client got it
+// (`delivered`). Returns the prompt's tokens and what the next turn must tokenize to: prompt + generated + the rest.
+std::pair<std::vector<llama_token>, std::vector<llama_token>> record_answer(const llama_vocab* vocab,
+                                                                            prompt_tokenizer& plain,
+                                                                            prompt_tokenizer& pt, const turn& t,
+                                                                            const std::vector<llama_token>& generated,
+                                                                            const std::string& delivered) {
+    const std::vector<llama_token> prompt = pt.tokenize(t.prompt_text);
+    plain.record(t.prompt_text, prompt, generated);
+    pt.record(t.prompt_text, prompt, generated);
+    EXPECT_TRUE(pt.record_delivered(t.prompt_text, prompt, generated, delivered));
+    return {prompt, continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + delivered.size())};
+}
+
 llama_token byte_token(const llama_vocab* vocab, unsigned char byte) {
     for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
         const std::string p = common_token_to_piece(vocab, t, true);
@@ -386,12 +400,7 @@ TEST(prompt_tokenizer, an_answer_delivered_trimmed_maps_back_to_the_models_token
     const std::vector<llama_token> generated = common_tokenize(vocab, written, false, true);
 
     prompt_tokenizer plain(vocab), pt(vocab);
-    const std::vector<llama_token> prompt = pt.tokenize(t.prompt_text);
-    plain.record(t.prompt_text, prompt, generated);
-    pt.record(t.prompt_text, prompt, generated);
-    ASSERT_TRUE(pt.record_delivered(t.prompt_text, prompt, generated, delivered));
-
-    const auto expected = continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + delivered.size());
+    const auto [prompt, expected] = record_answer(vocab, plain, pt, t, generated, delivered);
     const std::vector<llama_token> got = pt.tokenize(t.next_text);
     EXPECT_EQ(got, expected);
     EXPECT_NE(plain.tokenize(t.next_text), expected) << "without the delivered text, the answer is re-tokenized";
@@ -448,11 +457,7 @@ TEST(prompt_tokenizer, an_answer_delivered_with_replaced_bytes_maps_back_to_the_
     const turn t = chat_turn(model, {{{"role", "user"}, {"content", "Cost?"}}}, delivered);
 
     prompt_tokenizer plain(vocab), pt(vocab);
-    const std::vector<llama_token> prompt = pt.tokenize(t.prompt_text);
-    plain.record(t.prompt_text, prompt, generated);
-    pt.record(t.prompt_text, prompt, generated);
-    ASSERT_TRUE(pt.record_delivered(t.prompt_text, prompt, generated, delivered));
-    const auto expected = continued(vocab, prompt, generated, t.next_text, t.prompt_text.size() + delivered.size());
+    const auto expected = record_answer(vocab, plain, pt, t, generated, delivered).second;
     EXPECT_EQ(pt.tokenize(t.next_text), expected);
     EXPECT_NE(plain.tokenize(t.next_text), expected);
 }
