@@ -59,6 +59,16 @@ std::string render_metrics(const server_context& ctx) {
     metric(out, "keepwarm_cache_disk_bytes", "gauge", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
     metric(out, "keepwarm_cache_evictions_total", "counter", "Entries evicted from any tier",
            cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
+    const api::prompt_tokenizer::counters index = ctx.tokenizer->snapshot();
+    metric(out, "keepwarm_prompt_index_tokens", "gauge", "Tokens the prompt tokenizer's index holds",
+           static_cast<double>(index.tokens_held));
+    metric(out, "keepwarm_prompt_index_matched_tokens_total", "counter",
+           "Prompt tokens taken from the index instead of tokenizing", index.tokens_matched);
+    metric(out, "keepwarm_prompt_index_tokenized_tokens_total", "counter", "Prompt tokens produced by the tokenizer",
+           index.tokens_tokenized);
+    metric(out, "keepwarm_answers_delivered_differently_total", "counter",
+           "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
+           index.answers_delivered_differently);
     return out.str();
 }
 

@@ -4,7 +4,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, writeFileSync, truncateSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { startServer, curl, waitFor } from './harness.mjs';
+import { startServer, curl, metrics, waitFor } from './harness.mjs';
 
 const servers = [];
 after(async () => {
@@ -156,6 +156,9 @@ test('answers carried back reuse the tokens the model wrote, in the same run and
     }
     const index = (await curl(`${server.url}/v1/cache`)).body.prompt_index;
     assert.ok(index.answers_delivered_differently >= 1, `some answer reached the client trimmed: ${JSON.stringify(index)}`);
+    const m = await metrics(server.url);
+    assert.equal(m.keepwarm_answers_delivered_differently_total, index.answers_delivered_differently);
+    assert.equal(m.keepwarm_prompt_index_tokens, index.tokens_held);
 
     const answers = [];
     for (let i = 8; i < 14; i++) answers.push(await complete(server, first(i)));
