@@ -4,14 +4,12 @@
 
 #include <re2/re2.h>
 
-#include <toml++/toml.h>
 #include <cctype>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
+#include "config/toml-reader.h"
 #include "http/http-server.h"
 
 namespace keepwarm::policy {
@@ -42,34 +40,15 @@ bool contains(const auto& list, std::string_view key) {
     return false;
 }
 
-const char* type_name(const toml::node& n) {
-    switch (n.type()) {
-        case toml::node_type::table:
-            return "a table";
-        case toml::node_type::array:
-            return "an array";
-        case toml::node_type::string:
-            return "a string";
-        case toml::node_type::integer:
-            return "an integer";
-        case toml::node_type::floating_point:
-            return "a number";
-        case toml::node_type::boolean:
-            return "a boolean";
-        default:
-            return "a date or time";
-    }
-}
-
 // Walks the parsed document; every error names the file, line and column.
-class policy_reader {
+class policy_reader : config::toml_reader {
 public:
     policy_reader(std::string source, std::string served_model)
-        : source_(std::move(source)), served_model_(std::move(served_model)) {}
+        : toml_reader(std::move(source)), served_model_(std::move(served_model)) {}
 
     policy_config read(const toml::table& root) {
         policy_config config;
-        config.source = source_;
+        config.source = source();
         config.ping.enabled = true;  // with a policy file, pings are absorbed unless it says otherwise
         for (auto&& [key, node] : root) {
             const std::string_view k = key.str();
@@ -82,7 +61,8 @@ public:
                     read_option(option.str(), value, config.options);
                 }
             } else if (k == "client") {
-                for (const toml::node& entry : array(node, "client")) config.clients.push_back(read_client(entry));
+                for (const toml::node& entry : array_of_tables(node, "client"))
+                    config.clients.push_back(read_client(entry));
             } else if (k == "ping") {
                 read_ping(table(node, "ping"), config.ping);
             } else if (k == "spans") {
@@ -100,57 +80,6 @@ public:
     }
 
 private:
-    [[noreturn]] void fail(const toml::source_region& where, const std::string& message) const {
-        const int line = static_cast<int>(where.begin.line), column = static_cast<int>(where.begin.column);
-        throw policy_file_error(source_ + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + message,
-                                line, column);
-    }
-
-    [[noreturn]] void unknown(const toml::key& key, const char* where, const auto& known) const {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-        fail(key.source(), "unknown key '" + std::string(key.str()) + "' in " + where + " (known: " + list + ")");
-    }
-
-    [[noreturn]] void wrong_type(const toml::node& n, const std::string& what, const std::string& expected) const {
-        fail(n.source(), "'" + what + "' must be " + expected + ", not " + type_name(n));
-    }
-
-    const toml::table& table(const toml::node& n, const std::string& what) const {
-        if (!n.is_table()) wrong_type(n, what, "a table");
-        return *n.as_table();
-    }
-
-    const toml::array& array(const toml::node& n, const std::string& what) const {
-        if (!n.is_array()) wrong_type(n, what, "an array of tables ([[" + what + "]])");
-        return *n.as_array();
-    }
-
-    std::string string(const toml::node& n, const std::string& what) const {
-        if (!n.is_string()) wrong_type(n, what, "a string");
-        return n.as_string()->get();
-    }
-
-    bool boolean(const toml::node& n, const std::string& what) const {
-        if (!n.is_boolean()) wrong_type(n, what, "true or false");
-        return n.as_boolean()->get();
-    }
-
-    int64_t integer(const toml::node& n, const std::string& what, int64_t lo, int64_t hi) const {
-        if (!n.is_integer()) wrong_type(n, what, "an integer");
-        const int64_t v = n.as_integer()->get();
-        if (v < lo || v > hi) {
-            fail(n.source(), "'" + what + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi));
-        }
-        return v;
-    }
-
-    double number(const toml::node& n, const std::string& what) const {
-        if (n.is_integer()) return static_cast<double>(n.as_integer()->get());
-        if (!n.is_floating_point()) wrong_type(n, what, "a number");
-        return n.as_floating_point()->get();
-    }
-
     std::shared_ptr<const re2::RE2> regex(const toml::node& n, const std::string& what) const {
         re2::RE2::Options options;
         options.set_log_errors(false);
@@ -289,7 +218,7 @@ private:
             } else if (key.str() == "reply") {
                 ping.reply = string(node, "ping.reply");
             } else if (key.str() == "match") {
-                for (const toml::node& entry : array(node, "ping.match")) {
+                for (const toml::node& entry : array_of_tables(node, "ping.match")) {
                     request_matcher m;
                     for (auto&& [mk, mv] : table(entry, "ping.match")) {
                         if (!read_matcher_key(mk.str(), mv, "ping.match", m))
@@ -369,7 +298,7 @@ private:
                 pattern = string(node, what);
                 pattern_node = &node;
             } else {
-                unknown(key, ("[" + where + "]").c_str(),
+                unknown(key, "[" + where + "]",
                         builtin ? std::initializer_list<std::string_view>{"action", "replacement", "roles"}
                                 : std::initializer_list<std::string_view>{"name", "pattern", "action", "replacement",
                                                                           "roles"});
@@ -394,7 +323,7 @@ private:
         for (const builtin_span& b : builtin_spans()) names.insert(b.name);
         for (auto&& [key, node] : t) {
             if (key.str() == "rule") {
-                for (const toml::node& entry : array(node, "spans.rule")) {
+                for (const toml::node& entry : array_of_tables(node, "spans.rule")) {
                     custom.push_back(read_rule(table(entry, "spans.rule"), "spans.rule", nullptr));
                     if (!names.insert(custom.back().name()).second) {
                         fail(entry.source(), "span rule '" + custom.back().name() + "' is defined twice");
@@ -431,31 +360,17 @@ private:
         for (span_rule& r : custom) rules.push_back(std::move(r));
     }
 
-    std::string source_;
     std::string served_model_;
 };
 
 }  // namespace
 
 policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model) {
-    toml::table root;
-    try {
-        root = toml::parse(text, source_name);
-    } catch (const toml::parse_error& e) {
-        const auto& where = e.source().begin;
-        throw policy_file_error(source_name + ":" + std::to_string(where.line) + ":" + std::to_string(where.column) +
-                                    ": " + std::string(e.description()),
-                                static_cast<int>(where.line), static_cast<int>(where.column));
-    }
-    return policy_reader(source_name, served_model).read(root);
+    return policy_reader(source_name, served_model).read(config::parse_toml(text, source_name));
 }
 
 policy_config load_policy_file(const std::string& path, const std::string& served_model) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot read the policy file '" + path + "'");
-    std::ostringstream text;
-    text << in.rdbuf();
-    return parse_policy(text.str(), path, served_model);
+    return parse_policy(config::read_text_file(path, "policy file"), path, served_model);
 }
 
 }  // namespace keepwarm::policy

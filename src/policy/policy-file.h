@@ -3,21 +3,16 @@
 // (backreferences, lookaround), an alias that does not map to the served model.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "config/config-error.h"
 #include "policy/policy.h"
 
 namespace keepwarm::policy {
 
 // what() is "FILE:LINE:COLUMN: message".
-struct policy_file_error : std::runtime_error {
-    int line = 0;
-    int column = 0;
-    policy_file_error(const std::string& message, int line, int column)
-        : std::runtime_error(message), line(line), column(column) {}
-};
+using policy_file_error = config::config_file_error;
 
 // `served_model`: the name the server reports for its model; aliases must map to it (empty: not checked).
 policy_config load_policy_file(const std::string& path, const std::string& served_model);

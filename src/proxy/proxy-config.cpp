@@ -1,24 +1,22 @@
 // See proxy-config.h.
 #include "proxy/proxy-config.h"
 
-#include <toml++/toml.h>
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
-#include <sstream>
+
+#include "config/toml-reader.h"
 
 namespace keepwarm::proxy {
 
 namespace {
 
 // Walks the parsed file; every error names the file, line and column.
-class proxy_config_reader {
+class proxy_config_reader : config::toml_reader {
 public:
     proxy_config_reader(std::string source, std::string base_dir)
-        : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
+        : toml_reader(std::move(source)), base_dir_(std::move(base_dir)) {}
 
     proxy_settings read(const toml::table& root) const {
         proxy_settings s;
@@ -39,8 +37,7 @@ public:
             } else if (k == "health") {
                 read_health(table(node, "health"), s.pool);
             } else if (k == "upstream") {
-                if (!node.is_array()) wrong_type(node, "upstream", "an array of tables ([[upstream]])");
-                for (const toml::node& entry : *node.as_array()) {
+                for (const toml::node& entry : array_of_tables(node, "upstream")) {
                     s.upstreams.push_back(read_upstream(table(entry, "upstream")));
                 }
             } else {
@@ -51,55 +48,6 @@ public:
     }
 
 private:
-    [[noreturn]] void fail(const toml::source_region& where, const std::string& message) const {
-        const int line = static_cast<int>(where.begin.line), column = static_cast<int>(where.begin.column);
-        throw proxy_config_error(source_ + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + message,
-                                 line, column);
-    }
-
-    [[noreturn]] void unknown(const toml::key& key, const char* where,
-                              std::initializer_list<std::string_view> known) const {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-        fail(key.source(), "unknown key '" + std::string(key.str()) + "' in " + where + " (known: " + list + ")");
-    }
-
-    [[noreturn]] void wrong_type(const toml::node& n, const std::string& what, const std::string& expected) const {
-        fail(n.source(), "'" + what + "' must be " + expected);
-    }
-
-    const toml::table& table(const toml::node& n, const std::string& what) const {
-        if (!n.is_table()) wrong_type(n, what, "a table");
-        return *n.as_table();
-    }
-
-    std::string string(const toml::node& n, const std::string& what) const {
-        if (!n.is_string()) wrong_type(n, what, "a string");
-        return n.as_string()->get();
-    }
-
-    int64_t integer(const toml::node& n, const std::string& what, int64_t lo, int64_t hi) const {
-        if (!n.is_integer()) wrong_type(n, what, "an integer");
-        const int64_t v = n.as_integer()->get();
-        if (v < lo || v > hi) {
-            fail(n.source(), "'" + what + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi));
-        }
-        return v;
-    }
-
-    std::chrono::milliseconds seconds(const toml::node& n, const std::string& what) const {
-        double v = 0;
-        if (n.is_integer()) {
-            v = static_cast<double>(n.as_integer()->get());
-        } else if (n.is_floating_point()) {
-            v = n.as_floating_point()->get();
-        } else {
-            wrong_type(n, what, "a number of seconds");
-        }
-        if (!std::isfinite(v) || v <= 0 || v > 3600) fail(n.source(), "'" + what + "' must be between 0 and 3600 s");
-        return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(v * 1000)));
-    }
-
     void read_listen(const toml::table& t, http::server_options& http) const {
         for (auto&& [key, node] : t) {
             if (key.str() == "host") {
@@ -135,9 +83,9 @@ private:
     void read_health(const toml::table& t, pool_options& pool) const {
         for (auto&& [key, node] : t) {
             if (key.str() == "interval") {
-                pool.health_interval = seconds(node, "health.interval");
+                pool.health_interval = seconds(node, "health.interval", 3600);
             } else if (key.str() == "timeout") {
-                pool.health_timeout = seconds(node, "health.timeout");
+                pool.health_timeout = seconds(node, "health.timeout", 3600);
             } else {
                 unknown(key, "[health]", {"interval", "timeout"});
             }
@@ -169,31 +117,18 @@ private:
         return u;
     }
 
-    std::string source_;
     std::string base_dir_;
 };
 
 }  // namespace
 
 proxy_settings parse_proxy_config(std::string_view text, const std::string& source_name, const std::string& base_dir) {
-    toml::table root;
-    try {
-        root = toml::parse(text, source_name);
-    } catch (const toml::parse_error& e) {
-        const auto& where = e.source().begin;
-        throw proxy_config_error(source_name + ":" + std::to_string(where.line) + ":" + std::to_string(where.column) +
-                                     ": " + std::string(e.description()),
-                                 static_cast<int>(where.line), static_cast<int>(where.column));
-    }
-    return proxy_config_reader(source_name, base_dir).read(root);
+    return proxy_config_reader(source_name, base_dir).read(config::parse_toml(text, source_name));
 }
 
 proxy_settings load_proxy_config(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot read the proxy config file '" + path + "'");
-    std::ostringstream text;
-    text << in.rdbuf();
-    return parse_proxy_config(text.str(), path, std::filesystem::path(path).parent_path().string());
+    return parse_proxy_config(config::read_text_file(path, "proxy config file"), path,
+                              std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace keepwarm::proxy

@@ -4,11 +4,11 @@
 // stops start-up with its line and column.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "config/config-error.h"
 #include "http/http-server.h"
 #include "proxy/upstream-pool.h"
 
@@ -23,12 +23,7 @@ struct proxy_settings {
 };
 
 // what() is "FILE:LINE:COLUMN: message".
-struct proxy_config_error : std::runtime_error {
-    int line = 0;
-    int column = 0;
-    proxy_config_error(const std::string& message, int line, int column)
-        : std::runtime_error(message), line(line), column(column) {}
-};
+using proxy_config_error = config::config_file_error;
 
 // Reads the file; a relative `policy` path is taken from the file's folder.
 proxy_settings load_proxy_config(const std::string& path);
