@@ -41,7 +41,8 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
       router_(upstreams_.size(), options.routing),
       listed_models_(upstreams_.size()),
       connections_(upstreams_.size()),
-      bias_tokens_(upstreams_.size()) {}
+      bias_tokens_(upstreams_.size()),
+      bias_retries_(upstreams_.size(), 0) {}
 
 upstream_pool::~upstream_pool() {
     {
@@ -102,29 +103,49 @@ void upstream_pool::check_all() {
             ask_biases = healthy && !bias_tokens_[i] && !options_.bias_texts.empty();
         }
         if (ask_biases) {
-            auto tokens = resolve_bias_tokens(i, client);
-            std::lock_guard lock(mu_);
-            bias_tokens_[i] = std::move(tokens);
+            // A failure that may pass (timeout, 5xx) leaves the biases unbound until the next health check asks again.
+            if (auto tokens = resolve_bias_tokens(i, client)) {
+                std::lock_guard lock(mu_);
+                bias_tokens_[i] = std::move(*tokens);
+            }
         }
     }
 }
 
-std::map<std::string, int32_t> upstream_pool::resolve_bias_tokens(size_t i, const http::client_options& client) const {
+std::optional<std::map<std::string, int32_t>> upstream_pool::resolve_bias_tokens(size_t i,
+                                                                                 const http::client_options& client) {
     const upstream_config& u = upstreams_[i];
-    std::map<std::string, int32_t> tokens;
     const auto unbound = [&](const std::string& why) {
         std::fprintf(stderr, "keepwarm proxy: upstream %s: forced logit biases are not applied there (%s)\n",
                      u.origin.url().c_str(), why.c_str());
         return std::map<std::string, int32_t>{};
     };
+    const auto later = [&](const std::string& why) -> std::optional<std::map<std::string, int32_t>> {
+        if (bias_retries_[i]++ == 0) {
+            std::fprintf(stderr,
+                         "keepwarm proxy: upstream %s: forced logit biases not bound yet (%s); asking again at each "
+                         "health check\n",
+                         u.origin.url().c_str(), why.c_str());
+        }
+        return std::nullopt;
+    };
     if (u.dialect != upstream_dialect::openai) return unbound(std::string(dialect_name(u.dialect)) + " dialect");
     http::header_list headers;
     if (!u.api_key.empty()) headers.emplace_back("authorization", "Bearer " + u.api_key);
+    std::map<std::string, int32_t> tokens;
     for (const std::string& text : options_.bias_texts) {
         const json body = {{"content", text}, {"add_special", false}, {"parse_special", true}};
+        http::fetched answer;
         try {
-            const http::fetched answer = http::fetch(u.origin, "POST", "/tokenize", body.dump(), headers, client);
-            if (answer.status != 200) return unbound("POST /tokenize answered " + std::to_string(answer.status));
+            answer = http::fetch(u.origin, "POST", "/tokenize", body.dump(), headers, client);
+        } catch (const std::exception& e) {
+            return later(std::string("POST /tokenize: ") + e.what());
+        }
+        if (answer.status >= 500 || answer.status == 429) {
+            return later("POST /tokenize answered " + std::to_string(answer.status));
+        }
+        if (answer.status != 200) return unbound("POST /tokenize answered " + std::to_string(answer.status));
+        try {
             const json ids = json::parse(answer.body).at("tokens");
             const bool one = ids.size() == 1 && ids[0].is_number_integer();
             tokens[text] = one ? ids[0].get<int32_t>() : -1;
@@ -133,9 +154,10 @@ std::map<std::string, int32_t> upstream_pool::resolve_bias_tokens(size_t i, cons
                 one ? ("is token " + std::to_string(tokens[text])).c_str()
                     : ("is " + std::to_string(ids.size()) + " tokens of its model: not applied there").c_str());
         } catch (const std::exception& e) {
-            return unbound(std::string("POST /tokenize: ") + e.what());
+            return unbound(std::string("POST /tokenize answer: ") + e.what());
         }
     }
+    bias_retries_[i] = 0;
     return tokens;
 }
 

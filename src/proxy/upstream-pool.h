@@ -99,7 +99,9 @@ private:
     void health_loop();
     route route_for(const upstream_router::decision& d, const std::string& fallback_model) const;  // holds mu_
     // Asks upstream `i` for the token of each bias text; -1 for a text that is not one token. Empty when it cannot say.
-    std::map<std::string, int32_t> resolve_bias_tokens(size_t i, const http::client_options& client) const;
+    // The bias texts' token ids at upstream i (an empty map: they cannot be bound there); nullopt after a failure
+    // that may pass, to be asked again. Health-check thread only.
+    std::optional<std::map<std::string, int32_t>> resolve_bias_tokens(size_t i, const http::client_options& client);
 
     const std::vector<upstream_config> upstreams_;
     const pool_options options_;
@@ -121,7 +123,8 @@ private:
     overhead_samples overhead_;  // guarded by mu_
     // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up
     std::vector<std::optional<std::map<std::string, int32_t>>> bias_tokens_;
-    bool stopping_ = false;  // guarded by mu_
+    std::vector<int> bias_retries_;  // health-check thread only: failed attempts in a row, per upstream
+    bool stopping_ = false;          // guarded by mu_
     std::condition_variable stop_cv_;
     std::thread health_thread_;
 };
