@@ -7,6 +7,10 @@
 //
 //   node bench/proxy-load.mjs --model tiny.gguf [--keepwarm build/keepwarm] [--clients 64] [--seconds 300]
 //        [--warmup 30] [--max-tokens 8] [--slots 16] [--threads 1] [--json FILE]
+//        [--proxy-cpus LIST] [--upstream-cpus LIST]
+//
+// --proxy-cpus / --upstream-cpus pin the proxy and the upstreams (taskset -c LIST), so that on a small machine the
+// proxy does not wait for a core the engines hold; run the clients with `taskset -c` too, on the upstreams' cores.
 //
 // Each client has a conversation of its own (a system prompt of ~150 tokens unique to it, then one short user turn
 // per request), so the proxy routes all its requests to one upstream; the direct requests go to that same upstream
@@ -22,7 +26,7 @@ import { performance } from 'node:perf_hooks';
 
 const args = {
     keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 16,
-    threads: 1, json: '',
+    threads: 1, json: '', proxyCpus: '', upstreamCpus: '',
 };
 for (let i = 2; i < process.argv.length; i++) {
     const key = process.argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
@@ -47,9 +51,10 @@ async function freePort() {
     return port;
 }
 
-// Starts a keepwarm process and resolves with its URL once it listens.
-function start(name, argv) {
-    const proc = spawn(args.keepwarm, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+// Starts a keepwarm process and resolves with its URL once it listens; pinned to `cpus` (taskset's list) if given.
+function start(name, argv, cpus = '') {
+    const [file, argList] = cpus ? ['taskset', ['-c', cpus, args.keepwarm, ...argv]] : [args.keepwarm, argv];
+    const proc = spawn(file, argList, { stdio: ['ignore', 'pipe', 'pipe'] });
     const logFile = fs.createWriteStream(path.join(os.tmpdir(), `proxy-load-${name}.log`));
     let output = '';
     return new Promise((resolve, reject) => {
@@ -140,11 +145,15 @@ function percentile(sorted, p) {
 async function main() {
     const ctx = args.slots * 2048;
     log(`${args.clients} clients, ${args.seconds} s (${args.warmup} s warm-up), two upstreams of ${args.slots} slots, ` +
-        `model ${path.basename(args.model)}`);
+        `model ${path.basename(args.model)}` +
+        (args.proxyCpus || args.upstreamCpus ? `, proxy on cpus ${args.proxyCpus || 'any'}, upstreams on ` +
+            `${args.upstreamCpus || 'any'}` : ''));
     const ports = [await freePort(), await freePort()];
     const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
-        '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx)])));
-    const proxy = await start('proxy', ['proxy', '--port', '0', ...upstreams.flatMap((u) => ['--upstream', u.url])]);
+        '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx)],
+        args.upstreamCpus)));
+    const proxy = await start('proxy', ['proxy', '--port', '0', ...upstreams.flatMap((u) => ['--upstream', u.url])],
+        args.proxyCpus);
     const stopAll = () => [proxy, ...upstreams].forEach((p) => p.proc.kill('SIGTERM'));
     process.on('exit', stopAll);
 
