@@ -221,6 +221,12 @@ struct prompt_tokenizer::path {
     std::string text;                 // the prompt text, then the generated tokens' texts
     std::vector<std::string> pieces;  // per generated token: its text (the model's piece, or what the client got)
 
+    void add_generated(llama_token token, std::string piece) {
+        tokens.push_back(token);
+        text += piece;
+        pieces.push_back(std::move(piece));
+    }
+
     // The text of tokens[j] for a node that does not hold it yet: the vocab's piece for a prompt token, which must
     // spell the prompt text at `offset` (nullopt otherwise: the prompt is not what the text says).
     std::optional<std::string> text_of(const prompt_tokenizer& pt, size_t j, size_t offset) const {
@@ -275,28 +281,22 @@ std::pair<size_t, size_t> prompt_tokenizer::matched_tokens(const path& p) const 
     return {i, offset};
 }
 
-namespace {
-
-std::vector<llama_token> without_bos(std::span<const llama_token> prompt, bool add_bos, llama_token bos) {
+prompt_tokenizer::path prompt_tokenizer::prompt_path(std::string_view prompt_text,
+                                                     std::span<const llama_token> prompt) const {
     // The index holds text, and BOS is not part of the rendered text: tokenize() adds it back.
-    if (add_bos && !prompt.empty() && prompt.front() == bos) prompt = prompt.subspan(1);
-    return {prompt.begin(), prompt.end()};
+    if (add_bos_ && !prompt.empty() && prompt.front() == bos_) prompt = prompt.subspan(1);
+    path p;
+    p.tokens.assign(prompt.begin(), prompt.end());
+    p.prompt_size = p.tokens.size();
+    p.text = prompt_text;
+    return p;
 }
-
-}  // namespace
 
 void prompt_tokenizer::record(std::string_view prompt_text, std::span<const llama_token> prompt,
                               std::span<const llama_token> generated) {
     if (!indexed_ || !in_vocab(prompt) || !in_vocab(generated)) return;
-    path p;
-    p.tokens = without_bos(prompt, add_bos_, bos_);
-    p.prompt_size = p.tokens.size();
-    p.tokens.insert(p.tokens.end(), generated.begin(), generated.end());
-    p.text = prompt_text;
-    for (const llama_token t : generated) {
-        p.pieces.push_back(piece(t));
-        p.text += p.pieces.back();
-    }
+    path p = prompt_path(prompt_text, prompt);
+    for (const llama_token t : generated) p.add_generated(t, piece(t));
     insert(p);
 }
 
@@ -342,18 +342,13 @@ bool prompt_tokenizer::record_delivered(std::string_view prompt_text, std::span<
     // Each token keeps the part of `delivered` it produced; trimmed whitespace leaves its tokens without text. Of an
     // answer cut short, only the tokens the client got whole: the rest will not come back as they were.
     const size_t to = *from + delivered.size();
-    path p;
-    p.tokens = without_bos(prompt, add_bos_, bos_);
-    p.prompt_size = p.tokens.size();
-    p.text = prompt_text;
+    path p = prompt_path(prompt_text, prompt);
     size_t start = 0;
     for (size_t j = 0; j < seen.size(); ++j) {
         const size_t end = start + seen[j].size();
         if (!complete && end > to) break;
         const size_t a = std::clamp(start, *from, to), b = std::clamp(end, *from, to);
-        p.tokens.push_back(generated[j]);
-        p.pieces.push_back(all.substr(a, b - a));
-        p.text += p.pieces.back();
+        p.add_generated(generated[j], all.substr(a, b - a));
         start = end;
     }
     // A cut answer ends where the client's text does, not on a token that showed nothing (e.g. half a character).

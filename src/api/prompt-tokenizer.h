@@ -115,7 +115,8 @@ private:
     bool resume_after(const node& n, size_t i) const;
     walk_result walk_text(std::string_view text) const;  // caller holds mu_ (shared)
     bool in_vocab(std::span<const llama_token> tokens) const;
-    void insert(const path& p);  // takes mu_
+    path prompt_path(std::string_view prompt_text, std::span<const llama_token> prompt) const;  // no generated yet
+    void insert(const path& p);                                                                 // takes mu_
     // Tokens of `p` the index holds as one path (by id and text), and the text they cover. Caller holds mu_.
     std::pair<size_t, size_t> matched_tokens(const path& p) const;
     node* child_along(const node& at, const path& p, size_t i, size_t offset) const;  // caller holds mu_

@@ -647,9 +647,18 @@ TEST(prompt_tokenizer, reports_the_cost_of_a_38k_token_turn) {
         indexed_ms = std::min(indexed_ms, ms(t3, t4));
     }
     EXPECT_EQ(indexed, full);
+    // After the answer: the prompt (all of it known to the index) is recorded with the generated tokens.
+    const std::string text = renderer.render(api::parse_chat_request(body)).prompt;
+    const auto answer = common_tokenize(llama_model_get_vocab(model), " Done.", false, true);
+    double record_ms = 1e9;
+    for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = clock::now();
+        pt.record(text, indexed, answer);
+        record_ms = std::min(record_ms, ms(t0, clock::now()));
+    }
     std::printf(
         "38K-token turn (%zu tokens, %zu bytes of JSON, %d turns), best of 5:\n"
         "  JSON parse %.2f ms, typed request %.2f ms\n  render (Qwen3 template) %.2f ms\n  common_tokenize %.2f ms\n"
-        "  prompt_tokenizer::tokenize %.3f ms\n",
-        full.size(), raw.size(), turns, json_ms, typed_ms, render_ms, full_ms, indexed_ms);
+        "  prompt_tokenizer::tokenize %.3f ms\n  prompt_tokenizer::record %.3f ms\n",
+        full.size(), raw.size(), turns, json_ms, typed_ms, render_ms, full_ms, indexed_ms, record_ms);
 }
