@@ -18,6 +18,7 @@
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
 #include "server/server-context.h"
+#include "server/status-routes.h"
 
 namespace keepwarm {
 
@@ -74,7 +75,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
 }
 
 // What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
-// the policy, and the routing state.
+// the policy, the routing state, and its metrics.
 void register_proxy_status_routes(http::http_server& server, server_context& ctx, proxy::upstream_pool& pool) {
     server.add_route("GET", "/health",
                      [&pool](const http::request&, http::response_writer& w) {
@@ -87,6 +88,12 @@ void register_proxy_status_routes(http::http_server& server, server_context& ctx
                      {.requires_auth = false});
     server.add_route("GET", "/v1/cache", [&pool](const http::request&, http::response_writer& w) {
         w.send(200, "application/json", pool.cache_json().dump());
+    });
+    server.add_route("GET", "/metrics", [&ctx, &pool](const http::request&, http::response_writer& w) {
+        metrics_text out;
+        write_http_metrics(out, ctx.http);
+        pool.write_metrics(out);
+        w.send(200, "text/plain; version=0.0.4", out.str());
     });
     server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
         w.send(200, "application/json", ctx.policy->to_json().dump());

@@ -273,6 +273,9 @@ void upstream_pool::record_overhead(double forward_ms, double first_delta_ms) {
     }
     o.next = (o.next + 1) % overhead_window;
     o.count++;
+    o.forward_hist.record(forward_ms / 1000);
+    o.first_delta_hist.record(first_delta_ms / 1000);
+    o.total_hist.record((forward_ms + first_delta_ms) / 1000);
 }
 
 json upstream_pool::cache_json() const {
@@ -312,6 +315,48 @@ json upstream_pool::cache_json() const {
               {"min_match_blocks", r.min_match_blocks},
               {"rebalance_margin", r.rebalance_margin},
               {"max_blocks_per_upstream", r.max_blocks_per_upstream}}}};
+}
+
+void upstream_pool::write_metrics(metrics_text& out) const {
+    std::lock_guard lock(mu_);
+    using labels = metrics_text::labels;
+    const auto per_upstream = [&](const char* name, const char* type, const char* help, auto value) {
+        out.family(name, type, help);
+        for (size_t i = 0; i < upstreams_.size(); i++) {
+            out.sample(name, static_cast<double>(value(i)), labels{{"upstream", upstreams_[i].origin.url()}});
+        }
+    };
+    const auto stat = [this](auto member) { return [this, member](size_t i) { return router_.stats(i).*member; }; };
+    using s = upstream_router::upstream_stats;
+    per_upstream("keepwarm_proxy_upstream_up", "gauge", "1 while the upstream answers its health checks",
+                 stat(&s::healthy));
+    per_upstream("keepwarm_proxy_requests_total", "counter", "Requests sent to the upstream", stat(&s::requests));
+    per_upstream("keepwarm_proxy_prefix_hits_total", "counter",
+                 "Requests routed to the upstream because it was sent their prefix before", stat(&s::prefix_hits));
+    per_upstream("keepwarm_proxy_rebalanced_total", "counter",
+                 "Requests sent to the upstream although a longer prefix match was elsewhere (load won)",
+                 stat(&s::rebalanced));
+    per_upstream("keepwarm_proxy_in_flight", "gauge", "Requests the upstream is answering now", stat(&s::in_flight));
+    per_upstream("keepwarm_proxy_prefix_tree_blocks", "gauge", "Blocks in the upstream's prefix tree",
+                 stat(&s::tree_blocks));
+    per_upstream("keepwarm_proxy_prefix_tree_forgotten_total", "counter",
+                 "Times the upstream's prefix tree was dropped (it restarted or came back)", stat(&s::forgotten));
+    per_upstream("keepwarm_proxy_connections_opened_total", "counter",
+                 "Connections opened to the upstream for requests",
+                 [this](size_t i) { return connections_[i].opened; });
+    per_upstream("keepwarm_proxy_connections_reused_total", "counter",
+                 "Requests sent on a kept-alive connection to the upstream",
+                 [this](size_t i) { return connections_[i].reused; });
+    per_upstream("keepwarm_proxy_connections_idle", "gauge",
+                 "Kept-alive connections to the upstream waiting for a request",
+                 [this](size_t i) { return connections_[i].idle.size(); });
+    const char* added = "keepwarm_proxy_added_latency_seconds";
+    out.family(added, "histogram",
+               "What the proxy added to a request's time to first token: receiving it to sending it upstream "
+               "(forward), reading the first delta to passing it on (first_delta), and both (total)");
+    out.histogram(added, overhead_.forward_hist, labels{{"phase", "forward"}});
+    out.histogram(added, overhead_.first_delta_hist, labels{{"phase", "first_delta"}});
+    out.histogram(added, overhead_.total_hist, labels{{"phase", "total"}});
 }
 
 }  // namespace keepwarm::proxy

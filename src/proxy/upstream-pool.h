@@ -21,6 +21,7 @@
 #include "http/http-client.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-router.h"
+#include "server/metrics-text.h"
 
 namespace keepwarm::proxy {
 
@@ -83,7 +84,7 @@ public:
 
     // What the proxy added to one request's time to first token: from receiving it to sending it upstream, and from
     // reading the first delta's bytes to handing the delta to the route. The last 65536 requests are kept for the
-    // percentiles in cache_json().
+    // percentiles in cache_json(); every request is counted in the histograms of write_metrics().
     void record_overhead(double forward_ms, double first_delta_ms);
 
     size_t size() const { return upstreams_.size(); }
@@ -93,6 +94,9 @@ public:
     // GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,
     // in-flight load, and the size of its prefix tree.
     nlohmann::ordered_json cache_json() const;
+    // GET /metrics on the proxy: the same per upstream (labelled with its URL), connections, and the proxy's own
+    // share of time to first token as histograms (phase forward, first_delta, total).
+    void write_metrics(metrics_text& out) const;
 
 private:
     void check_all();
@@ -119,6 +123,7 @@ private:
         std::vector<float> forward, first_delta;  // ring buffers
         size_t next = 0;
         uint64_t count = 0;
+        latency_histogram forward_hist, first_delta_hist, total_hist;  // every request since the start
     };
     overhead_samples overhead_;  // guarded by mu_
     // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up

@@ -55,6 +55,7 @@ api::timings_info timings_of(const generation_stats& st) {
 
 void handle_messages(const generation_opener& open, server_context& ctx, const http::request& req,
                      http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
+    ctx.http.messages++;
     api::chat_request request = anthropic::parse_messages_request(parse_json_body(req));
     const std::string model = request.model;  // echoed as the client asked, whatever model serves it
     const bool stream = request.stream;

@@ -150,6 +150,7 @@ void check_thinking(const server_context& ctx, const api::chat_request& request)
 
 void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,
                  const std::shared_ptr<generation_request>& gen) {
+    ctx.http.ollama_chats++;
     api::chat_request request = ollama::parse_chat_request(parse_json_body(req));
     // Whatever model a request names is served by the loaded one, and the name is echoed back as asked (the policy
     // layer decides which names map to it).
@@ -220,6 +221,7 @@ void generate_raw(server_context& ctx, const ollama::generate_request& request, 
 
 void handle_generate(const generation_opener& open, server_context& ctx, const http::request& req,
                      http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
+    ctx.http.ollama_generates++;
     ollama::generate_request request = ollama::parse_generate_request(parse_json_body(req));
     const std::string model = request.chat.model;  // echoed as asked, as in handle_chat
     if (request.prompt.empty()) {                  // Ollama's "load the model" call: it is loaded

@@ -17,8 +17,11 @@
 namespace keepwarm {
 
 struct http_counters {
-    std::atomic<uint64_t> chat_completions{0};
-    std::atomic<uint64_t> completions{0};
+    std::atomic<uint64_t> chat_completions{0};  // OpenAI
+    std::atomic<uint64_t> completions{0};       // OpenAI, raw prompt
+    std::atomic<uint64_t> messages{0};          // Anthropic
+    std::atomic<uint64_t> ollama_chats{0};
+    std::atomic<uint64_t> ollama_generates{0};
     std::atomic<uint64_t> client_errors{0};  // 4xx answered by the API routes
     std::atomic<uint64_t> disconnects{0};    // clients gone before their answer was complete
 };

@@ -2,73 +2,72 @@
 #include "server/status-routes.h"
 
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace keepwarm {
 
 namespace {
 using json = nlohmann::ordered_json;
-
-void metric(std::ostringstream& out, const char* name, const char* type, const char* help, double value) {
-    out << "# HELP " << name << ' ' << help << '\n'
-        << "# TYPE " << name << ' ' << type << '\n'
-        << name << ' ' << value << '\n';
-}
 }  // namespace
+
+void write_http_metrics(metrics_text& out, const http_counters& c) {
+    out.counter("keepwarm_chat_completion_requests_total", "POST /v1/chat/completions requests (OpenAI)",
+                c.chat_completions.load());
+    out.counter("keepwarm_completion_requests_total", "POST /v1/completions requests (OpenAI, raw prompt)",
+                c.completions.load());
+    out.counter("keepwarm_messages_requests_total", "POST /v1/messages requests (Anthropic)", c.messages.load());
+    out.counter("keepwarm_ollama_chat_requests_total", "POST /api/chat requests (Ollama)", c.ollama_chats.load());
+    out.counter("keepwarm_ollama_generate_requests_total", "POST /api/generate requests (Ollama)",
+                c.ollama_generates.load());
+    out.counter("keepwarm_client_errors_total", "Requests answered with a 4xx", c.client_errors.load());
+    out.counter("keepwarm_client_disconnects_total", "Clients gone before their answer was complete",
+                c.disconnects.load());
+}
 
 std::string render_metrics(const server_context& ctx) {
     const engine_counters& c = ctx.llm->counters();
     const auto slots = ctx.llm->slots();
     int busy = 0;
     for (const auto& s : slots) busy += s.busy ? 1 : 0;
-    std::ostringstream out;
-    out.precision(12);
-    metric(out, "keepwarm_requests_total", "counter", "Generation requests admitted to a slot", c.requests.load());
-    metric(out, "keepwarm_chat_completion_requests_total", "counter", "POST /v1/chat/completions requests",
-           ctx.http.chat_completions.load());
-    metric(out, "keepwarm_completion_requests_total", "counter", "POST /v1/completions requests",
-           ctx.http.completions.load());
-    metric(out, "keepwarm_client_errors_total", "counter", "Requests answered with a 4xx",
-           ctx.http.client_errors.load());
-    metric(out, "keepwarm_prompt_tokens_total", "counter", "Prompt tokens received", c.prompt_tokens.load());
-    metric(out, "keepwarm_reused_tokens_total", "counter", "Prompt tokens whose KV was reused from the cache",
-           c.reused_tokens.load());
-    metric(out, "keepwarm_computed_prompt_tokens_total", "counter", "Prompt tokens computed (prefill)",
-           c.computed_tokens.load());
-    metric(out, "keepwarm_generated_tokens_total", "counter", "Tokens generated", c.generated_tokens.load());
-    metric(out, "keepwarm_prefill_seconds_total", "counter", "Time spent computing prompts, summed over requests",
-           c.prefill_us.load() / 1e6);
-    metric(out, "keepwarm_decode_seconds_total", "counter", "Time spent generating, summed over requests",
-           c.decode_us.load() / 1e6);
-    metric(out, "keepwarm_decode_steps_total", "counter", "llama_decode calls", c.decode_steps.load());
-    metric(out, "keepwarm_shared_decode_steps_total", "counter",
-           "llama_decode calls that carried tokens of several slots (continuous batching)",
-           c.shared_decode_steps.load());
-    metric(out, "keepwarm_requests_cancelled_total", "counter", "Generations stopped because the client went away",
-           c.cancelled.load());
-    metric(out, "keepwarm_request_errors_total", "counter", "Generations that ended with an error", c.errors.load());
-    metric(out, "keepwarm_slots", "gauge", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
-    metric(out, "keepwarm_slots_busy", "gauge", "Slots serving a request", busy);
-    metric(out, "keepwarm_queue_depth", "gauge", "Requests waiting for a slot", ctx.llm->queued());
+    metrics_text out;
+    out.counter("keepwarm_requests_total", "Generation requests admitted to a slot", c.requests.load());
+    write_http_metrics(out, ctx.http);
+    out.counter("keepwarm_prompt_tokens_total", "Prompt tokens received", c.prompt_tokens.load());
+    out.counter("keepwarm_reused_tokens_total", "Prompt tokens whose KV was reused from the cache",
+                c.reused_tokens.load());
+    out.counter("keepwarm_computed_prompt_tokens_total", "Prompt tokens computed (prefill)", c.computed_tokens.load());
+    out.counter("keepwarm_generated_tokens_total", "Tokens generated", c.generated_tokens.load());
+    out.counter("keepwarm_prefill_seconds_total", "Time spent computing prompts, summed over requests",
+                c.prefill_us.load() / 1e6);
+    out.counter("keepwarm_decode_seconds_total", "Time spent generating, summed over requests",
+                c.decode_us.load() / 1e6);
+    out.counter("keepwarm_decode_steps_total", "llama_decode calls", c.decode_steps.load());
+    out.counter("keepwarm_shared_decode_steps_total",
+                "llama_decode calls that carried tokens of several slots (continuous batching)",
+                c.shared_decode_steps.load());
+    out.counter("keepwarm_requests_cancelled_total", "Generations stopped because the client went away",
+                c.cancelled.load());
+    out.counter("keepwarm_request_errors_total", "Generations that ended with an error", c.errors.load());
+    out.gauge("keepwarm_slots", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
+    out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
+    out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", ctx.llm->queued());
     const cache_snapshot cache = ctx.llm->cache_stats();
-    metric(out, "keepwarm_cache_hits_total", "counter", "Requests that reused cached KV", cache.hits);
-    metric(out, "keepwarm_cache_misses_total", "counter", "Requests that reused nothing", cache.misses);
-    metric(out, "keepwarm_cache_device_tokens", "gauge", "Tokens whose KV cells the context holds",
-           cache.device.tokens);
-    metric(out, "keepwarm_cache_ram_bytes", "gauge", "Bytes of KV blocks and checkpoints in RAM", cache.ram.bytes);
-    metric(out, "keepwarm_cache_disk_bytes", "gauge", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
-    metric(out, "keepwarm_cache_evictions_total", "counter", "Entries evicted from any tier",
-           cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
+    out.counter("keepwarm_cache_hits_total", "Requests that reused cached KV", cache.hits);
+    out.counter("keepwarm_cache_misses_total", "Requests that reused nothing", cache.misses);
+    out.gauge("keepwarm_cache_device_tokens", "Tokens whose KV cells the context holds", cache.device.tokens);
+    out.gauge("keepwarm_cache_ram_bytes", "Bytes of KV blocks and checkpoints in RAM", cache.ram.bytes);
+    out.gauge("keepwarm_cache_disk_bytes", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
+    out.counter("keepwarm_cache_evictions_total", "Entries evicted from any tier",
+                cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
     const api::prompt_tokenizer::counters index = ctx.tokenizer->snapshot();
-    metric(out, "keepwarm_prompt_index_tokens", "gauge", "Tokens the prompt tokenizer's index holds",
-           static_cast<double>(index.tokens_held));
-    metric(out, "keepwarm_prompt_index_matched_tokens_total", "counter",
-           "Prompt tokens taken from the index instead of tokenizing", index.tokens_matched);
-    metric(out, "keepwarm_prompt_index_tokenized_tokens_total", "counter", "Prompt tokens produced by the tokenizer",
-           index.tokens_tokenized);
-    metric(out, "keepwarm_answers_delivered_differently_total", "counter",
-           "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
-           index.answers_delivered_differently);
+    out.gauge("keepwarm_prompt_index_tokens", "Tokens the prompt tokenizer's index holds",
+              static_cast<double>(index.tokens_held));
+    out.counter("keepwarm_prompt_index_matched_tokens_total",
+                "Prompt tokens taken from the index instead of tokenizing", index.tokens_matched);
+    out.counter("keepwarm_prompt_index_tokenized_tokens_total", "Prompt tokens produced by the tokenizer",
+                index.tokens_tokenized);
+    out.counter("keepwarm_answers_delivered_differently_total",
+                "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
+                index.answers_delivered_differently);
     return out.str();
 }
 

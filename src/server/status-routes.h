@@ -3,6 +3,7 @@
 #pragma once
 
 #include "http/http-server.h"
+#include "server/metrics-text.h"
 #include "server/server-context.h"
 
 namespace keepwarm {
@@ -11,5 +12,9 @@ void register_status_routes(http::http_server& server, server_context& ctx);
 
 // Prometheus text exposition of the engine and HTTP counters.
 std::string render_metrics(const server_context& ctx);
+
+// The API routes' counters (requests per API, 4xx answers, clients gone early): served by `keepwarm serve` and
+// `keepwarm proxy` alike.
+void write_http_metrics(metrics_text& out, const http_counters& c);
 
 }  // namespace keepwarm

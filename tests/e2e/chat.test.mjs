@@ -178,6 +178,29 @@ test('/metrics counts requests and tokens in Prometheus text format', async () =
                  value('keepwarm_reused_tokens_total') + value('keepwarm_computed_prompt_tokens_total'));
 });
 
+test('/metrics counts requests per API', async () => {
+    const before = await metrics(server.url);
+    const messages = [{ role: 'user', content: 'Count me.' }];
+    const post = async (route, body) => {
+        const { status } = await curl(`${server.url}${route}`, { method: 'POST', body });
+        assert.equal(status, 200, route);
+    };
+    await post('/v1/chat/completions', { model: 'tiny', messages, max_tokens: 1 });
+    await post('/v1/completions', { model: 'tiny', prompt: 'Count me.', max_tokens: 1 });
+    await post('/v1/messages', { model: 'tiny', messages, max_tokens: 1 });
+    await post('/api/chat', { model: 'tiny', messages, stream: false, options: { num_predict: 1 } });
+    await post('/api/generate', { model: 'tiny', prompt: 'Count me.', stream: false, options: { num_predict: 1 } });
+    await post('/api/generate', { model: 'tiny', prompt: 'Count me twice.', stream: false, options: { num_predict: 1 } });
+    const after = await metrics(server.url);
+    const added = (name) => after[name] - (before[name] ?? 0);
+    assert.equal(added('keepwarm_chat_completion_requests_total'), 1);
+    assert.equal(added('keepwarm_completion_requests_total'), 1);
+    assert.equal(added('keepwarm_messages_requests_total'), 1);
+    assert.equal(added('keepwarm_ollama_chat_requests_total'), 1);
+    assert.equal(added('keepwarm_ollama_generate_requests_total'), 2);
+    assert.equal(added('keepwarm_requests_total'), 6);
+});
+
 test('logit_bias steers sampling: a banned token never appears, a favoured one always does', async () => {
     const params = { model: 'tiny', messages: [{ role: 'user', content: 'Bias me.' }], temperature: 0, max_tokens: 8,
                      ignore_eos: true };

@@ -96,11 +96,12 @@ export async function curl(url, { method = 'GET', body, headers = {}, raw = fals
     }
 }
 
+// /metrics as { name: value }; a labelled sample is keyed as written, e.g. 'requests_total{upstream="http://..."}'.
 export async function metrics(url) {
     const { body } = await curl(`${url}/metrics`, { raw: true });
     const values = {};
     for (const line of body.split('\n')) {
-        const m = line.match(/^(\w+) ([0-9.e+-]+)$/);
+        const m = line.match(/^(\w+(?:\{[^}]*\})?) ([0-9.e+-]+)$/);
         if (m) values[m[1]] = Number(m[2]);
     }
     return values;

@@ -13,7 +13,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { Ollama } from 'ollama';
-import { binary, testModel, curl, waitFor } from './harness.mjs';
+import { binary, testModel, curl, metrics, waitFor } from './harness.mjs';
 
 // Starts a keepwarm process (serve or proxy) and resolves once it listens.
 async function startProcess(args) {
@@ -130,6 +130,24 @@ test('a conversation stays on one upstream across turns, and reuses its prefix t
     for (const part of ['forward', 'first_delta', 'total']) {
         assert.ok(state.overhead_ms[part].p50 >= 0 && state.overhead_ms[part].p50 <= state.overhead_ms[part].max);
     }
+    // The same on /metrics, per upstream, with the proxy's share of each turn's TTFT as a histogram.
+    const m = await metrics(proxy.url);
+    const at = (name) => m[`${name}{upstream="${home.url}"}`];
+    assert.equal(at('keepwarm_proxy_requests_total'), 3);
+    assert.equal(at('keepwarm_proxy_prefix_hits_total'), 2);
+    assert.equal(at('keepwarm_proxy_upstream_up'), 1);
+    assert.equal(at('keepwarm_proxy_in_flight'), 0);
+    assert.equal(at('keepwarm_proxy_connections_opened_total'), 1);
+    assert.equal(at('keepwarm_proxy_connections_reused_total'), 2);
+    assert.equal(m.keepwarm_chat_completion_requests_total, 3);
+    for (const phase of ['forward', 'first_delta', 'total']) {
+        assert.equal(m[`keepwarm_proxy_added_latency_seconds_count{phase="${phase}"}`], 3, phase);
+        assert.equal(m[`keepwarm_proxy_added_latency_seconds_bucket{phase="${phase}",le="+Inf"}`], 3, phase);
+        assert.ok(m[`keepwarm_proxy_added_latency_seconds_sum{phase="${phase}"}`] > 0, phase);
+    }
+    // Cumulative buckets never decrease.
+    const buckets = Object.entries(m).filter(([k]) => k.startsWith('keepwarm_proxy_added_latency_seconds_bucket{phase="total"'));
+    for (let i = 1; i < buckets.length; i++) assert.ok(buckets[i][1] >= buckets[i - 1][1], JSON.stringify(buckets));
 });
 
 test('different conversations spread over the upstreams', async () => {
