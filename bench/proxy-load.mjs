@@ -1,13 +1,18 @@
 #!/usr/bin/env node
 // keepwarm proxy under load, side by side: N concurrent streaming clients for S seconds against two `keepwarm serve`
-// upstreams, each client alternating between a request straight to its upstream and the same kind of request
-// through the proxy (so both paths see the same load at the same time). Reports protocol errors, time to first
+// upstreams, each client sending each request either straight to its upstream or through the proxy, by a coin flip
+// (so both paths see the same load at the same moments). Reports protocol errors, time to first
 // token (p50/p99) direct and through the proxy and their difference, and the proxy's RSS over time (flat after
-// warm-up or not).
+// warm-up or not), and the proxy's own account of what it added (its /metrics histograms, scraped when the warm-up
+// ends and at the end, so the warm-up's connection openings are left out as they are from the TTFTs).
 //
 //   node bench/proxy-load.mjs --model tiny.gguf [--keepwarm build/keepwarm] [--clients 64] [--seconds 300]
-//        [--warmup 30] [--max-tokens 8] [--slots 16] [--threads 1] [--json FILE]
+//        [--warmup 30] [--max-tokens 8] [--slots N] [--threads 1] [--json FILE]
 //        [--proxy-cpus LIST] [--upstream-cpus LIST]
+//
+// --slots is per upstream; the default, clients / 2, gives each client a slot of its own, so that its conversation's
+// prefix stays there and a TTFT is the engine's short prefill plus the wait for the next batch, not a queue behind
+// other clients' prompts (which would bury a millisecond of proxy under seconds of engine noise).
 //
 // --proxy-cpus / --upstream-cpus pin the proxy and the upstreams (taskset -c LIST), so that on a small machine the
 // proxy does not wait for a core the engines hold; run the clients with `taskset -c` too, on the upstreams' cores.
@@ -25,7 +30,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 
 const args = {
-    keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 16,
+    keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 0,
     threads: 1, json: '', proxyCpus: '', upstreamCpus: '',
 };
 for (let i = 2; i < process.argv.length; i++) {
@@ -142,7 +147,36 @@ function percentile(sorted, p) {
     return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
 }
 
+// The proxy's /metrics histogram of what it added to TTFT, per phase: { phase: { le: cumulative count } }.
+async function addedLatencyBuckets(url) {
+    const text = await new Promise((resolve, reject) => {
+        http.get(new URL('/metrics', url), (res) => {
+            let body = '';
+            res.on('data', (c) => { body += c; });
+            res.on('end', () => resolve(body));
+        }).on('error', reject);
+    });
+    const out = {};
+    for (const m of text.matchAll(/^keepwarm_proxy_added_latency_seconds_bucket\{phase="(\w+)",le="([^"]+)"\} (\d+)$/gm)) {
+        (out[m[1]] ??= {})[m[2]] = Number(m[3]);
+    }
+    return out;
+}
+
+// Percentiles of the requests counted between two scrapes, as the upper bound of the bucket each falls in (ms).
+function bucketPercentiles(before, after) {
+    const les = Object.keys(after).sort((a, b) => (a === '+Inf') - (b === '+Inf') || Number(a) - Number(b));
+    const counts = les.map((le) => after[le] - (before?.[le] ?? 0));
+    const n = counts.at(-1);
+    const at = (p) => {
+        const i = counts.findIndex((c) => c >= Math.ceil(p * n));
+        return les[i] === '+Inf' ? Infinity : Number(les[i]) * 1000;
+    };
+    return n > 0 ? { requests: n, p50_at_most: at(0.5), p99_at_most: at(0.99) } : { requests: 0 };
+}
+
 async function main() {
+    if (!args.slots) args.slots = Math.ceil(args.clients / 2);
     const ctx = args.slots * 2048;
     log(`${args.clients} clients, ${args.seconds} s (${args.warmup} s warm-up), two upstreams of ${args.slots} slots, ` +
         `model ${path.basename(args.model)}` +
@@ -162,17 +196,23 @@ async function main() {
     const started = performance.now();
     const elapsed = () => (performance.now() - started) / 1000;
     const sampler = setInterval(() => rss.push([elapsed(), rssKiB(proxy.proc.pid)]), 1000);
+    let bucketsAtWarmupEnd = null;
+    const warmupTimer = setTimeout(async () => { bucketsAtWarmupEnd = await addedLatencyBuckets(proxy.url); },
+        args.warmup * 1000);
 
     const system = (c) => `You are agent ${c} of the load test. ` +
         Array.from({ length: 12 }, (_, i) => `Rule ${i + 1} for agent ${c}: keep answers short and exact.`).join(' ');
     async function client(c) {
         let home = null;
+        // Clients start spread over a second, and each request picks its path by a coin flip: clients that move in
+        // step would send all their proxied requests in one wave and all their direct ones in the next.
+        await new Promise((resolve) => setTimeout(resolve, Math.random() * 1000));
         for (let turn = 0; elapsed() < args.seconds; turn++) {
             const body = {
                 model: 'load', stream: true, max_tokens: args.maxTokens, temperature: 0,
                 messages: [{ role: 'system', content: system(c) }, { role: 'user', content: `turn ${turn}` }],
             };
-            const viaProxy = home === null || turn % 2 === 1;
+            const viaProxy = home === null || Math.random() < 0.5;
             const t = elapsed();
             const r = await request(viaProxy ? proxy.url : home, body);
             if (viaProxy && r.upstream) home = r.upstream;
@@ -181,6 +221,10 @@ async function main() {
     }
     await Promise.all(Array.from({ length: args.clients }, (_, c) => client(c)));
     clearInterval(sampler);
+    clearTimeout(warmupTimer);
+    const bucketsAtEnd = await addedLatencyBuckets(proxy.url);
+    const ownAfterWarmup = Object.fromEntries(Object.entries(bucketsAtEnd)
+        .map(([phase, after]) => [phase, bucketPercentiles(bucketsAtWarmupEnd?.[phase], after)]));
     // The proxy's own account of what it added (receive -> sent upstream, first delta read -> handed to the route).
     const own = await new Promise((resolve) => {
         http.get(new URL('/v1/cache', proxy.url), (res) => {
@@ -211,6 +255,7 @@ async function main() {
         },
         added_ms: { p50: percentile(proxied, 50) - percentile(direct, 50), p99: percentile(proxied, 99) - percentile(direct, 99) },
         proxy_own_overhead_ms: own,
+        proxy_own_after_warmup_ms: ownAfterWarmup,
         proxy_rss_kib: {
             at_warmup_end: afterWarmup[0]?.[1] ?? null, final: afterWarmup.at(-1)?.[1] ?? null,
             max: Math.max(...afterWarmup.map(([, k]) => k)), slope_kib_per_min: slope,
@@ -223,8 +268,15 @@ async function main() {
     console.log(`| through the proxy | ${proxied.length} | ${f(summary.ttft_ms.proxy.p50)} | ${f(summary.ttft_ms.proxy.p99)} |`);
     console.log(`| added by the proxy | | ${f(summary.added_ms.p50)} | ${f(summary.added_ms.p99)} |`);
     if (own?.total) {
-        console.log(`| the proxy's own account (forward + first delta) | ${own.requests} | ${f(own.total.p50)} | ` +
-            `${f(own.total.p99)} |`);
+        console.log(`| the proxy's own account, whole run incl. warm-up (forward + first delta) | ${own.requests} | ` +
+            `${f(own.total.p50)} | ${f(own.total.p99)} |`);
+    }
+    for (const phase of ['forward', 'first_delta', 'total']) {
+        const b = ownAfterWarmup[phase];
+        if (b?.requests) {
+            console.log(`| the proxy's own account after warm-up, ${phase} (bucket bound) | ${b.requests} | ` +
+                `<= ${f(b.p50_at_most)} | <= ${f(b.p99_at_most)} |`);
+        }
     }
     const r = summary.proxy_rss_kib;
     console.log(`proxy RSS after warm-up ${r.at_warmup_end} KiB, final ${r.final} KiB, max ${r.max} KiB, ` +
