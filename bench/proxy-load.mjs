@@ -7,12 +7,14 @@
 // ends and at the end, so the warm-up's connection openings are left out as they are from the TTFTs).
 //
 //   node bench/proxy-load.mjs --model tiny.gguf [--keepwarm build/keepwarm] [--clients 64] [--seconds 300]
-//        [--warmup 30] [--max-tokens 8] [--slots N] [--threads 1] [--json FILE]
+//        [--warmup 30] [--max-tokens 8] [--slots N] [--threads 1] [--think-ms 0] [--json FILE]
 //        [--proxy-cpus LIST] [--upstream-cpus LIST]
 //
-// --slots is per upstream; the default, clients / 2, gives each client a slot of its own, so that its conversation's
-// prefix stays there and a TTFT is the engine's short prefill plus the wait for the next batch, not a queue behind
-// other clients' prompts (which would bury a millisecond of proxy under seconds of engine noise).
+// --slots is per upstream; the default, as many as there are clients, gives each client a slot of its own whichever
+// upstream the proxy sends it to, so that its conversation's prefix stays there and a TTFT is the engine's short prefill plus the wait for the next batch, not a queue behind
+// other clients' prompts (which would bury a millisecond of proxy under seconds of engine noise). --think-ms makes
+// each client pause between its requests (uniformly 0 to twice that), as an agent does while it runs a tool: with
+// the engines not saturated, a TTFT is mostly the short prefill and varies by milliseconds, not seconds.
 //
 // --proxy-cpus / --upstream-cpus pin the proxy and the upstreams (taskset -c LIST), so that on a small machine the
 // proxy does not wait for a core the engines hold; run the clients with `taskset -c` too, on the upstreams' cores.
@@ -30,7 +32,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 
 const args = {
-    keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 0,
+    keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 0, thinkMs: 0,
     threads: 1, json: '', proxyCpus: '', upstreamCpus: '',
 };
 for (let i = 2; i < process.argv.length; i++) {
@@ -176,7 +178,7 @@ function bucketPercentiles(before, after) {
 }
 
 async function main() {
-    if (!args.slots) args.slots = Math.ceil(args.clients / 2);
+    if (!args.slots) args.slots = args.clients;
     const ctx = args.slots * 2048;
     log(`${args.clients} clients, ${args.seconds} s (${args.warmup} s warm-up), two upstreams of ${args.slots} slots, ` +
         `model ${path.basename(args.model)}` +
@@ -186,7 +188,10 @@ async function main() {
     const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
         '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx)],
         args.upstreamCpus)));
-    const proxy = await start('proxy', ['proxy', '--port', '0', ...upstreams.flatMap((u) => ['--upstream', u.url])],
+    // No rebalancing: a client's proxied requests stay on the upstream its direct ones go to, so that both paths
+    // find its prefix in the same cache (a move would cost the proxied request a cold prefill, not proxy time).
+    const proxy = await start('proxy', ['proxy', '--port', '0', '--rebalance-margin', '1000000',
+        ...upstreams.flatMap((u) => ['--upstream', u.url])],
         args.proxyCpus);
     const stopAll = () => [proxy, ...upstreams].forEach((p) => p.proc.kill('SIGTERM'));
     process.on('exit', stopAll);
@@ -217,6 +222,7 @@ async function main() {
             const r = await request(viaProxy ? proxy.url : home, body);
             if (viaProxy && r.upstream) home = r.upstream;
             results.push({ path: viaProxy ? 'proxy' : 'direct', t, ...r });
+            if (args.thinkMs > 0) await new Promise((resolve) => setTimeout(resolve, Math.random() * 2 * args.thinkMs));
         }
     }
     await Promise.all(Array.from({ length: args.clients }, (_, c) => client(c)));
