@@ -185,16 +185,22 @@ async function main() {
         (args.proxyCpus || args.upstreamCpus ? `, proxy on cpus ${args.proxyCpus || 'any'}, upstreams on ` +
             `${args.upstreamCpus || 'any'}` : ''));
     const ports = [await freePort(), await freePort()];
+    // Each upstream gets a cache directory of its own, new for this run: nothing from an earlier run (disk tier,
+    // prompt index) is reused, and the two do not share one.
+    const cacheDirs = ports.map((_, i) => fs.mkdtempSync(path.join(os.tmpdir(), `proxy-load-cache-${i}-`)));
     const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
-        '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx)],
-        args.upstreamCpus)));
+        '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx),
+        '--cache-dir', cacheDirs[i]], args.upstreamCpus)));
     // No rebalancing: a client's proxied requests stay on the upstream its direct ones go to, so that both paths
     // find its prefix in the same cache (a move would cost the proxied request a cold prefill, not proxy time).
     const proxy = await start('proxy', ['proxy', '--port', '0', '--rebalance-margin', '1000000',
         ...upstreams.flatMap((u) => ['--upstream', u.url])],
         args.proxyCpus);
     const stopAll = () => [proxy, ...upstreams].forEach((p) => p.proc.kill('SIGTERM'));
-    process.on('exit', stopAll);
+    process.on('exit', () => {
+        stopAll();
+        for (const dir of cacheDirs) fs.rmSync(dir, { recursive: true, force: true });
+    });
 
     const results = [];  // { path, ttft, total, t } or { path, error, t }
     const rss = [];  // [seconds, KiB]
