@@ -272,7 +272,6 @@ void upstream_pool::record_overhead(double forward_ms, double first_delta_ms) {
         o.first_delta[o.next] = static_cast<float>(first_delta_ms);
     }
     o.next = (o.next + 1) % overhead_window;
-    o.count++;
     o.forward_hist.record(forward_ms / 1000);
     o.first_delta_hist.record(first_delta_ms / 1000);
     o.total_hist.record((forward_ms + first_delta_ms) / 1000);
@@ -305,7 +304,7 @@ json upstream_pool::cache_json() const {
     for (size_t i = 0; i < total.size(); i++) total[i] = overhead_.forward[i] + overhead_.first_delta[i];
     return {{"upstreams", std::move(list)},
             {"overhead_ms",
-             {{"requests", overhead_.count},
+             {{"requests", overhead_.total_hist.count()},
               {"window", overhead_.forward.size()},
               {"forward", percentiles(overhead_.forward)},
               {"first_delta", percentiles(overhead_.first_delta)},

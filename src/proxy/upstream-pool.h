@@ -122,8 +122,8 @@ private:
     struct overhead_samples {
         std::vector<float> forward, first_delta;  // ring buffers
         size_t next = 0;
-        uint64_t count = 0;
-        latency_histogram forward_hist, first_delta_hist, total_hist;  // every request since the start
+        latency_histogram forward_hist, first_delta_hist,
+            total_hist;  // every request since the start (and their count)
     };
     overhead_samples overhead_;  // guarded by mu_
     // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up
