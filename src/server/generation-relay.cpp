@@ -1,8 +1,12 @@
 // See generation-relay.h.
 #include "server/generation-relay.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
+
+#include "api/bounded-json.h"
 
 namespace keepwarm {
 
@@ -18,8 +22,11 @@ json parse_json_body(const http::request& req) {
     if (req.body.empty()) throw http::http_error(400, "request body is empty; expected a JSON object");
     json body;
     try {
-        body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
+        // Linear in the number of keys, and bounded in depth before anything recurses over the tree.
+        body = bounded_json::parse(req.body);
+    } catch (const bounded_json::depth_error& e) {
+        throw http::http_error(400, std::string("request body ") + e.what());
+    } catch (const bounded_json::limit_error& e) {
         throw http::http_error(400, std::string("request body is not valid JSON: ") + e.what());
     }
     if (!body.is_object()) throw http::http_error(400, "request body must be a JSON object");
@@ -31,10 +38,49 @@ void set_prompt(const server_context& ctx, generation_request& gen, std::string 
     gen.prompt_text = std::move(text);
 }
 
+namespace {
+// The most bytes of text one token stands for: its longest piece. Computed once per vocab (a pass over it takes
+// milliseconds); 0 where the tokenizer may shrink text before splitting it (WPM lowercases and strips accents, UGM
+// normalizes), so no bound follows from piece lengths.
+size_t longest_piece_bytes(const llama_vocab* vocab) {
+    static std::mutex mu;
+    static const llama_vocab* measured = nullptr;
+    static size_t longest = 0;
+    std::lock_guard lock(mu);
+    if (measured == vocab) return longest;
+    longest = 0;
+    const auto type = llama_vocab_type(vocab);
+    if (type == LLAMA_VOCAB_TYPE_SPM || type == LLAMA_VOCAB_TYPE_BPE) {
+        char piece[512];
+        const int n_vocab = llama_vocab_n_tokens(vocab);
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            const int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, /*special=*/true);
+            longest = std::max(longest, static_cast<size_t>(n < 0 ? -n : n));
+        }
+    }
+    measured = vocab;
+    return longest;
+}
+}  // namespace
+
+size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes) {
+    const size_t longest = longest_piece_bytes(vocab);
+    return longest == 0 ? 0 : (bytes + longest - 1) / longest;
+}
+
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
+    const int limit = ctx.llm->slot_context_size();
+    // Tokenizing takes about 2 s per MB: a prompt too long to fit whatever it says is refused before that.
+    if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), prompt.size());
+        at_least >= static_cast<size_t>(limit)) {
+        throw http::http_error(400,
+                               "the prompt has " + std::to_string(prompt.size()) + " bytes, at least " +
+                                   std::to_string(at_least) + " tokens, but the context holds " +
+                                   std::to_string(limit) + " tokens per request",
+                               "exceed_context_size_error");
+    }
     auto tokens = ctx.tokenizer->tokenize(prompt);
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
-    const int limit = ctx.llm->slot_context_size();
     if (static_cast<int>(tokens.size()) >= limit) {
         throw http::http_error(400,
                                "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +

@@ -18,12 +18,17 @@
 
 namespace keepwarm {
 
-// The body as a JSON object; http_error 400 when it is empty, not JSON, or not an object.
+// The body as a JSON object, parsed by bounded_json (linear time, at most bounded_json::max_depth levels); http_error
+// 400 when it is empty, not JSON, too deep, or not an object.
 nlohmann::ordered_json parse_json_body(const http::request& req);
 
 // Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and
-// wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error").
+// wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error"); a prompt
+// whose length in bytes already says it cannot fit is refused before it is tokenized.
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt);
+// The fewest tokens `bytes` of text can become with this vocab (no token stands for more bytes than the longest
+// piece); 0 when the vocab's tokenizer may shrink text, so nothing is known.
+size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes);
 // tokenize_prompt() into gen.prompt, keeping the text in gen.prompt_text.
 void set_prompt(const server_context& ctx, generation_request& gen, std::string text);
 

@@ -3,8 +3,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
+
+#include "api/bounded-json.h"
 #include "common.h"
 #include "engine/text-stream.h"
+#include "server/generation-relay.h"
 
 namespace keepwarm {
 
@@ -12,9 +16,13 @@ namespace {
 using json = nlohmann::ordered_json;
 
 json parse_object(const http::request& req) {
-    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded() || !body.is_object()) throw http::http_error(400, "request body must be a JSON object");
-    return body;
+    // Linear in the number of keys, even those of fields nobody reads, and bounded in depth.
+    std::optional<json> body = bounded_json::try_parse(req.body);
+    if (!body || !body->is_object()) {
+        throw http::http_error(400, "request body must be a JSON object of at most " +
+                                        std::to_string(bounded_json::max_depth) + " levels");
+    }
+    return std::move(*body);
 }
 
 bool optional_bool(const json& body, const char* key, bool fallback) {
@@ -33,7 +41,17 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         const bool add_special = optional_bool(body, "add_special", false);
         const bool parse_special = optional_bool(body, "parse_special", true);
         const bool with_pieces = optional_bool(body, "with_pieces", false);
-        const auto tokens = common_tokenize(ctx.llm->vocab(), content->get<std::string>(), add_special, parse_special);
+        const std::string& text = content->get_ref<const std::string&>();
+        // No prompt holds more tokens than the whole context; a text that is longer than that whatever it says is
+        // refused before the tokenizer spends seconds per MB on it.
+        const int context = ctx.llm->options().context_size;
+        if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), text.size());
+            at_least > static_cast<size_t>(context)) {
+            throw http::http_error(400, "'content' has " + std::to_string(text.size()) + " bytes, at least " +
+                                            std::to_string(at_least) + " tokens, more than the context's " +
+                                            std::to_string(context));
+        }
+        const auto tokens = common_tokenize(ctx.llm->vocab(), text, add_special, parse_special);
         json out = json::array();
         for (const llama_token t : tokens) {
             if (!with_pieces) {

@@ -1,0 +1,173 @@
+// The bounded JSON parser: depth capped at parse time, linear time in the number of keys, nlohmann's semantics for
+// key order and duplicate keys; and the shape and $ref checks on schemas.
+#include "api/bounded-json.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace bj = keepwarm::bounded_json;
+using json = bj::json;
+
+namespace {
+
+std::string nested_arrays(int depth) {
+    return std::string(depth, '[') + std::string(depth, ']');
+}
+
+std::string nested_schema(int depth) {
+    std::string s;
+    for (int i = 0; i < depth; ++i) s += R"({"type":"object","properties":{"a":)";
+    s += R"({"type":"string"})";
+    for (int i = 0; i < depth; ++i) s += "}}";
+    return s;
+}
+
+std::string object_with_keys(int n) {
+    std::string s = "{";
+    for (int i = 0; i < n; ++i) {
+        if (i > 0) s += ',';
+        s += "\"k";
+        s += std::to_string(i);
+        s += "\":";
+        s += std::to_string(i);
+    }
+    return s + "}";
+}
+
+}  // namespace
+
+TEST(BoundedJson, ParsesLikeNlohmann) {
+    const std::string text =
+        R"({"z":1,"a":[true,null,-3,18446744073709551615,2.5,"s",{}],"m":{"y":{"x":[]},"b":"\u00e9"}})";
+    const json ours = bj::parse(text);
+    EXPECT_EQ(ours, json::parse(text));
+    EXPECT_EQ(ours.dump(), json::parse(text).dump());  // same key order, byte for byte
+    EXPECT_EQ(bj::parse("7"), json(7));
+    EXPECT_EQ(bj::parse(" \"x\" "), json("x"));
+}
+
+TEST(BoundedJson, KeepsKeyOrderAndLastDuplicateWins) {
+    // nlohmann keeps a repeated key at its first position with its last value.
+    const std::string text = R"({"b":1,"a":2,"b":{"deep":[1]},"c":3,"a":4})";
+    const json ours = bj::parse(text);
+    EXPECT_EQ(ours.dump(), R"({"b":{"deep":[1]},"a":4,"c":3})");
+    EXPECT_EQ(ours.dump(), json::parse(text).dump());
+}
+
+TEST(BoundedJson, DuplicatesInLargeObjectsUseTheIndex) {
+    std::string text = object_with_keys(100);
+    text.back() = ',';
+    text += R"("k5":"five","k99":"last","new":0})";
+    const json ours = bj::parse(text);
+    EXPECT_EQ(ours.size(), 101u);
+    EXPECT_EQ(ours["k5"], "five");
+    EXPECT_EQ(ours["k99"], "last");
+    EXPECT_EQ(ours.dump(), json::parse(text).dump());
+    EXPECT_EQ(std::next(ours.begin(), 5).key(), "k5");
+    EXPECT_EQ(std::prev(ours.end()).key(), "new");
+}
+
+TEST(BoundedJson, TwoHundredThousandKeysInOrder) {
+    // nlohmann's own parser takes minutes on this (each key is looked up among all before it).
+    const int n = 200'000;
+    const json ours = bj::parse(object_with_keys(n));
+    ASSERT_EQ(ours.size(), static_cast<size_t>(n));
+    int i = 0;
+    for (const auto& [key, value] : ours.items()) {
+        ASSERT_EQ(key, "k" + std::to_string(i));
+        ASSERT_EQ(value, i);
+        ++i;
+    }
+}
+
+TEST(BoundedJson, ManyKeysWithDuplicatesNested) {
+    std::string text = R"({"outer":)" + object_with_keys(50'000);
+    text.back() = ',';
+    text += R"("k0":"again"},"tail":[)" + object_with_keys(20) + "]}";
+    const json ours = bj::parse(text);
+    EXPECT_EQ(ours["outer"].size(), 50'000u);
+    EXPECT_EQ(ours["outer"]["k0"], "again");
+    EXPECT_EQ(ours["outer"].begin().key(), "k0");
+    EXPECT_EQ(ours["tail"][0].size(), 20u);
+}
+
+TEST(BoundedJson, DepthLimit) {
+    EXPECT_EQ(bj::parse(nested_arrays(bj::max_depth)).dump(), nested_arrays(bj::max_depth));
+    try {
+        bj::parse(nested_arrays(bj::max_depth + 1));
+        FAIL() << "no error";
+    } catch (const bj::limit_error& e) {
+        EXPECT_STREQ(e.what(), "nests deeper than 128 levels");
+    }
+    // The reproduction: 20,000 levels would overflow the stack in dump(); it is refused before a tree exists.
+    EXPECT_THROW(bj::parse(nested_schema(20'000)), bj::limit_error);
+    EXPECT_THROW(bj::parse(R"({"a":[{"b":[[[]]]}]})", 5), bj::limit_error);
+    EXPECT_NO_THROW(bj::parse(R"({"a":[{"b":[[]]}]})", 5));
+    EXPECT_FALSE(bj::try_parse(nested_arrays(200'000)).has_value());
+}
+
+TEST(BoundedJson, Errors) {
+    for (const char* bad : {"", "{", "{\"a\":}", "[1,]", "{} {}", "nul", "\"\\x\"", "1e999", "{\"a\" 1}", "\"\xff\""}) {
+        EXPECT_THROW(bj::parse(bad), bj::limit_error) << bad;
+        EXPECT_FALSE(bj::try_parse(bad).has_value()) << bad;
+    }
+    try {
+        bj::parse("{\"a\": [1, 2,");
+        FAIL() << "no error";
+    } catch (const bj::limit_error& e) {
+        EXPECT_NE(std::string(e.what()).find("parse error"), std::string::npos) << e.what();
+    }
+}
+
+TEST(BoundedJson, CheckShape) {
+    EXPECT_NO_THROW(bj::check_shape(json::parse(R"({"a":[1,{"b":2}]})")));
+    EXPECT_THROW(bj::check_shape(json::parse(nested_arrays(10)), {9, 10, 100}), bj::limit_error);
+    EXPECT_NO_THROW(bj::check_shape(json::parse(nested_arrays(10)), {10, 10, 100}));
+    EXPECT_THROW(bj::check_shape(bj::parse(object_with_keys(1025))), bj::limit_error);
+    EXPECT_NO_THROW(bj::check_shape(bj::parse(object_with_keys(1024))));
+    EXPECT_THROW(bj::check_shape(json::parse("[1,2,3]"), {10, 10, 3}), bj::limit_error);
+    EXPECT_NO_THROW(bj::check_shape(json::parse("[1,2]"), {10, 10, 3}));
+}
+
+TEST(BoundedJson, SchemaShape) {
+    EXPECT_NO_THROW(bj::check_schema(bj::parse(nested_schema(20))));  // 41 levels
+    EXPECT_THROW(bj::check_schema(bj::parse(nested_schema(40))), bj::limit_error);
+    EXPECT_THROW(bj::check_schema(bj::parse(R"({"$ref":5})")), bj::limit_error);
+}
+
+TEST(BoundedJson, SchemaRefCyclesEndAndChainsAreBounded) {
+    // A self-reference and a two-ref cycle: followed once each, like the converter does.
+    EXPECT_NO_THROW(bj::check_schema(bj::parse(
+        R"({"$defs":{"node":{"type":"object","properties":{"next":{"$ref":"#/$defs/node"}}}},"$ref":"#/$defs/node"})")));
+    EXPECT_NO_THROW(bj::check_schema(
+        bj::parse(R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})")));
+    EXPECT_NO_THROW(bj::check_schema(bj::parse(R"({"items":{"$ref":"#/"}, "x":{"$ref":"#/items/0/nope"}})")));
+
+    // A chain of refs, each one level deep on its own, nests as deep as the chain once followed.
+    const auto chain = [](int n) {
+        json defs = json::object();
+        for (int i = 0; i < n; ++i) {
+            defs["d" + std::to_string(i)] = {{"type", "array"},
+                                             {"items", {{"$ref", "#/$defs/d" + std::to_string(i + 1)}}}};
+        }
+        defs["d" + std::to_string(n)] = {{"type", "string"}};
+        return json{{"$defs", defs}, {"$ref", "#/$defs/d0"}};
+    };
+    EXPECT_NO_THROW(bj::check_schema(chain(20)));
+    try {
+        bj::check_schema(chain(200));
+        FAIL() << "no error";
+    } catch (const bj::limit_error& e) {
+        EXPECT_NE(std::string(e.what()).find("$refs are followed"), std::string::npos) << e.what();
+    }
+
+    // Each def refers to the next one twice: the expansions double at every level.
+    json defs = json::object();
+    for (int i = 0; i < 40; ++i) {
+        const json next = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+        defs["d" + std::to_string(i)] = {{"anyOf", json::array({next, next})}};
+    }
+    defs["d40"] = {{"type", "string"}};
+    EXPECT_THROW(bj::check_schema(json{{"$defs", defs}, {"$ref", "#/$defs/d0"}}), bj::limit_error);
+}
