@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "api/bounded-json.h"
 #include "api/json-fields.h"
 #include "http/http-server.h"
 
@@ -172,6 +173,7 @@ common_chat_msg parse_assistant_blocks(const json& content, const std::string& f
             call.name = require_string(block, "name", block_field + ".name");
             const json* input = find(block, "input");
             if (!input || !input->is_object()) fail(in_quotes(block_field + ".input") + " must be an object");
+            bounded_json::require_shape(*input, block_field + ".input");  // the template parses and walks it again
             call.arguments = input->dump();
             msg.tool_calls.push_back(std::move(call));
         } else if (type == "tool_result") {
@@ -260,6 +262,7 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
         if (auto type = get_string(*schema, "type", field + ".input_schema.type"); type && *type != "object") {
             fail(in_quotes(field + ".input_schema.type") + " must be 'object'");
         }
+        bounded_json::require_schema(*schema, field + ".input_schema");
         t.parameters = schema->dump();
         tools.push_back(std::move(t));
     }
@@ -352,14 +355,15 @@ std::string parse_output_format(const json& body) {
     }
     const json* schema = find(*format, "schema");
     if (!schema || !schema->is_object()) fail(in_quotes(field + ".schema") + " must be an object (a JSON schema)");
+    bounded_json::require_schema(*schema, field + ".schema");
     return schema->dump();
 }
 
 json tool_input(const std::string& arguments) {
     if (arguments.empty()) return json::object();
-    json input = json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+    std::optional<json> input = bounded_json::try_parse(arguments);
     // The output parser only finishes a call whose arguments are JSON; Anthropic's input is always an object.
-    return input.is_object() ? input : json::object();
+    return input && input->is_object() ? std::move(*input) : json::object();
 }
 
 }  // namespace

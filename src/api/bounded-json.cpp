@@ -1,6 +1,8 @@
 // See bounded-json.h.
 #include "api/bounded-json.h"
 
+#include "http/http-server.h"
+
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -233,6 +235,41 @@ void check_schema(const json& schema) {
         pending.push_back({nullptr, 0, &target_name});
         pending.push_back({target, s.depth + 1, nullptr});
     }
+}
+
+namespace {
+[[noreturn]] void fail_field(const std::string& field, const limit_error& e) {
+    throw http::http_error(400, "'" + field + "' " + e.what());
+}
+}  // namespace
+
+void require_schema(const json& schema, const std::string& field) {
+    try {
+        check_schema(schema);
+    } catch (const limit_error& e) {
+        fail_field(field, e);
+    }
+}
+
+void require_shape(const json& value, const std::string& field, const shape_limits& limits) {
+    try {
+        check_shape(value, limits);
+    } catch (const limit_error& e) {
+        fail_field(field, e);
+    }
+}
+
+json require_json_text(std::string_view text, const std::string& field) {
+    json value;
+    try {
+        value = parse(text);
+    } catch (const depth_error& e) {
+        fail_field(field, e);
+    } catch (const limit_error& e) {
+        throw http::http_error(400, "'" + field + "' must be a JSON-encoded string: " + e.what());
+    }
+    require_shape(value, field);
+    return value;
 }
 
 }  // namespace keepwarm::bounded_json

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 
+#include "api/bounded-json.h"
 #include "api/json-fields.h"
 #include "http/http-server.h"
 
@@ -67,6 +68,7 @@ common_chat_tool_call parse_tool_call(const json& call, const std::string& path)
     tc.name = *name;
     const json* arguments = find(*function, "arguments");
     if (arguments && !arguments->is_object()) fail(in_quotes(path + ".function.arguments") + " must be an object");
+    if (arguments) bounded_json::require_shape(*arguments, path + ".function.arguments");
     tc.arguments = arguments ? arguments->dump() : "{}";
     tc.id = get_string(call, "id", path + ".id").value_or("");
     return tc;
@@ -142,6 +144,7 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
         if (params && !params->is_object()) {
             fail(in_quotes(field + ".function.parameters") + " must be an object (a JSON schema)");
         }
+        if (params) bounded_json::require_schema(*params, field + ".function.parameters");
         t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
         tools.push_back(std::move(t));
     }
@@ -157,6 +160,7 @@ std::string parse_format(const json& body) {
         if (s.empty()) return "";
         if (s == "json") return R"({"type":"object"})";
     } else if (format->is_object()) {
+        bounded_json::require_schema(*format, "format");
         return format->dump();
     }
     fail("'format' must be \"json\" or a JSON schema object");
@@ -358,8 +362,8 @@ json tool_calls_json(std::span<const common_chat_tool_call> calls, size_t first_
     for (size_t i = 0; i < calls.size(); i++) {
         const auto& tc = calls[i];
         // The parser hands out arguments as JSON text of an object; Ollama sends the object.
-        json arguments = json::parse(tc.arguments, nullptr, false);
-        if (!arguments.is_object()) arguments = tc.arguments;
+        std::optional<json> parsed = bounded_json::try_parse(tc.arguments);
+        json arguments = parsed && parsed->is_object() ? std::move(*parsed) : json(tc.arguments);
         json call = json::object();
         if (!tc.id.empty()) call["id"] = tc.id;
         call["function"] = json{{"index", first_index + i}, {"name", tc.name}, {"arguments", std::move(arguments)}};

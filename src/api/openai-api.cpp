@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "api/bounded-json.h"
 #include "api/json-fields.h"
 #include "http/http-server.h"
 
@@ -19,6 +20,8 @@ namespace {
 using namespace json_fields;
 
 constexpr size_t max_stop_strings = 16;
+// The largest vocabularies in use (Gemma's) have 262,144 tokens: a logit_bias with more entries cannot be all valid.
+constexpr size_t max_logit_bias_entries = 262'144;
 
 std::optional<double> get_number(const json& obj, const std::string& key, const std::string& field) {
     const json* v = find(obj, key);
@@ -83,6 +86,11 @@ sampling_options parse_sampling(const json& body) {
     }
     if (const json* bias = find(body, "logit_bias")) {
         if (!bias->is_object()) fail("'logit_bias' must be an object mapping token ids to numbers");
+        // No vocab has this many tokens; bind_to_vocab() checks each id against the model's.
+        if (bias->size() > max_logit_bias_entries) {
+            fail("'logit_bias' has " + std::to_string(bias->size()) + " entries; at most " +
+                 std::to_string(max_logit_bias_entries) + " are accepted");
+        }
         for (const auto& [key, value] : bias->items()) {
             char* end = nullptr;
             const long id = std::strtol(key.c_str(), &end, 10);
@@ -250,14 +258,15 @@ void parse_tool_calls(const json& message, const std::string& path, common_chat_
         if (!args) {
             tc.arguments = "{}";
         } else if (args->is_object()) {
+            bounded_json::require_shape(*args, call_field + ".function.arguments");
             tc.arguments = args->dump();
         } else if (args->is_string()) {
             // Templates that take object arguments re-parse this string; catch bad JSON here with a clear message.
             tc.arguments = args->get<std::string>();
             if (tc.arguments.empty()) {
                 tc.arguments = "{}";  // some clients echo a no-argument call back as ""
-            } else if (!json::accept(tc.arguments)) {
-                fail(in_quotes(call_field + ".function.arguments") + " must be a JSON-encoded string");
+            } else {
+                bounded_json::require_json_text(tc.arguments, call_field + ".function.arguments");
             }
         } else {
             fail(in_quotes(call_field + ".function.arguments") + " must be a JSON string or an object");
@@ -355,6 +364,7 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
         if (params && !params->is_object()) {
             fail(in_quotes(field + ".function.parameters") + " must be an object (a JSON schema)");
         }
+        if (params) bounded_json::require_schema(*params, field + ".function.parameters");
         // OpenAI allows omitting parameters for functions without arguments.
         t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
         tools.push_back(std::move(t));
@@ -429,6 +439,7 @@ std::string parse_response_format(const json& body) {
         if (schema && !schema->is_object()) {
             fail("'response_format.schema' must be an object");
         }
+        if (schema) bounded_json::require_schema(*schema, "response_format.schema");
         return schema ? schema->dump() : R"({"type":"object"})";
     }
     if (*type == "json_schema") {
@@ -440,6 +451,7 @@ std::string parse_response_format(const json& body) {
         if (!schema || !schema->is_object()) {
             fail("'response_format.json_schema.schema' must be an object");
         }
+        bounded_json::require_schema(*schema, "response_format.json_schema.schema");
         return schema->dump();
     }
     fail("'response_format.type' must be one of text, json_object, json_schema");
@@ -450,6 +462,8 @@ void parse_thinking(const json& body, chat_request& req) {
         if (!kwargs->is_object()) {
             fail("'chat_template_kwargs' must be an object");
         }
+        // The chat template renders these: llama.cpp parses each one again and walks it recursively.
+        bounded_json::require_shape(*kwargs, "chat_template_kwargs");
         for (const auto& [key, value] : kwargs->items()) {
             req.chat_template_kwargs[key] = value.dump();
         }

@@ -73,10 +73,13 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
     // Tokenizing takes about 2 s per MB: a prompt too long to fit whatever it says is refused before that.
     if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), prompt.size());
         at_least >= static_cast<size_t>(limit)) {
+        // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
         throw http::http_error(400,
-                               "the prompt has " + std::to_string(prompt.size()) + " bytes, at least " +
-                                   std::to_string(at_least) + " tokens, but the context holds " +
-                                   std::to_string(limit) + " tokens per request",
+                               "the prompt has at least " + std::to_string(at_least) +
+                                   " tokens but the context holds " + std::to_string(limit) +
+                                   " tokens per request (it has " + std::to_string(prompt.size()) +
+                                   " bytes, and no token stands for more than " +
+                                   std::to_string(longest_piece_bytes(ctx.llm->vocab())) + ")",
                                "exceed_context_size_error");
     }
     auto tokens = ctx.tokenizer->tokenize(prompt);
