@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include "api/anthropic-api.h"
+#include "api/ollama-api.h"
+#include "api/openai-api.h"
+#include "http/http-server.h"
+
 #include <string>
 
 namespace bj = keepwarm::bounded_json;
@@ -176,4 +181,102 @@ TEST(BoundedJson, SchemaRefCyclesEndAndChainsAreBounded) {
     }
     defs["d40"] = {{"type", "string"}};
     EXPECT_THROW(bj::check_schema(json{{"$defs", defs}, {"$ref", "#/$defs/d0"}}), bj::limit_error);
+}
+
+namespace {
+
+// The message of the 400 that `parse` throws; fails the test when it throws nothing or something else.
+template <typename Parse>
+std::string bad_request(Parse parse) {
+    try {
+        parse();
+    } catch (const keepwarm::http::http_error& e) {
+        EXPECT_EQ(e.status, 400);
+        return e.what();
+    }
+    ADD_FAILURE() << "no http_error";
+    return "";
+}
+
+json with_raw(const std::string& text_with_placeholder, const std::string& raw) {
+    std::string text = text_with_placeholder;
+    text.replace(text.find("@RAW@"), 5, raw);
+    return bj::parse(text);
+}
+
+}  // namespace
+
+TEST(BoundedJsonFields, RequireNamesTheField) {
+    EXPECT_EQ(bad_request([] { bj::require_json_text(nested_arrays(200), "args"); }),
+              "'args' nests deeper than 128 levels");
+    EXPECT_NE(bad_request([] {
+                  bj::require_json_text("{\"a\":", "args");
+              }).find("'args' must be a JSON-encoded string: [json.exception.parse_error"),
+              std::string::npos);
+    EXPECT_EQ(bj::require_json_text(R"({"b":1,"a":2})", "args").dump(), R"({"b":1,"a":2})");
+    EXPECT_EQ(bad_request([] { bj::require_schema(bj::parse(nested_schema(40)), "tools[3].input_schema"); }),
+              "'tools[3].input_schema' nests deeper than 64 levels");
+}
+
+TEST(BoundedJsonFields, EachApiBoundsWhatItForwards) {
+    namespace api = keepwarm::api;
+    const std::string deep_schema = nested_schema(40);  // fits a body (81 levels), not a schema
+    EXPECT_EQ(bad_request([&] {
+                  api::parse_chat_request(with_raw(
+                      R"({"messages":[{"role":"user","content":"hi"}],
+                          "tools":[{"type":"function","function":{"name":"f","parameters":@RAW@}}]})",
+                      deep_schema));
+              }),
+              "'tools[0].function.parameters' nests deeper than 64 levels");
+    EXPECT_EQ(bad_request([&] {
+                  api::parse_chat_request(with_raw(
+                      R"({"messages":[{"role":"user","content":"hi"}],
+                          "response_format":{"type":"json_schema","json_schema":{"name":"s","schema":@RAW@}}})",
+                      deep_schema));
+              }),
+              "'response_format.json_schema.schema' nests deeper than 64 levels");
+    const json arguments_text = nested_arrays(129);
+    EXPECT_EQ(bad_request([&] {
+                  api::parse_chat_request(with_raw(
+                      R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,
+                          "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":@RAW@}}]},
+                          {"role":"tool","tool_call_id":"c","content":"ok"}]})",
+                      arguments_text.dump()));
+              }),
+              "'messages[1].tool_calls[0].function.arguments' nests deeper than 128 levels");
+    EXPECT_EQ(bad_request([&] {
+                  api::parse_chat_request(
+                      with_raw(R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":@RAW@}})",
+                               object_with_keys(1025)));
+              }),
+              "'chat_template_kwargs' has an object with 1025 keys; at most 1024 are accepted");
+    EXPECT_EQ(bad_request([&] {
+                  api::anthropic::parse_messages_request(with_raw(
+                      R"({"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"},
+                          {"role":"assistant","content":[{"type":"tool_use","id":"c","name":"f","input":@RAW@}]},
+                          {"role":"user","content":[{"type":"tool_result","tool_use_id":"c","content":"ok"}]}]})",
+                      object_with_keys(2000)));
+              }),
+              "'messages[1].content[0].input' has an object with 2000 keys; at most 1024 are accepted");
+    EXPECT_EQ(bad_request([&] {
+                  api::ollama::parse_chat_request(with_raw(
+                      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"format":@RAW@})", deep_schema));
+              }),
+              "'format' nests deeper than 64 levels");
+}
+
+TEST(BoundedJsonFields, LogitBiasIsCappedBeforeItsKeysAreRead) {
+    std::string bias = "{";
+    for (int i = 0; i < 262'145; ++i) {
+        if (i > 0) bias += ',';
+        bias += '"';
+        bias += std::to_string(i);
+        bias += "\":1";
+    }
+    bias += '}';
+    const std::string message = bad_request([&] {
+        keepwarm::api::parse_chat_request(
+            with_raw(R"({"messages":[{"role":"user","content":"hi"}],"logit_bias":@RAW@})", bias));
+    });
+    EXPECT_EQ(message, "'logit_bias' has 262145 entries; at most 262144 are accepted");
 }
