@@ -168,7 +168,7 @@ std::optional<json> try_parse(std::string_view text, int depth_limit) {
     }
 }
 
-void check_shape(const json& value, const shape_limits& limits) {
+size_t check_shape(const json& value, const shape_limits& limits) {
     std::vector<std::pair<const json*, int>> pending{{&value, 0}};  // value, containers above it
     size_t values = 0;
     while (!pending.empty()) {
@@ -185,10 +185,11 @@ void check_shape(const json& value, const shape_limits& limits) {
         }
         for (const auto& child : *v) pending.emplace_back(&child, above + 1);
     }
+    return values;
 }
 
 void check_schema(const json& schema) {
-    check_shape(schema, schema_shape);
+    const size_t schema_values = check_shape(schema, schema_shape);
     // A depth-first walk that expands each local "$ref" where it is used, like the converter, on an explicit stack: a
     // chain of refs nests as deep as the refs make it, whatever the text's own depth. A leave step takes a ref off the
     // path once its expansion is done, so that only a ref inside its own expansion counts as a cycle.
@@ -227,8 +228,11 @@ void check_schema(const json& schema) {
         const json* target = resolve_local_ref(schema, target_name);
         if (!target) continue;  // the converter reports it
         distinct_refs.insert(target_name);
-        if (distinct_refs.size() > max_schema_refs) {
-            throw limit_error("has more than " + std::to_string(max_schema_refs) + " distinct $refs");
+        if (distinct_refs.size() > max_schema_refs || distinct_refs.size() * schema_values > max_schema_ref_copies) {
+            throw limit_error("has too many distinct $refs for its size (" + std::to_string(distinct_refs.size()) +
+                              " or more, in " + std::to_string(schema_values) + " values; refs times values at most " +
+                              std::to_string(max_schema_ref_copies) + ", refs at most " +
+                              std::to_string(max_schema_refs) + ")");
         }
         // Pushed after the children, so the expansion runs first with this ref on the path, then the leave step.
         on_path.insert(target_name);

@@ -48,8 +48,9 @@ struct shape_limits {
     size_t values = static_cast<size_t>(-1);         // values of any kind, containers included
 };
 
-// Checks a value already parsed, without recursion. Throws limit_error naming the limit it broke.
-void check_shape(const json& value, const shape_limits& limits = {});
+// Checks a value already parsed, without recursion, and returns how many values it holds (containers included).
+// Throws limit_error naming the limit it broke.
+size_t check_shape(const json& value, const shape_limits& limits = {});
 
 // What a JSON schema may be before it is converted to a grammar, dumped or rendered into a prompt. Claude Code's
 // schemas have a few hundred values and nest under 10 levels.
@@ -58,7 +59,10 @@ inline constexpr shape_limits schema_shape{64, max_forwarded_object_keys, 50'000
 // many values following them may visit in all (a ref used in many places is expanded once per use).
 inline constexpr int max_schema_expanded_depth = 128;
 inline constexpr size_t max_schema_expanded_values = 250'000;
-inline constexpr size_t max_schema_refs = 256;  // distinct "$ref" targets; the converter copies each one
+inline constexpr size_t max_schema_refs = 256;
+// The converter copies the whole schema once per distinct "$ref" (then keeps the part it names): distinct refs times
+// the schema's values is bounded too, so a big schema may use fewer refs.
+inline constexpr size_t max_schema_ref_copies = 2'000'000;
 
 // check_shape(schema_shape), then follows every local "$ref" ("#/$defs/x") the way llama.cpp's grammar converter
 // does, a ref inside its own expansion counting as a cycle that is not followed again, and bounds the depth and work

@@ -173,6 +173,23 @@ TEST(BoundedJson, SchemaRefCyclesEndAndChainsAreBounded) {
         EXPECT_NE(std::string(e.what()).find("$refs are followed"), std::string::npos) << e.what();
     }
 
+    // Many distinct refs: each one costs the converter a copy of the whole schema.
+    const auto flat_refs = [](int refs, int filler) {
+        json defs = json::object();
+        json any_of = json::array();
+        for (int i = 0; i < refs; ++i) {
+            defs[numbered("d", i)] = {{"type", "string"}};
+            any_of.push_back({{"$ref", numbered("#/$defs/d", i)}});
+        }
+        json big = json::array();
+        for (int i = 0; i < filler; ++i) big.push_back(i);
+        return json{{"$defs", defs}, {"anyOf", any_of}, {"examples", big}};
+    };
+    EXPECT_NO_THROW(bj::check_schema(flat_refs(200, 100)));
+    EXPECT_THROW(bj::check_schema(flat_refs(257, 100)), bj::limit_error);
+    EXPECT_THROW(bj::check_schema(flat_refs(100, 30'000)), bj::limit_error);
+    EXPECT_NO_THROW(bj::check_schema(flat_refs(50, 30'000)));
+
     // Each def refers to the next one twice: the expansions double at every level.
     json defs = json::object();
     for (int i = 0; i < 40; ++i) {
