@@ -104,9 +104,9 @@ private:
     void take_events(bool at_end);
     void on_block(std::string_view block);
     void on_event(const std::string& event, const std::string& data);
-    void on_openai(const nlohmann::ordered_json& chunk);
-    void on_anthropic(const std::string& type, const nlohmann::ordered_json& event);
-    void on_ollama(const nlohmann::ordered_json& line);
+    void on_openai(const nlohmann::json& chunk);
+    void on_anthropic(const std::string& type, const nlohmann::json& event);
+    void on_ollama(const nlohmann::json& line, const std::string& text);
     // Appends to a part of the message, within max_answer_bytes; false (and the stream failed) past it.
     bool grow(std::string& part, const std::string& piece);
     // A tool call's name or id, within max_name_bytes.

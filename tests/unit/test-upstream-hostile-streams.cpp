@@ -330,3 +330,35 @@ TEST(UpstreamHostileStreams, ErrorBodiesAndCountsFromAnUpstreamAreBounded) {
             .instance,
         "");
 }
+
+TEST(UpstreamHostileStreams, AnEventOfManyKeysParsesInLinearTime) {
+    // 100,000 keys in 1 MB: an insertion-ordered object takes a linear search per key (27 s); the same bytes as one
+    // string take milliseconds.
+    std::string keys, text(1100000, 'x');
+    for (int i = 0; i < 100000; i++) {
+        if (i > 0) keys += ',';
+        keys += "\"k";
+        keys += std::to_string(i);
+        keys += "\":1";
+    }
+    const auto time_of = [](const std::string& extra) {
+        stream_decoder decoder(upstream_dialect::openai);
+        const auto start = std::chrono::steady_clock::now();
+        decoder.push(sse(R"({"choices":[{"delta":{"content":"a"}}],"extra":)" + extra + "}"));
+        EXPECT_EQ(decoder.message().content, "a");
+        return std::chrono::steady_clock::now() - start;
+    };
+    const auto as_text = time_of("\"" + text + "\"");
+    const auto as_keys = time_of("{" + keys + "}");
+    EXPECT_LT(as_keys, 20 * as_text + 1s);
+}
+
+TEST(UpstreamHostileStreams, OllamaToolArgumentsKeepTheOrderTheModelWroteThem) {
+    stream_decoder decoder(upstream_dialect::ollama);
+    decoder.push(
+        R"({"message":{"tool_calls":[{"function":{"name":"f","arguments":{"zeta":1,"alpha":{"y":2,"b":3}}}}]},)"
+        R"("done":true})"
+        "\n");
+    ASSERT_EQ(decoder.message().tool_calls.size(), 1u);
+    EXPECT_EQ(decoder.message().tool_calls[0].arguments, R"({"zeta":1,"alpha":{"y":2,"b":3}})");
+}
