@@ -3,6 +3,7 @@
 // timeouts, and a cancel() that is only a post() of a socket close onto that io_context.
 #include "http/http-client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -11,6 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
@@ -72,6 +74,15 @@ std::string client_response::header(std::string_view lowercase_name) const {
     return {};
 }
 
+namespace {
+// "600 s", "0.15 s": a timeout as its message says it.
+std::string seconds_text(std::chrono::milliseconds ms) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g s", static_cast<double>(ms.count()) / 1000.0);
+    return text;
+}
+}  // namespace
+
 struct client_connection::impl {
     net::io_context io;
     beast::tcp_stream stream{io};
@@ -79,7 +90,9 @@ struct client_connection::impl {
     std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
     std::atomic<bool> cancelled{false};
     bool connected = false;
-    bool body_pending = false;  // a response head was read and its body not yet to the end
+    bool body_pending = false;         // a response head was read and its body not yet to the end
+    bool awaiting_first_byte = false;  // the request was sent and no byte of the body has come yet
+    std::chrono::steady_clock::time_point first_byte_deadline;
     uint64_t connects = 0;
     char chunk[16384];
 
@@ -110,11 +123,20 @@ struct client_connection::impl {
         buffer.clear();
     }
 
-    [[noreturn]] void fail(const endpoint& origin, error_code ec, std::string_view during) {
+    // `timed_out` says what the wait was, for a timeout's message.
+    [[noreturn]] void fail(const endpoint& origin, error_code ec, std::string_view during, std::string_view timed_out) {
         close();
-        auto reason = ec == beast::error::timeout ? client_error::kind::timeout : client_error::kind::io;
-        throw client_error(reason, origin.url() + ": " + std::string(during) + ": " +
-                                       (ec == beast::error::timeout ? "timed out" : ec.message()));
+        if (ec == beast::error::timeout) {
+            throw client_error(client_error::kind::timeout, origin.url() + ": " + std::string(timed_out));
+        }
+        throw client_error(client_error::kind::io, origin.url() + ": " + std::string(during) + ": " + ec.message());
+    }
+
+    // What is left of the first-byte wait (at least a millisecond, so that a spent one times out at once).
+    std::chrono::milliseconds first_byte_left() const {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_deadline -
+                                                                                std::chrono::steady_clock::now());
+        return std::max(left, std::chrono::milliseconds(1));
     }
 };
 
@@ -150,18 +172,25 @@ client_response client_connection::send(std::string_view method, std::string_vie
                 s.close();
                 throw client_error(
                     ec == beast::error::timeout ? client_error::kind::timeout : client_error::kind::connect,
-                    origin_.url() + ": connect: " + (ec == beast::error::timeout ? "timed out" : ec.message()));
+                    origin_.url() + ": connect: " +
+                        (ec == beast::error::timeout ? "no connection in " + seconds_text(options_.connect_timeout)
+                                                     : ec.message()));
             }
             s.connected = true;
             s.connects++;
         }
         error_code ec =
             s.run(options_.write_timeout, [&](auto done) { bhttp::async_write(s.stream, request, std::move(done)); });
-        if (!ec) {
+        if (ec == beast::error::timeout) {
+            s.fail(origin_, ec, "", "sending the request: not taken in " + seconds_text(options_.write_timeout));
+        }
+        const bool sent = !ec;
+        if (sent) {
             s.parser.emplace();
             s.parser->body_limit(std::numeric_limits<std::uint64_t>::max());  // read_body() has its own limit
             s.parser->header_limit(64 * 1024);
-            ec = s.run(options_.read_timeout,
+            s.first_byte_deadline = std::chrono::steady_clock::now() + first_byte_timeout();
+            ec = s.run(s.first_byte_left(),
                        [&](auto done) { bhttp::async_read_header(s.stream, s.buffer, *s.parser, std::move(done)); });
         }
         if (!ec) break;
@@ -176,7 +205,9 @@ client_response client_connection::send(std::string_view method, std::string_vie
             s.close();
             throw client_error(client_error::kind::protocol, origin_.url() + ": bad or no response: " + ec.message());
         }
-        s.fail(origin_, ec, "sending the request");
+        s.fail(origin_, ec, sent ? "reading the response" : "sending the request",
+               "the request was sent and no answer came in " + seconds_text(first_byte_timeout()) +
+                   " (first-byte timeout)");
     }
 
     client_response response;
@@ -188,8 +219,13 @@ client_response client_connection::send(std::string_view method, std::string_vie
         response.headers.emplace_back(std::move(name), std::string(field.value()));
     }
     s.body_pending = !s.parser->is_done();
+    s.awaiting_first_byte = s.body_pending;
     if (!s.body_pending && !s.parser->keep_alive()) s.close();
     return response;
+}
+
+std::chrono::milliseconds client_connection::first_byte_timeout() const {
+    return options_.first_byte_timeout.count() > 0 ? options_.first_byte_timeout : options_.read_timeout;
 }
 
 bool client_connection::read_some(std::string& piece) {
@@ -199,12 +235,20 @@ bool client_connection::read_some(std::string& piece) {
         auto& body = s.parser->get().body();
         body.data = s.chunk;
         body.size = sizeof(s.chunk);
-        error_code ec = s.run(options_.read_timeout, [&](auto done) {
+        const bool first = s.awaiting_first_byte;
+        error_code ec = s.run(first ? s.first_byte_left() : options_.read_timeout, [&](auto done) {
             bhttp::async_read_some(s.stream, s.buffer, *s.parser, std::move(done));
         });
         if (ec == bhttp::error::need_buffer) ec = {};
-        if (ec) s.fail(origin_, ec, "reading the response");
+        if (ec) {
+            s.fail(origin_, ec, "reading the response",
+                   first ? "the answer's head came and then nothing in " + seconds_text(first_byte_timeout()) +
+                               " after sending the request (first-byte timeout)"
+                         : "the answer stopped: nothing came for " + seconds_text(options_.read_timeout) +
+                               " (idle timeout)");
+        }
         piece.append(s.chunk, sizeof(s.chunk) - body.size);
+        if (!piece.empty()) s.awaiting_first_byte = false;
         if (s.parser->is_done()) {
             s.body_pending = false;
             if (!s.parser->keep_alive()) s.close();

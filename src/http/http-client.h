@@ -31,14 +31,20 @@ struct endpoint {
 
 struct client_options {
     std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
-    // The longest wait for the response head, and for each further piece of the body (not for the whole body: a
-    // long generation streams for minutes).
+    // The longest wait from sending a request to the first byte of its answer: the response head and, when the head
+    // comes at once, the first piece of the body (an upstream's prefill, which for a long cold prompt on a CPU takes
+    // minutes). Zero: read_timeout.
+    std::chrono::milliseconds first_byte_timeout{0};
+    // The longest wait for each further piece of the body once it flows (not for the whole body: a long generation
+    // streams for minutes), and for the first byte when first_byte_timeout is zero.
     std::chrono::milliseconds read_timeout{std::chrono::minutes(10)};
     std::chrono::milliseconds write_timeout{std::chrono::seconds(60)};
     size_t max_body_bytes = 256u << 20;  // for read_body(); read_some() has no limit
 };
 
 // A failure below HTTP: refused, reset, timed out, cancelled, or not HTTP. An HTTP error status is not one of these.
+// A timeout's message says which wait ran out: connecting, sending the request, the first byte of the answer, or
+// the next piece of a body that had been flowing.
 struct client_error : std::runtime_error {
     enum class kind { connect, timeout, cancelled, io, protocol };
     kind reason;
@@ -86,6 +92,8 @@ public:
     const endpoint& origin() const { return origin_; }
 
 private:
+    std::chrono::milliseconds first_byte_timeout() const;
+
     struct impl;
     endpoint origin_;
     client_options options_;

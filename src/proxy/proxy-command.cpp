@@ -3,6 +3,8 @@
 #include "proxy/proxy-command.h"
 
 #include <pthread.h>
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -61,6 +63,8 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--route-min-blocks")) s.pool.routing.min_match_blocks = cli.pool.routing.min_match_blocks;
     if (opts.was_given("--rebalance-margin")) s.pool.routing.rebalance_margin = cli.pool.routing.rebalance_margin;
     if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
+    if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
+    if (opts.was_given("--idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
     for (const std::string& spec : opts.upstreams) {
         try {
             s.upstreams.push_back(proxy::upstream_config::parse(spec));
@@ -203,6 +207,25 @@ void add_proxy_command(CLI::App& app) {
                                     },
                                     "Seconds between health checks of each upstream (default 1)"))
         ->check(CLI::PositiveNumber);
+    const auto timeout = [&](const std::string& name, std::chrono::milliseconds proxy::pool_options::*field,
+                             const std::string& help) {
+        option(name, cmd->add_option_function<double>(
+                         name,
+                         [opts, field](double seconds) {
+                             opts->settings.pool.*field =
+                                 std::max(std::chrono::milliseconds(1),
+                                          std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+                         },
+                         help))
+            ->check(CLI::Range(0.001, 86400.0));
+    };
+    timeout(
+        "--first-byte-timeout", &proxy::pool_options::first_byte_timeout,
+        "Seconds an upstream may take to start its answer (its prefill) before the request fails with 504 and the "
+        "upstream is out of routing until its health check answers (default 600: a cold 30K-token prompt on a CPU)");
+    timeout("--idle-timeout", &proxy::pool_options::idle_timeout,
+            "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
+            "upstream is out of routing (default 120)");
     cmd->callback([opts] {
         try {
             const int rc = run_proxy(merged_settings(*opts));

@@ -36,12 +36,14 @@ public:
                 read_routing(table(node, "routing"), s.pool.routing);
             } else if (k == "health") {
                 read_health(table(node, "health"), s.pool);
+            } else if (k == "timeouts") {
+                read_timeouts(table(node, "timeouts"), s.pool);
             } else if (k == "upstream") {
                 for (const toml::node& entry : array_of_tables(node, "upstream")) {
                     s.upstreams.push_back(read_upstream(table(entry, "upstream")));
                 }
             } else {
-                unknown(key, "the file", {"alias", "policy", "listen", "routing", "health", "upstream"});
+                unknown(key, "the file", {"alias", "policy", "listen", "routing", "health", "timeouts", "upstream"});
             }
         }
         return s;
@@ -88,6 +90,19 @@ private:
                 pool.health_timeout = seconds(node, "health.timeout", 3600);
             } else {
                 unknown(key, "[health]", {"interval", "timeout"});
+            }
+        }
+    }
+
+    // How long a request waits on its upstream (see pool_options): at most a day each.
+    void read_timeouts(const toml::table& t, pool_options& pool) const {
+        for (auto&& [key, node] : t) {
+            if (key.str() == "first_byte") {
+                pool.first_byte_timeout = seconds(node, "timeouts.first_byte", 86400);
+            } else if (key.str() == "idle") {
+                pool.idle_timeout = seconds(node, "timeouts.idle", 86400);
+            } else {
+                unknown(key, "[timeouts]", {"first_byte", "idle"});
             }
         }
     }

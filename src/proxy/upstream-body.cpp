@@ -38,7 +38,9 @@ void upstream_body_reader::run() {
             cv_.notify_all();
         }
         last.end = true;
-    } catch (const http::client_error& e) {
+    } catch (const std::exception& e) {
+        // A client_error (reset, timeout, cancel) as a rule; anything else must not escape this thread either: an
+        // exception out of a std::thread ends the process.
         last.error = e.what();
     }
     std::lock_guard lock(mu_);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
@@ -35,6 +37,68 @@ std::string apply_policy(const server_context& ctx, const http::request& req, js
     return outcome.header_value();
 }
 
+constexpr size_t max_whole_answer = 64u << 20;   // a whole (unstreamed) answer, held before it is sent on
+constexpr size_t max_partial_event = 8u << 20;   // an SSE event held until its end (see sse_relay)
+constexpr size_t max_stream_bytes = 256u << 20;  // everything one streamed answer may send
+
+// A streamed answer passed on to the client whole event by whole event: an upstream that breaks off mid-event leaves
+// the client a stream it can still read, ended by an error event. It also watches for the stream's "data: [DONE]":
+// a body that ends without it ended early (an upstream that streams without chunked encoding and dies looks like
+// a clean end of body otherwise).
+class sse_relay {
+public:
+    // The next bytes; returns what can go to the client now (whole events), or nullopt when the upstream broke the
+    // limits (`error()` says which).
+    std::optional<std::string> push(const std::string& bytes) {
+        received_ += bytes.size();
+        if (received_ > max_stream_bytes) {
+            error_ = "the upstream sent over " + std::to_string(max_stream_bytes) + " bytes in one answer";
+            return std::nullopt;
+        }
+        const size_t from = held_.size() >= 3 ? held_.size() - 3 : 0;
+        held_ += bytes;
+        size_t end = std::string::npos;  // just past the last event terminator
+        for (size_t at = held_.find('\n', from); at != std::string::npos; at = held_.find('\n', at + 1)) {
+            if (at + 1 < held_.size() && held_[at + 1] == '\n') end = at + 2;
+            if (at + 2 < held_.size() && held_[at + 1] == '\r' && held_[at + 2] == '\n') end = at + 3;
+        }
+        if (end == std::string::npos) {
+            if (held_.size() > max_partial_event) {
+                error_ = "the upstream sent " + std::to_string(held_.size()) + " bytes without ending an event";
+                return std::nullopt;
+            }
+            return std::string();
+        }
+        std::string ready = held_.substr(0, end);
+        held_.erase(0, end);
+        // Whether the stream's last event so far is its end marker.
+        const size_t last = ready.rfind("data:", ready.size() - 2);
+        if (last != std::string::npos) {
+            std::string_view data = std::string_view(ready).substr(last + 5);
+            while (!data.empty() && (data.front() == ' ')) data.remove_prefix(1);
+            while (!data.empty() && (data.back() == '\n' || data.back() == '\r')) data.remove_suffix(1);
+            ended_ = data == "[DONE]";
+        }
+        return ready;
+    }
+    bool ended() const { return ended_ && held_.find_first_not_of("\r\n") == std::string::npos; }
+    const std::string& error() const { return error_; }
+
+private:
+    std::string held_;
+    size_t received_ = 0;
+    bool ended_ = false;
+    std::string error_;
+};
+
+// The client's last event when the upstream's stream broke: an OpenAI error, then the end marker, as the chat routes
+// end a stream that failed.
+void end_stream_with_error(http::response_writer& w, const std::string& message) {
+    w.write_chunk("data: " + http::openai_error_body(502, "server_error", message) + "\n\n");
+    w.write_chunk("data: [DONE]\n\n");
+    w.end_stream();
+}
+
 // Relays the upstream's answer to the client as it arrives; returns whether it was read to its end (the connection
 // can carry another request then).
 bool relay(upstream_body_reader& reader, const http::client_response& head, http::response_writer& w,
@@ -43,6 +107,7 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
         head.header("content-type").empty() ? "application/json" : head.header("content-type");
     const bool streaming = content_type.rfind("text/event-stream", 0) == 0;
     std::string whole;
+    sse_relay events;
     if (streaming) w.begin_stream(head.status, content_type, headers);
     auto last_check = std::chrono::steady_clock::now();
     for (;;) {
@@ -56,27 +121,35 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
         }
         const auto piece = reader.next(check_interval);
         if (!piece) continue;
+        std::string broken;  // why the answer cannot be passed on whole
         if (!piece->error.empty()) {
-            pool.mark_down(upstream);
-            if (!streaming) {
-                throw http::http_error(502, "upstream " + url + " failed mid-answer: " + piece->error, "server_error");
-            }
-            w.end_stream();
-            return false;
-        }
-        if (piece->end) {
+            pool.mark_down(upstream, "its answer broke off");
+            broken = "upstream " + piece->error;
+        } else if (piece->end && streaming && !events.ended()) {
+            pool.mark_down(upstream, "its answer ended early");
+            broken = "upstream " + url + " ended its stream before its end (no \"data: [DONE]\")";
+        } else if (piece->end) {
             if (streaming) {
                 w.end_stream();
             } else {
                 w.send(head.status, content_type, whole, headers);
             }
             return true;
-        }
-        if (!streaming) {
+        } else if (!streaming) {
             whole += piece->bytes;
-        } else if (!w.write_chunk(piece->bytes)) {
+            if (whole.size() > max_whole_answer) {
+                broken = "upstream " + url + " sent an answer over " + std::to_string(max_whole_answer) + " bytes";
+            }
+        } else if (const std::optional<std::string> ready = events.push(piece->bytes); !ready) {
+            broken = "upstream " + url + ": " + events.error();
+        } else if (!ready->empty() && !w.write_chunk(*ready)) {
             return false;
         }
+        if (broken.empty()) continue;
+        std::fprintf(stderr, "keepwarm proxy: completion %s\n", broken.c_str());
+        if (!streaming) throw http::http_error(502, broken, "server_error");
+        end_stream_with_error(w, broken);
+        return false;
     }
 }
 
@@ -139,8 +212,8 @@ generation_handler upstream_completions(upstream_pool& pool) {
                                   "application/json", upstream_headers);
             } catch (const http::client_error& e) {
                 if (e.reason == http::client_error::kind::timeout) {
-                    throw http::http_error(504, "upstream " + url + " did not answer in time: " + e.what(),
-                                           "timeout_error");
+                    pool.mark_down(route->upstream, "it timed out");
+                    throw http::http_error(504, std::string("upstream ") + e.what(), "timeout_error");
                 }
                 std::fprintf(stderr, "keepwarm proxy: completion upstream %s failed (%s), trying another\n",
                              url.c_str(), e.what());

@@ -55,35 +55,73 @@ struct upstream_usage {
     bool hit_token_limit = false;  // the answer was cut by max tokens
 };
 
+// What one upstream answer may cost the proxy before the decoder calls it bad. Everything an upstream sends is
+// untrusted: these bound the memory and work of one answer whatever the upstream sends, and the defaults sit far
+// above any real answer (a 128K-token answer is about 0.5 MB of text and 30 MB of OpenAI chunks).
+struct stream_limits {
+    size_t max_event_bytes = 8u << 20;     // one SSE event or NDJSON line (a tool call's arguments may come whole)
+    size_t max_answer_bytes = 64u << 20;   // the message: content, reasoning, tool names, ids and arguments
+    size_t max_stream_bytes = 256u << 20;  // everything received, events the decoder skips included
+    size_t max_tool_calls = 256;
+    size_t max_content_blocks = 1024;  // Anthropic's content blocks
+    size_t max_name_bytes = 1024;      // a tool call's name or id
+    int max_nesting = 128;             // JSON depth of one event (dump() and the destructor recurse)
+};
+
 // Reads an upstream's streamed answer (SSE for OpenAI and Anthropic, NDJSON for Ollama) piece by piece, in whatever
-// pieces the socket gives, and builds the assistant message from it.
+// pieces the socket gives, and builds the assistant message from it. Never throws: whatever the upstream sends, a
+// stream it cannot read ends with error() set (an index out of order, a wrong type, an event or answer over its
+// limits), and the message built so far stays valid.
 class stream_decoder {
 public:
-    explicit stream_decoder(upstream_dialect dialect);
+    explicit stream_decoder(upstream_dialect dialect, stream_limits limits = {});
 
     // Feeds the next bytes of the body; returns the message's new deltas (common's diffs, as the local output parser
     // gives them). After the stream's last event, done() is true; an error event sets error() and done().
     std::vector<common_chat_msg_diff> push(std::string_view bytes);
+    // The body ended: a last NDJSON line or SSE event without its terminator is read, and a stream that had not
+    // reached its end event ends with error() set.
+    std::vector<common_chat_msg_diff> end_of_body();
 
     bool done() const { return done_; }
-    // Set when the upstream reported an error inside its stream (empty otherwise).
+    // Set when the upstream reported an error inside its stream, or sent one the decoder cannot read (empty
+    // otherwise).
     const std::string& error() const { return error_; }
     const common_chat_msg& message() const { return msg_; }
     const upstream_usage& usage() const { return usage_; }
 
 private:
+    // Where the message stood before a push: the deltas are what was appended since (the decoder only appends, and
+    // only to the last tool call or a new one), so no copy of the message is made per piece.
+    struct mark {
+        size_t reasoning = 0, content = 0, tool_calls = 0, last_name = 0, last_arguments = 0;
+        std::string last_id;
+    };
+    mark mark_now() const;
+    std::vector<common_chat_msg_diff> diffs_since(const mark& before) const;
+
+    void take_lines(bool at_end);
+    void take_events(bool at_end);
+    void on_block(std::string_view block);
     void on_event(const std::string& event, const std::string& data);
-    void on_openai(const nlohmann::ordered_json& chunk);
-    void on_anthropic(const std::string& type, const nlohmann::ordered_json& event);
-    void on_ollama(const nlohmann::ordered_json& line);
+    void on_openai(const nlohmann::json& chunk);
+    void on_anthropic(const std::string& type, const nlohmann::json& event);
+    void on_ollama(const nlohmann::json& line, const std::string& text);
+    // Appends to a part of the message, within max_answer_bytes; false (and the stream failed) past it.
+    bool grow(std::string& part, const std::string& piece);
+    // A tool call's name or id, within max_name_bytes.
+    bool set_name(std::string& field, const std::string& value, bool append);
     void fail(std::string message);
 
     upstream_dialect dialect_;
+    stream_limits limits_;
     std::string buffer_;  // bytes not yet making a whole event (SSE) or line (NDJSON)
+    size_t scanned_ = 0;  // buffer_ before this holds no terminator: the next search starts here
+    size_t received_ = 0;
+    size_t answer_bytes_ = 0;
     common_chat_msg msg_;
     upstream_usage usage_;
     std::vector<int> anthropic_blocks_;  // per content block index: -1 text/thinking, else its tool call's index
-    std::vector<std::string> anthropic_block_types_;
     bool done_ = false;
     std::string error_;
 };

@@ -65,8 +65,10 @@ void upstream_generation::connect() {
             pool_.release(failed);
             route_.reset();
             if (e.reason == http::client_error::kind::timeout) {
-                throw http::http_error(504, "upstream " + u.origin.url() + " did not answer in time: " + e.what(),
-                                       "timeout_error");
+                // It may still be working on the request: not sent again elsewhere, but out of routing, so that the
+                // next requests do not wait on it too.
+                pool_.mark_down(failed, "it timed out");
+                throw http::http_error(504, std::string("upstream ") + e.what(), "timeout_error");
             }
             // Refused, reset or not HTTP before any answer: nothing reached the client, so another upstream may try.
             std::fprintf(stderr, "keepwarm proxy: %s upstream %s failed (%s), trying another\n", id_.c_str(),
@@ -167,15 +169,16 @@ std::optional<generation_source::update> upstream_generation::next() {
         if (!next_piece) continue;
         const upstream_body_reader::piece& p = *next_piece;
         update u;
-        if (!p.error.empty() || (p.end && !decoder_->done())) {
+        if (!p.error.empty()) {
             // The upstream went away mid-answer (killed, reset, timed out): this request ends with an error.
-            pool_.mark_down(route_->upstream);
+            pool_.mark_down(route_->upstream, "its answer broke off");
             u.done = true;
             u.reason = finish_reason::error;
-            u.error = "upstream " + upstream + " " +
-                      (p.error.empty() ? "ended its answer early" : "failed mid-answer: " + p.error);
+            u.error = "upstream " + p.error;
         } else {
-            u.diffs = decoder_->push(p.bytes);
+            // The end of the body reads a last line without its newline, and is an error before the stream's end.
+            u.diffs = p.end ? decoder_->end_of_body() : decoder_->push(p.bytes);
+            if (p.end && !decoder_->error().empty()) pool_.mark_down(route_->upstream, "its answer ended early");
             if (!u.diffs.empty() && !seen_delta_) {
                 seen_delta_ = true;
                 first_delta_ = std::chrono::steady_clock::now();
@@ -275,7 +278,7 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
         http::fetched answer;
         try {
             answer = http::fetch(u.origin, "POST", call->target, call->body, call->headers,
-                                 {.read_timeout = std::chrono::seconds(60)});
+                                 {.read_timeout = std::chrono::seconds(60), .max_body_bytes = 1u << 20});
         } catch (const http::client_error& e) {
             const bool timeout = e.reason == http::client_error::kind::timeout;
             throw http::http_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),

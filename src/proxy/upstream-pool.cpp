@@ -203,11 +203,11 @@ void upstream_pool::release(size_t upstream) {
     router_.finish(upstream);
 }
 
-void upstream_pool::mark_down(size_t upstream) {
+void upstream_pool::mark_down(size_t upstream, const std::string& why) {
     std::lock_guard lock(mu_);
     if (router_.stats(upstream).healthy) {
-        std::fprintf(stderr, "keepwarm proxy: upstream %s is down (a call failed)\n",
-                     upstreams_[upstream].origin.url().c_str());
+        std::fprintf(stderr, "keepwarm proxy: upstream %s is down (%s) until a health check sees it answer\n",
+                     upstreams_[upstream].origin.url().c_str(), why.c_str());
     }
     router_.set_health(upstream, false);
     connections_[upstream].idle.clear();
@@ -226,7 +226,13 @@ std::unique_ptr<http::client_connection> upstream_pool::connection(size_t upstre
         }
         pool.opened++;
     }
-    return std::make_unique<http::client_connection>(upstreams_.at(upstream).origin);
+    return std::make_unique<http::client_connection>(upstreams_.at(upstream).origin, request_options());
+}
+
+http::client_options upstream_pool::request_options() const {
+    return {.first_byte_timeout = options_.first_byte_timeout,
+            .read_timeout = options_.idle_timeout,
+            .max_body_bytes = 1u << 20};  // read_body() reads only error answers whole
 }
 
 void upstream_pool::keep_alive(size_t upstream, std::unique_ptr<http::client_connection> conn) {

@@ -43,6 +43,14 @@ struct pool_options {
     // its POST /tokenize (keepwarm and llama-server have it) when a health check finds it up.
     std::vector<std::string> bias_texts;
     size_t max_idle_connections = 32;  // kept-alive connections per upstream
+    // How long a request waits for its answer's first byte: minutes, because a cold prompt is prefilled before it
+    // (30K tokens at a CPU's 50 tokens/s take 10 minutes); cutting a real answer costs more than waiting on a hung
+    // upstream, which is named in the error and taken out of routing when this runs out.
+    std::chrono::milliseconds first_byte_timeout{std::chrono::minutes(10)};
+    // How long an answer that flows may pause between two pieces: a healthy upstream sends one per token, and its
+    // longest pause is another request's prompt batch decoded between two of this one's tokens (2048 tokens at a
+    // slow CPU's 20 tokens/s: about 100 s).
+    std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};
 };
 
 class upstream_pool {
@@ -69,8 +77,9 @@ public:
     void release(size_t upstream);
     // Where a request would go now, without sending it there (count_tokens): nothing is counted or remembered.
     std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model) const;
-    // A call to it failed below HTTP: it is down until a health check sees it answer (its tree is forgotten then).
-    void mark_down(size_t upstream);
+    // A call to it failed below HTTP or timed out: it is down until a health check sees it answer (its tree is
+    // forgotten then). `why` goes into the log.
+    void mark_down(size_t upstream, const std::string& why = "a call failed");
 
     // A connection to this upstream: an idle kept-alive one when there is one, else a new one.
     std::unique_ptr<http::client_connection> connection(size_t upstream);
@@ -90,6 +99,9 @@ public:
     size_t size() const { return upstreams_.size(); }
     const upstream_config& config(size_t upstream) const { return upstreams_.at(upstream); }
     const router_options& routing() const { return options_.routing; }
+    // What a request's connection to an upstream waits for (the pool's timeouts) and reads whole at most (an error
+    // answer's body).
+    http::client_options request_options() const;
     size_t healthy_count() const;
     // GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,
     // in-flight load, and the size of its prefix tree.

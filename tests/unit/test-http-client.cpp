@@ -42,6 +42,23 @@ protected:
             }
             endless_stopped = true;
         });
+        // A prefill: nothing at all for 300 ms, then a stream of pieces 20 ms apart.
+        server->add_route("GET", "/prefill", [](const request&, response_writer& out) {
+            std::this_thread::sleep_for(300ms);
+            out.begin_stream(200, "text/event-stream");
+            for (int i = 0; i < 3; ++i) {
+                if (!out.write_chunk("data: " + std::to_string(i) + "\n\n")) return;
+                std::this_thread::sleep_for(20ms);
+            }
+            out.end_stream();
+        });
+        // The head at once, then nothing for 600 ms; or one piece and then nothing.
+        server->add_route("GET", "/head-then-hang", [](const request& req, response_writer& out) {
+            out.begin_stream(200, "text/event-stream");
+            if (req.query.find("piece") != std::string::npos) out.write_chunk("data: 0\n\n");
+            std::this_thread::sleep_for(600ms);
+            out.end_stream();
+        });
         server->add_route("GET", "/slow", [](const request&, response_writer& out) {
             std::this_thread::sleep_for(600ms);
             out.send(200, "text/plain", "late");
@@ -122,6 +139,66 @@ TEST_F(HttpClient, ReadTimeout) {
         EXPECT_EQ(e.reason, client_error::kind::timeout) << e.what();
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, 550ms);
+}
+
+TEST_F(HttpClient, AFirstByteTimeoutSaysTheRequestWasSent) {
+    client_options options;
+    options.first_byte_timeout = 150ms;
+    client_connection connection(origin, options);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        connection.send("GET", "/slow");
+        FAIL() << "expected a timeout";
+    } catch (const client_error& e) {
+        EXPECT_EQ(e.reason, client_error::kind::timeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("was sent and no answer came in 0.15 s (first-byte timeout)"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 550ms);
+}
+
+TEST_F(HttpClient, TheFirstByteTimeoutCoversAHeadThatComesBeforeTheAnswer) {
+    client_options options;
+    options.first_byte_timeout = 150ms;
+    client_connection connection(origin, options);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(connection.send("GET", "/head-then-hang").status, 200);
+    std::string piece;
+    try {
+        connection.read_some(piece);
+        FAIL() << "expected a timeout";
+    } catch (const client_error& e) {
+        EXPECT_EQ(e.reason, client_error::kind::timeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("(first-byte timeout)"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 550ms);
+}
+
+TEST_F(HttpClient, AnIdleTimeoutIsNamedAsOne) {
+    client_options options;
+    options.first_byte_timeout = 5s;
+    options.read_timeout = 150ms;
+    client_connection connection(origin, options);
+    EXPECT_EQ(connection.send("GET", "/head-then-hang?piece").status, 200);
+    std::string piece;
+    ASSERT_TRUE(connection.read_some(piece));
+    try {
+        connection.read_some(piece);
+        FAIL() << "expected a timeout";
+    } catch (const client_error& e) {
+        EXPECT_EQ(e.reason, client_error::kind::timeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("nothing came for 0.15 s (idle timeout)"), std::string::npos) << e.what();
+    }
+}
+
+TEST_F(HttpClient, AFirstByteTimeoutLongerThanTheIdleOneLetsAPrefillFinish) {
+    client_options options;
+    options.first_byte_timeout = 3s;
+    options.read_timeout = 150ms;  // shorter than the prefill: only the first byte may take that long
+    client_connection connection(origin, options);
+    EXPECT_EQ(connection.send("GET", "/prefill").status, 200);
+    EXPECT_EQ(connection.read_body(), "data: 0\n\ndata: 1\n\ndata: 2\n\n");
 }
 
 TEST_F(HttpClient, CancelFromAnotherThreadStopsAStreamAndTheServerSeesTheClientGo) {

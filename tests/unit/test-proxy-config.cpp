@@ -122,3 +122,22 @@ TEST(ProxyConfig, LoadsFromDiskAndReportsAMissingFile) {
     std::filesystem::remove_all(dir);
     EXPECT_THROW(load_proxy_config((dir / "proxy.toml").string()), std::runtime_error);
 }
+
+TEST(ProxyConfig, UpstreamTimeouts) {
+    const proxy_settings defaults = parse_proxy_config("[[upstream]]\nurl = \"http://h:1\"\n", "proxy.toml");
+    EXPECT_EQ(defaults.pool.first_byte_timeout, std::chrono::minutes(10));
+    EXPECT_EQ(defaults.pool.idle_timeout, std::chrono::minutes(2));
+    const proxy_settings s = parse_proxy_config(R"(
+[timeouts]
+first_byte = 1800
+idle = 30.5
+
+[[upstream]]
+url = "http://h:1"
+)",
+                                                "proxy.toml");
+    EXPECT_EQ(s.pool.first_byte_timeout, std::chrono::minutes(30));
+    EXPECT_EQ(s.pool.idle_timeout, std::chrono::milliseconds(30500));
+    expect_error("[timeouts]\nfirst_byte = -1\n", 2, "timeouts.first_byte");
+    expect_error("[timeouts]\nfirstbyte = 5\n", 2, "first_byte");
+}
