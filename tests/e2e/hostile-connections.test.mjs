@@ -114,8 +114,10 @@ test('300 idle sockets from one address lock out neither other addresses nor /he
     const sockets = await idleSockets(server.url, 300, '127.0.0.1');
     try {
         // Another address is served at once, /health and a generation alike.
+        const asked = Date.now();
         const health = await request(`${server.url}/health`, { localAddress: '127.0.0.2' });
         assert.equal(health.status, 200, JSON.stringify(health.body));
+        assert.ok(Date.now() - asked < 2000, `/health took ${Date.now() - asked} ms`);
         assert.equal(health.body.status, 'ok');
         const other = await chat(server.url, { localAddress: '127.0.0.2' });
         assert.equal(other.status, 200, JSON.stringify(other.body));
