@@ -150,7 +150,17 @@ std::string parse_cors_origin(std::string_view origin) {
             throw std::invalid_argument(quoted + " is not an origin: it must not contain '" + std::string(1, ch) + "'");
         }
     }
-    return lowercase(origin);
+    // A browser leaves the scheme's default port out of the Origin it sends.
+    std::string normalized = lowercase(origin);
+    for (std::string_view default_port : {std::string_view("http://:80"), std::string_view("https://:443")}) {
+        const std::string_view scheme = default_port.substr(0, default_port.find(':') + 3);
+        const std::string_view port = default_port.substr(scheme.size());
+        if (normalized.starts_with(scheme) && normalized.ends_with(port) &&
+            normalized.size() > scheme.size() + port.size()) {
+            normalized.resize(normalized.size() - port.size());
+        }
+    }
+    return normalized;
 }
 
 std::string request::header(const std::string& lowercase_name) const {

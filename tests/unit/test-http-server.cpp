@@ -913,10 +913,10 @@ TEST(HttpServer, CorsIsOffByDefault) {
     EXPECT_EQ(r->body_json()["error"]["type"], "permission_error");
 
     // What a page can send without a preflight: refused before the handler runs.
-    for (const std::string& type : {"Content-Type: text/plain", "Content-Type: application/x-www-form-urlencoded",
-                                    "Content-Type: multipart/form-data; boundary=x", ""}) {
+    for (const char* type : {"Content-Type: text/plain", "Content-Type: application/x-www-form-urlencoded",
+                             "Content-Type: multipart/form-data; boundary=x", ""}) {
         std::vector<std::string> headers = {evil};
-        if (!type.empty()) headers.push_back(type);
+        if (*type) headers.push_back(type);
         r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", headers));
         ASSERT_TRUE(r);
         EXPECT_EQ(r->status, 403) << type;
@@ -976,8 +976,8 @@ TEST(HttpServer, CorsAllowsNamedOrigins) {
     EXPECT_EQ(runs, 2);
 
     // Other origins get nothing they could read, and the answer says it depends on the origin.
-    for (const std::string& other : {"Origin: https://evil.example", "Origin: https://app.example.evil.example",
-                                     "Origin: http://app.example", "Origin: http://localhost:3001"}) {
+    for (const char* other : {"Origin: https://evil.example", "Origin: https://app.example.evil.example",
+                              "Origin: http://app.example", "Origin: http://localhost:3001"}) {
         r = roundtrip(s.port(), make_request("OPTIONS", "/v1/run", "", {other, "Access-Control-Request-Method: POST"}));
         ASSERT_TRUE(r);
         EXPECT_EQ(r->status, 403) << other;
@@ -1017,6 +1017,10 @@ TEST(HttpServer, ParseCorsOrigin) {
     EXPECT_EQ(parse_cors_origin("https://App.Example.com/"), "https://app.example.com");
     EXPECT_EQ(parse_cors_origin(" http://localhost:3000 "), "http://localhost:3000");
     EXPECT_EQ(parse_cors_origin("http://[::1]:8080"), "http://[::1]:8080");
+    EXPECT_EQ(parse_cors_origin("https://app.example:443"), "https://app.example");  // as browsers send it
+    EXPECT_EQ(parse_cors_origin("http://app.example:80"), "http://app.example");
+    EXPECT_EQ(parse_cors_origin("http://app.example:8080"), "http://app.example:8080");
+    EXPECT_EQ(parse_cors_origin("chrome-extension://abcdefgh"), "chrome-extension://abcdefgh");
     for (const char* bad :
          {"", "app.example.com", "https://", "https://app.example.com/path", "https://*.example.com",
           "https://a.example, https://b.example", "null", "://x", "ht tp://x", "https://user@app.example"}) {
