@@ -1,5 +1,6 @@
-// A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, chunked streaming, and
-// per-route error mapping. Threading: one acceptor thread; one thread per connection runs its handlers.
+// A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, connection limits (in all and per client
+// address) and read deadlines, CORS, chunked streaming, and per-route error mapping. Threading: one acceptor thread;
+// one thread per connection runs its handlers.
 #pragma once
 
 #include <chrono>
