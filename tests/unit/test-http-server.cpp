@@ -854,6 +854,15 @@ TEST(HttpServer, IdleSocketsFromOneAddressDoNotLockOthersOut) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
     EXPECT_LT(steady::now() - t0, 1s);
+
+    // Past the threads that wait for an over-limit request (8 per address), a socket is answered and closed at once.
+    auto refused = idle.back()->read_response();
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_NE(refused->body_json()["error"]["message"].get<std::string>().find("limit 4 per address"),
+              std::string::npos)
+        << refused->body;
+    EXPECT_TRUE(idle.back()->closed_by_server());
 }
 
 TEST(HttpServer, FirstRequestHasAShorterDeadlineThanKeepAlive) {
