@@ -1,6 +1,7 @@
 // Synchronous Boost.Beast server: one acceptor thread (poll on the listening socket and a wake pipe), one thread
 // per connection. stop() wakes the acceptor through the pipe and shuts down every open socket, so blocked reads
-// and writes return, then joins every thread.
+// and writes return, then joins every thread. Connections are counted in all and per client address; the acceptor
+// also enforces each connection's read deadline by shutting its socket down.
 #include "http/http-server.h"
 
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unordered_map>
 
 namespace keepwarm::http {
 
@@ -34,9 +36,16 @@ using error_code = boost::system::error_code;
 namespace {
 
 constexpr size_t header_limit_bytes = 64 * 1024;
-// Connections over max_connections are answered 503 on their own short-lived thread; beyond this many of those
-// at once, new connections are simply closed.
+// Connections over the limits are answered on their own short-lived thread (503, or the health path); beyond this
+// many of those at once in all, or from one address, a new connection gets a 503 written without waiting for its
+// request, and is closed.
 constexpr int max_rejecting = 64;
+constexpr int max_rejecting_per_address = 8;
+// How long a connection over the limits may take to send its request head: enough for any client that sends its
+// request on connecting, short enough that idle sockets cannot hold the rejecting threads.
+constexpr auto over_limit_head_time = std::chrono::milliseconds(2000);
+// The body a request to the health path may carry on a connection over the limits.
+constexpr size_t over_limit_body_bytes = 64 * 1024;
 // After an error response that leaves request bytes unread, read and discard what the client still sends (up to
 // this long / this much) before closing, so the kernel does not reset the connection before the client has read
 // the response.
@@ -84,12 +93,75 @@ std::string format_endpoint(const tcp::endpoint& ep) {
     return addr.to_string() + ":" + std::to_string(ep.port());
 }
 
+// The key connections are counted under: the IP address, IPv4 for an IPv4-mapped IPv6 peer, and the /64 of an IPv6
+// peer (one host or site usually holds a whole /64, and could otherwise take a fresh address per connection).
+std::string address_key(const net::ip::address& address) {
+    if (!address.is_v6()) return address.to_string();
+    const net::ip::address_v6 v6 = address.to_v6();
+    if (v6.is_v4_mapped()) return net::ip::make_address_v4(net::ip::v4_mapped, v6).to_string();
+    net::ip::address_v6::bytes_type bytes = v6.to_bytes();
+    std::fill(bytes.begin() + 8, bytes.end(), 0);
+    return net::ip::address_v6(bytes).to_string() + "/64";
+}
+
+// The Content-Type's media type is application/json. A browser sends a POST without asking the server first (a
+// CORS preflight) only as text/plain, a form, or without a type, so requiring JSON from pages of origins that are
+// not allowed stops them from running requests whose answers they could not read anyway.
+bool is_json_media_type(std::string_view content_type) {
+    if (auto semicolon = content_type.find(';'); semicolon != std::string_view::npos) {
+        content_type = content_type.substr(0, semicolon);
+    }
+    return iequals(trim(content_type), "application/json");
+}
+
+bool is_safe_method(std::string_view method) {
+    return method == "GET" || method == "HEAD" || method == "OPTIONS";
+}
+
 const error_code& http_category_probe() {
     static const error_code ec = bhttp::make_error_code(bhttp::error::bad_method);
     return ec;
 }
 
 }  // namespace
+
+std::string parse_cors_origin(std::string_view origin) {
+    origin = trim(origin);
+    if (origin == "*") return "*";
+    while (!origin.empty() && origin.back() == '/') origin.remove_suffix(1);
+    const std::string quoted = "'" + std::string(origin) + "'";
+    const size_t scheme_end = origin.find("://");
+    if (scheme_end == std::string_view::npos || scheme_end == 0) {
+        throw std::invalid_argument(quoted +
+                                    " is not an origin: expected scheme://host[:port], e.g. "
+                                    "https://app.example.com, or *");
+    }
+    for (char ch : origin.substr(0, scheme_end)) {
+        const bool scheme_char = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                                 ch == '+' || ch == '-' || ch == '.';
+        if (!scheme_char) throw std::invalid_argument(quoted + " is not an origin: its scheme is not valid");
+    }
+    const std::string_view authority = origin.substr(scheme_end + 3);
+    if (authority.empty()) throw std::invalid_argument(quoted + " is not an origin: it has no host");
+    for (char ch : authority) {
+        const auto byte = static_cast<unsigned char>(ch);
+        if (ch == '/') throw std::invalid_argument(quoted + " is not an origin: an origin has no path");
+        if (byte <= ' ' || byte >= 0x7f || std::string_view("\"',?#*\\@").find(ch) != std::string_view::npos) {
+            throw std::invalid_argument(quoted + " is not an origin: it must not contain '" + std::string(1, ch) + "'");
+        }
+    }
+    // A browser leaves the scheme's default port out of the Origin it sends.
+    std::string normalized = lowercase(origin);
+    for (std::string_view default_port : {std::string_view("http://:80"), std::string_view("https://:443")}) {
+        const std::string_view scheme = default_port.substr(0, default_port.find(':') + 3);
+        const std::string_view port = default_port.substr(scheme.size());
+        if (normalized.starts_with(scheme) && normalized.ends_with(port) &&
+            normalized.size() > scheme.size() + port.size()) {
+            normalized.resize(normalized.size() - port.size());
+        }
+    }
+    return normalized;
+}
 
 std::string request::header(const std::string& lowercase_name) const {
     auto it = headers.find(lowercase_name);
@@ -108,20 +180,34 @@ struct http_server::impl {
         route_options options;
     };
     struct connection {
+        static constexpr int64_t no_deadline = -1;
+        static constexpr int64_t overdue = -2;  // set by the acceptor as it shuts the socket down
+
         explicit connection(net::io_context& ioc) : socket(ioc) {}
         tcp::socket socket;
         int fd = -1;
         std::string remote;
+        std::string address;  // what it is counted under: see address_key()
         bool rejected = false;
+        std::string rejected_because;  // the 503's message, when rejected
         std::thread thread;
         bool closed = false;    // guarded by impl::mutex; the fd may be reused once true
         bool finished = false;  // guarded by impl::mutex; the thread is about to return
-        // Steady-clock milliseconds since the connection began waiting for its next request; -1 while a request is
-        // being handled. Written by the connection's thread, read by the acceptor's idle check.
-        std::atomic<int64_t> waiting_since_ms{-1};
+        // Steady-clock milliseconds by which the awaited bytes (a request head, a body, the next request) must have
+        // arrived, or no_deadline while a handler runs. Written by the connection's thread, checked by the acceptor.
+        std::atomic<int64_t> deadline_ms{no_deadline};
+
+        // False if the acceptor already found the connection overdue: its socket is being shut down.
+        bool set_deadline(int64_t ms) { return deadline_ms.exchange(ms) != overdue; }
+    };
+    struct address_use {
+        int active = 0;
+        int rejecting = 0;
     };
 
-    explicit impl(server_options o) : options(std::move(o)), acceptor(ioc) {}
+    explicit impl(server_options o) : options(std::move(o)), acceptor(ioc) {
+        for (std::string& origin : options.cors_origins) origin = parse_cors_origin(origin);
+    }
 
     server_options options;
     // path -> method -> route; registered before start(), read-only afterwards.
@@ -136,21 +222,24 @@ struct http_server::impl {
     bool started = false;
     std::mutex stop_mutex;  // serializes start()/stop()
 
-    std::mutex mutex;  // guards connections, counters and connection::closed/finished
+    std::mutex mutex;  // guards connections, counters, addresses and connection::closed/finished
     std::list<std::shared_ptr<connection>> connections;
     int active = 0;
     int rejecting = 0;
+    std::unordered_map<std::string, address_use> addresses;  // only addresses with a connection open
 
     void start();
     void stop();
     void accept_loop();
     void admit(tcp::socket socket);
     void reap_finished();
-    void close_idle();
+    int64_t close_overdue();
     void serve(const std::shared_ptr<connection>& c);
     void reject(const std::shared_ptr<connection>& c);
     bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
-    void answer_read_error(connection& c, const error_code& ec, std::string_view target);
+    void answer_read_error(connection& c, const error_code& ec, const bhttp::request<bhttp::string_body>& head);
+    bool origin_allowed(std::string_view origin) const;
+    header_list cors_headers(std::string_view origin) const;
     void linger(connection& c);
     void finish(const std::shared_ptr<connection>& c);
     const route_options* options_for_path(std::string_view path) const;
@@ -160,8 +249,15 @@ namespace {
 
 class conn_writer final : public response_writer {
 public:
-    conn_writer(tcp::socket& socket, int fd, const std::atomic<bool>& stopping, unsigned version, bool keep_alive)
-        : socket_(socket), fd_(fd), stopping_(stopping), version_(version), keep_alive_(keep_alive) {}
+    // `cors`: the CORS headers every response to this request carries.
+    conn_writer(tcp::socket& socket, int fd, const std::atomic<bool>& stopping, unsigned version, bool keep_alive,
+                header_list cors = {})
+        : socket_(socket),
+          fd_(fd),
+          stopping_(stopping),
+          version_(version),
+          keep_alive_(keep_alive),
+          cors_(std::move(cors)) {}
 
     bool send(int status, std::string_view content_type, std::string_view body, const header_list& extra) override {
         if (started_) throw std::logic_error("response already started");
@@ -259,7 +355,7 @@ private:
     template <class Message>
     void set_common(Message& res, std::string_view content_type, const header_list& extra) {
         res.set(bhttp::field::server, "keepwarm");
-        res.set(bhttp::field::access_control_allow_origin, "*");
+        for (const auto& [name, value] : cors_) res.set(name, value);
         if (!content_type.empty()) res.set(bhttp::field::content_type, content_type);
         for (const auto& [name, value] : extra) {
             if (iequals(name, "content-length") || iequals(name, "transfer-encoding") || iequals(name, "connection"))
@@ -273,6 +369,7 @@ private:
     const std::atomic<bool>& stopping_;
     unsigned version_;
     bool keep_alive_;
+    header_list cors_;
     bool started_ = false;
     bool streaming_ = false;
     bool ended_ = false;
@@ -328,16 +425,18 @@ void http_server::impl::start() {
 }
 
 void http_server::impl::accept_loop() {
+    int64_t wait_ms = 1000;
     while (!stopping.load()) {
         pollfd fds[2] = {};
         fds[0].fd = acceptor.native_handle();
         fds[0].events = POLLIN;
         fds[1].fd = wake_pipe[0];
         fds[1].events = POLLIN;
-        int n = ::poll(fds, 2, 1000);  // the timeout only paces reaping of finished connection threads
+        // The timeout paces reaping of finished connection threads and wakes the loop at the next read deadline.
+        int n = ::poll(fds, 2, static_cast<int>(wait_ms));
         if (stopping.load()) break;
         reap_finished();
-        close_idle();
+        wait_ms = close_overdue();
         if (n < 0) {
             if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
             continue;
@@ -355,8 +454,29 @@ void http_server::impl::accept_loop() {
             }
             admit(std::move(socket));
         }
+        wait_ms = std::min<int64_t>(wait_ms, close_overdue());
     }
 }
+
+namespace {
+
+int64_t steady_now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// For a connection refused without a thread: a 503 in one non-blocking send (a full socket buffer just loses it),
+// before the socket closes.
+void send_refusal(int fd, const std::string& message) {
+    const std::string body = openai_error_body(503, "server_error", message);
+    const std::string response =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: keepwarm\r\nContent-Type: "
+        "application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    [[maybe_unused]] ssize_t sent = ::send(fd, response.data(), response.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+}  // namespace
 
 void http_server::impl::admit(tcp::socket socket) {
     error_code ec;
@@ -369,33 +489,48 @@ void http_server::impl::admit(tcp::socket socket) {
     c->socket = std::move(socket);
     c->fd = c->socket.native_handle();
     c->remote = ec ? std::string() : format_endpoint(remote);
+    c->address = ec ? std::string() : address_key(remote.address());
 
-    std::lock_guard lock(mutex);
-    if (stopping.load()) return;  // the socket closes with c
-    if (active >= options.max_connections) {
-        if (rejecting >= max_rejecting) return;
-        c->rejected = true;
-    }
-    connections.push_back(c);
-    auto it = std::prev(connections.end());
-    try {
-        c->thread = std::thread([this, c] {
-            if (c->rejected) {
-                reject(c);
-            } else {
-                serve(c);
+    std::string refusal;  // sent after the lock is released
+    {
+        std::lock_guard lock(mutex);
+        if (stopping.load()) return;  // the socket closes with c
+        address_use& use = addresses[c->address];
+        const int per_address = options.max_connections_per_address;
+        if (active >= options.max_connections) {
+            c->rejected_because = "too many connections (limit " + std::to_string(options.max_connections) + ")";
+        } else if (per_address > 0 && use.active >= per_address) {
+            c->rejected_because =
+                "too many connections from " + c->address + " (limit " + std::to_string(per_address) + " per address)";
+        }
+        c->rejected = !c->rejected_because.empty();
+        const int64_t now = steady_now_ms();
+        c->deadline_ms = now + (c->rejected ? std::min(over_limit_head_time, options.header_timeout).count()
+                                            : options.header_timeout.count());
+        if (c->rejected && (rejecting >= max_rejecting || use.rejecting >= max_rejecting_per_address)) {
+            refusal = c->rejected_because;
+        } else {
+            connections.push_back(c);
+            auto it = std::prev(connections.end());
+            try {
+                c->thread = std::thread([this, c] {
+                    if (c->rejected) {
+                        reject(c);
+                    } else {
+                        serve(c);
+                    }
+                    finish(c);
+                });
+                ++(c->rejected ? use.rejecting : use.active);
+                ++(c->rejected ? rejecting : active);
+                return;
+            } catch (const std::system_error&) {
+                connections.erase(it);
             }
-            finish(c);
-        });
-    } catch (const std::system_error&) {
-        connections.erase(it);
-        return;
+        }
+        if (use.active == 0 && use.rejecting == 0) addresses.erase(c->address);
     }
-    if (c->rejected) {
-        ++rejecting;
-    } else {
-        ++active;
-    }
+    if (!refusal.empty()) send_refusal(c->fd, refusal);
 }
 
 void http_server::impl::finish(const std::shared_ptr<connection>& c) {
@@ -405,11 +540,10 @@ void http_server::impl::finish(const std::shared_ptr<connection>& c) {
     c->socket.close(ec);
     c->closed = true;
     c->finished = true;
-    if (c->rejected) {
-        --rejecting;
-    } else {
-        --active;
-    }
+    address_use& use = addresses[c->address];
+    --(c->rejected ? use.rejecting : use.active);
+    --(c->rejected ? rejecting : active);
+    if (use.active == 0 && use.rejecting == 0) addresses.erase(c->address);
 }
 
 void http_server::impl::reap_finished() {
@@ -430,22 +564,23 @@ void http_server::impl::reap_finished() {
     }
 }
 
-namespace {
-int64_t steady_now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-}  // namespace
-
 // Shutting the socket down makes the connection thread's blocked read return, and the thread ends the connection.
-void http_server::impl::close_idle() {
+// Returns the milliseconds until the next deadline (at most 1000).
+int64_t http_server::impl::close_overdue() {
     const int64_t now = steady_now_ms();
+    int64_t next = 1000;
     std::lock_guard lock(mutex);
     for (auto& c : connections) {
-        const int64_t since = c->waiting_since_ms.load();
-        if (c->closed || c->finished || since < 0 || now - since <= options.idle_timeout.count()) continue;
-        ::shutdown(c->fd, SHUT_RDWR);
+        int64_t deadline = c->deadline_ms.load();
+        if (c->closed || c->finished || deadline < 0) continue;
+        if (deadline > now) {
+            next = std::min(next, deadline - now);
+            continue;
+        }
+        // Unless the thread has just moved on (its request arrived, or it waits for another one).
+        if (c->deadline_ms.compare_exchange_strong(deadline, connection::overdue)) ::shutdown(c->fd, SHUT_RDWR);
     }
+    return std::max<int64_t>(next, 1);
 }
 
 void http_server::impl::stop() {
@@ -499,12 +634,46 @@ void http_server::impl::linger(connection& c) {
     }
 }
 
+// A connection over the limits: its request head is read (briefly, see over_limit_head_time), a GET or HEAD of the
+// health path is answered as usual, and anything else gets a 503.
 void http_server::impl::reject(const std::shared_ptr<connection>& c) {
-    conn_writer w(c->socket, c->fd, stopping, 11, false);
-    w.send(503, "application/json",
-           openai_error_body(503, "server_error",
-                             "too many connections (limit " + std::to_string(options.max_connections) + ")"),
-           {{"Retry-After", "1"}});
+    beast::flat_buffer buffer;
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(header_limit_bytes));
+    parser.body_limit(static_cast<std::uint64_t>(over_limit_body_bytes));
+    error_code ec;
+    bhttp::read_header(c->socket, buffer, parser, ec);
+    // Timed out, closed, or reset: nobody to answer. A malformed head still learns why it was not served.
+    if (ec && (ec.category() != http_category_probe().category() || ec == bhttp::error::end_of_stream ||
+               ec == bhttp::error::partial_message || stopping.load())) {
+        return;
+    }
+    if (!ec && !options.health_path.empty()) {
+        const auto& head = parser.get();
+        std::string_view path = head.target();
+        if (auto q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
+        if ((head.method() == bhttp::verb::get || head.method() == bhttp::verb::head) && path == options.health_path) {
+            bhttp::read(c->socket, buffer, parser, ec);
+            if (ec || !c->set_deadline(connection::no_deadline)) return;
+            bhttp::request<bhttp::string_body> msg = parser.release();
+            msg.keep_alive(false);  // the connection is over the limits: one answer, then it closes
+            handle_request(*c, std::move(msg));
+            return;
+        }
+    }
+    if (!c->set_deadline(connection::no_deadline)) return;
+    std::string_view target = parser.get().target();
+    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    error_formatter format = openai_error_body;
+    if (const route_options* ro = options_for_path(target); ro && ro->format_error) format = ro->format_error;
+    std::string body;
+    try {
+        body = format(503, "server_error", c->rejected_because);
+    } catch (const std::exception&) {
+        body = openai_error_body(503, "server_error", c->rejected_because);
+    }
+    conn_writer w(c->socket, c->fd, stopping, 11, false, cors_headers(parser.get()[bhttp::field::origin]));
+    w.send(503, "application/json", body, {{"Retry-After", "1"}});
     linger(*c);
 }
 
@@ -514,7 +683,27 @@ const route_options* http_server::impl::options_for_path(std::string_view path) 
     return &it->second.begin()->second.options;
 }
 
-void http_server::impl::answer_read_error(connection& c, const error_code& ec, std::string_view target) {
+bool http_server::impl::origin_allowed(std::string_view origin) const {
+    for (const std::string& allowed : options.cors_origins) {
+        if (allowed == "*" || iequals(allowed, trim(origin))) return true;
+    }
+    return false;
+}
+
+// What every response to a request from `origin` (its Origin header; empty: none) carries: with CORS off, nothing.
+header_list http_server::impl::cors_headers(std::string_view origin) const {
+    header_list headers;
+    if (options.cors_origins.empty()) return headers;
+    const bool any_origin = origin_allowed("*");  // "*" is allowed only when "*" was configured
+    // The answer depends on the Origin header whenever origins are named, so caches must key on it.
+    if (!any_origin) headers.emplace_back("Vary", "Origin");
+    if (origin.empty() || !origin_allowed(origin)) return headers;
+    headers.emplace_back("Access-Control-Allow-Origin", any_origin ? "*" : std::string(trim(origin)));
+    return headers;
+}
+
+void http_server::impl::answer_read_error(connection& c, const error_code& ec,
+                                          const bhttp::request<bhttp::string_body>& head) {
     int status;
     std::string message;
     if (ec == bhttp::error::body_limit) {
@@ -528,6 +717,7 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec, s
         message = "malformed HTTP request: " + ec.message();
     }
     error_formatter format = openai_error_body;
+    std::string_view target = head.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     if (const route_options* ro = options_for_path(target); ro && ro->format_error) format = ro->format_error;
     std::string body;
@@ -536,22 +726,46 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec, s
     } catch (const std::exception&) {
         body = openai_error_body(status, "invalid_request_error", message);
     }
-    conn_writer w(c.socket, c.fd, stopping, 11, false);
+    conn_writer w(c.socket, c.fd, stopping, 11, false, cors_headers(head[bhttp::field::origin]));
     w.send(status, "application/json", body, {});
     linger(c);
 }
 
+namespace {
+
+// Blocks until the socket has bytes to read, is closed by the peer, or is shut down (by stop() or an overdue
+// deadline).
+void wait_readable(int fd) {
+    pollfd p{};
+    p.fd = fd;
+    p.events = POLLIN | POLLRDHUP;
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+}
+
+}  // namespace
+
 void http_server::impl::serve(const std::shared_ptr<connection>& c) {
     beast::flat_buffer buffer;
+    bool first = true;  // admit() set the first request's deadline
     while (!stopping.load()) {
         bhttp::request_parser<bhttp::string_body> parser;
         parser.header_limit(static_cast<std::uint32_t>(header_limit_bytes));
         parser.body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
         error_code ec;
-        c->waiting_since_ms = steady_now_ms();
+        if (!first) {
+            // Idle until the next request's first byte (unless it is already here), then its head has header_timeout.
+            if (buffer.size() == 0) {
+                if (!c->set_deadline(steady_now_ms() + options.idle_timeout.count())) return;
+                wait_readable(c->fd);
+            }
+            if (!c->set_deadline(steady_now_ms() + options.header_timeout.count())) return;
+        }
+        first = false;
         bhttp::read_header(c->socket, buffer, parser, ec);
         if (!ec) {
             const auto& head = parser.get();
+            if (!parser.is_done() && !c->set_deadline(steady_now_ms() + options.idle_timeout.count())) return;
             if (head.version() >= 11 && iequals(trim(head[bhttp::field::expect]), "100-continue") &&
                 !parser.is_done()) {
                 static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -562,12 +776,13 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
         }
         if (ec) {
             if (ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message) return;
-            if (ec.category() == http_category_probe().category() && !stopping.load()) {
-                answer_read_error(*c, ec, parser.get().target());
+            if (ec.category() == http_category_probe().category() && !stopping.load() &&
+                c->set_deadline(connection::no_deadline)) {
+                answer_read_error(*c, ec, parser.get());
             }
-            return;  // network error, reset, or shutdown by stop()
+            return;  // network error, reset, or shutdown by stop() or an overdue deadline
         }
-        c->waiting_since_ms = -1;
+        if (!c->set_deadline(connection::no_deadline)) return;
         if (!handle_request(*c, parser.release())) return;
     }
 }
@@ -593,7 +808,8 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     req.body = std::move(msg.body());
     req.remote = c.remote;
 
-    conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load());
+    const std::string origin = req.header("origin");
+    conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load(), cors_headers(origin));
     auto send_error = [&](const error_formatter& format, int status, const std::string& type,
                           const std::string& message, const header_list& extra = {}) {
         std::string body;
@@ -616,13 +832,25 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     if (route_it == methods.end()) {
         std::string allow;
         for (const auto& [method, r] : methods) allow += (allow.empty() ? "" : ", ") + method;
-        if (req.method == "OPTIONS") {  // CORS preflight for a known path
-            std::string headers = req.header("access-control-request-headers");
-            w.send(204, "", "",
-                   {{"Allow", allow + ", OPTIONS"},
-                    {"Access-Control-Allow-Methods", allow + ", OPTIONS"},
-                    {"Access-Control-Allow-Headers", headers.empty() ? "*" : headers},
-                    {"Access-Control-Max-Age", "86400"}});
+        if (req.method == "OPTIONS" && (origin.empty() || req.header("access-control-request-method").empty())) {
+            w.send(204, "", "", {{"Allow", allow + ", OPTIONS"}});
+            return w.reusable();
+        }
+        if (req.method == "OPTIONS") {  // a CORS preflight: may a page of `origin` send this request?
+            if (!origin_allowed(origin)) {
+                send_error(methods.begin()->second.options.format_error, 403, "permission_error",
+                           "cross-origin requests from " + origin + " are not allowed (see the server's --cors-origin)",
+                           {{"Vary", "Origin"}});
+                return w.reusable();
+            }
+            // The origin is trusted, so it may send the headers it asks for (the SDKs send their own x- headers).
+            const std::string headers = req.header("access-control-request-headers");
+            header_list preflight = {{"Allow", allow + ", OPTIONS"},
+                                     {"Access-Control-Allow-Methods", allow + ", OPTIONS"},
+                                     {"Access-Control-Max-Age", "600"},
+                                     {"Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}};
+            if (!headers.empty()) preflight.emplace_back("Access-Control-Allow-Headers", headers);
+            w.send(204, "", "", preflight);
             return w.reusable();
         }
         send_error(methods.begin()->second.options.format_error, 405, "invalid_request_error",
@@ -631,6 +859,17 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
         return w.reusable();
     }
     const route& r = route_it->second;
+
+    // Every route that takes a body takes JSON. A page of an origin that is not allowed can still make the browser
+    // POST text/plain or a form without a preflight; its answer would be unreadable, but the work would run.
+    if (!origin.empty() && !is_safe_method(req.method) && !is_json_media_type(req.header("content-type")) &&
+        !origin_allowed(origin)) {
+        send_error(r.options.format_error, 403, "permission_error",
+                   "cross-origin request from " + origin +
+                       " refused: it is not an allowed origin (see the server's --cors-origin), and its Content-Type "
+                       "is not application/json");
+        return w.reusable();
+    }
 
     if (!options.api_key.empty() && r.options.requires_auth) {
         // Either credential may carry the key (OpenAI clients send a bearer token, Anthropic clients x-api-key).

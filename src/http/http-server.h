@@ -1,5 +1,6 @@
-// A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, chunked streaming, and
-// per-route error mapping. Threading: one acceptor thread; one thread per connection runs its handlers.
+// A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, connection limits (in all and per client
+// address) and read deadlines, CORS, chunked streaming, and per-route error mapping. Threading: one acceptor thread;
+// one thread per connection runs its handlers.
 #pragma once
 
 #include <chrono>
@@ -73,11 +74,30 @@ struct server_options {
     uint16_t port = 8080;  // 0 picks a free port; see http_server::port()
     std::string api_key;   // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
     size_t max_body_bytes = 64u << 20;
-    int max_connections = 256;  // beyond this, new connections get 503
-    // A connection that takes longer than this to send its next request (idle keep-alive, or a client that trickles
-    // its headers) is closed, so idle clients cannot hold every connection slot. Handlers are never timed out.
+    // Open connections in all; a connection beyond this is answered 503 (a GET of health_path is still answered).
+    int max_connections = 256;
+    // Open connections from one client address (an IPv6 client's /64), so that one host cannot take every slot. An
+    // address is a host, a NAT or a proxy in front; 64 is more than one host needs when requests beyond the slots
+    // only wait in the queue, and leaves three quarters of the default total to everyone else. 0: no such limit.
+    int max_connections_per_address = 64;
+    // How long a request head may take: from the connection's opening for its first request (an idle socket that
+    // never sends one loses its slot after this), and from a later request's first byte.
+    std::chrono::milliseconds header_timeout{std::chrono::seconds(10)};
+    // How long a keep-alive connection may wait for its next request, and a request body take to arrive, before the
+    // connection is closed, so idle clients cannot hold connection slots for long. Handlers are never timed out.
     std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
+    // A GET or HEAD of this path is answered even on a connection over the limits above, so a monitor can always
+    // tell a busy server from a dead one. Empty: none.
+    std::string health_path = "/health";
+    // Web origins ("https://app.example.com") whose pages may read responses (CORS). Empty, the default: none, so a
+    // page in the user's browser can neither read the API nor pass a preflight; "*" allows every origin. A POST from
+    // a page of another origin that is not JSON (what a browser sends without a preflight) is refused.
+    std::vector<std::string> cors_origins;
 };
+
+// Validates and normalizes a --cors-origin value: "*", or scheme://host[:port] lowercased, without a path or a
+// trailing slash. Throws std::invalid_argument with the reason.
+std::string parse_cors_origin(std::string_view origin);
 
 struct route_options {
     bool requires_auth = true;
@@ -86,6 +106,7 @@ struct route_options {
 
 class http_server {
 public:
+    // Throws std::invalid_argument if an entry of options.cors_origins is not an origin.
     explicit http_server(server_options options);
     ~http_server();  // stops and joins
     http_server(const http_server&) = delete;

@@ -57,6 +57,13 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--host")) s.http.host = cli.http.host;
     if (opts.was_given("--port")) s.http.port = cli.http.port;
     if (opts.was_given("--api-key")) s.http.api_key = cli.http.api_key;
+    if (opts.was_given("--max-connections")) s.http.max_connections = cli.http.max_connections;
+    if (opts.was_given("--max-connections-per-address")) {
+        s.http.max_connections_per_address = cli.http.max_connections_per_address;
+    }
+    if (opts.was_given("--header-timeout")) s.http.header_timeout = cli.http.header_timeout;
+    if (opts.was_given("--idle-timeout")) s.http.idle_timeout = cli.http.idle_timeout;
+    if (opts.was_given("--cors-origin")) s.http.cors_origins = cli.http.cors_origins;
     if (opts.was_given("--alias")) s.model_alias = cli.model_alias;
     if (opts.was_given("--policy")) s.policy_file = cli.policy_file;
     if (opts.was_given("--route-block")) s.pool.routing.block_chars = cli.pool.routing.block_chars;
@@ -76,6 +83,20 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
         throw CLI::ValidationError("--upstream", "no upstream: give --upstream URL or [[upstream]] in --config");
     }
     return s;
+}
+
+// Checks a --cors-origin value and writes it back normalized.
+CLI::Validator cors_origin_check() {
+    return CLI::Validator(
+        [](std::string& origin) {
+            try {
+                origin = http::parse_cors_origin(origin);
+                return std::string();
+            } catch (const std::invalid_argument& e) {
+                return std::string(e.what());
+            }
+        },
+        "ORIGIN");
 }
 
 // What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
@@ -182,6 +203,35 @@ void add_proxy_command(CLI::App& app) {
     option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))->capture_default_str();
     option("--api-key", cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'"))
         ->envname("KEEPWARM_API_KEY");
+    option("--max-connections",
+           cmd->add_option("--max-connections", h.max_connections,
+                           "Open connections in all; more get 503 (GET /health is still answered)"))
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    option("--max-connections-per-address",
+           cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
+                           "Open connections from one client address (IPv6: one /64); 0: no per-address limit"))
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65536));
+    const auto seconds_option = [&](const std::string& name, std::chrono::milliseconds& target,
+                                    const std::string& help) {
+        return option(name, cmd->add_option_function<double>(
+                                name,
+                                [&target](double seconds) {
+                                    target = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+                                },
+                                help))
+            ->check(CLI::PositiveNumber);
+    };
+    seconds_option("--header-timeout", h.header_timeout,
+                   "Seconds a request head may take, counted from a new connection's opening (default 10)");
+    seconds_option("--idle-timeout", h.idle_timeout,
+                   "Close connections that send no request for this many seconds (default 120)");
+    option("--cors-origin", cmd->add_option("--cors-origin", h.cors_origins,
+                                            "Web origin whose pages may call the API from a browser, e.g. "
+                                            "https://app.example.com (repeatable; * allows every origin; default: "
+                                            "none)"))
+        ->check(cors_origin_check());
     option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
                                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
                                        "spans, cache-buster detection (docs/policy.md)"))

@@ -58,8 +58,28 @@ private:
                 http.port = static_cast<uint16_t>(integer(node, "listen.port", 0, 65535));
             } else if (key.str() == "api_key") {
                 http.api_key = string(node, "listen.api_key");
+            } else if (key.str() == "max_connections") {
+                http.max_connections = static_cast<int>(integer(node, "listen.max_connections", 1, 65536));
+            } else if (key.str() == "max_connections_per_address") {
+                http.max_connections_per_address =
+                    static_cast<int>(integer(node, "listen.max_connections_per_address", 0, 65536));
+            } else if (key.str() == "header_timeout") {
+                http.header_timeout = seconds(node, "listen.header_timeout", 3600);
+            } else if (key.str() == "idle_timeout") {
+                http.idle_timeout = seconds(node, "listen.idle_timeout", 86400);
+            } else if (key.str() == "cors_origins") {
+                http.cors_origins.clear();
+                for (const toml::node& entry : array(node, "listen.cors_origins")) {
+                    try {
+                        http.cors_origins.push_back(http::parse_cors_origin(string(entry, "listen.cors_origins")));
+                    } catch (const std::invalid_argument& e) {
+                        fail(entry.source(), std::string("listen.cors_origins: ") + e.what());
+                    }
+                }
             } else {
-                unknown(key, "[listen]", {"host", "port", "api_key"});
+                unknown(key, "[listen]",
+                        {"host", "port", "api_key", "max_connections", "max_connections_per_address", "header_timeout",
+                         "idle_timeout", "cors_origins"});
             }
         }
     }

@@ -51,6 +51,20 @@ ggml_type parse_cache_type(const std::string& name) {
     return it->second;
 }
 
+// Checks a --cors-origin value and writes it back normalized.
+CLI::Validator cors_origin_check() {
+    return CLI::Validator(
+        [](std::string& origin) {
+            try {
+                origin = http::parse_cors_origin(origin);
+                return std::string();
+            } catch (const std::invalid_argument& e) {
+                return std::string(e.what());
+            }
+        },
+        "ORIGIN");
+}
+
 std::string read_file(const std::string& path) {
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error("cannot read '" + path + "'");
@@ -167,6 +181,23 @@ void add_serve_command(CLI::App& app) {
            [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
            "Close connections that send no request for this many seconds (default 120)")
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-connections", h.max_connections,
+                    "Open connections in all; more get 503 (GET /health is still answered)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
+                    "Open connections from one client address (IPv6: one /64); 0: no per-address limit")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65536));
+    cmd->add_option_function<double>(
+           "--header-timeout",
+           [&h](double seconds) { h.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
+           "Seconds a request head may take, counted from a new connection's opening (default 10)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--cors-origin", h.cors_origins,
+                    "Web origin whose pages may call the API from a browser, e.g. https://app.example.com "
+                    "(repeatable; * allows every origin; default: none)")
+        ->check(cors_origin_check());
     cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);

@@ -1,6 +1,7 @@
 // http_server over real sockets on 127.0.0.1: routing, auth, limits, error mapping, streaming, client-gone
-// detection, keep-alive, concurrency, connection cap and shutdown. The client is raw POSIX sockets with poll()
-// timeouts, so a broken server fails a test instead of hanging it.
+// detection, keep-alive, concurrency, connection caps (in all and per address, from 127.0.0.2 as a second client
+// address: Linux routes all of 127.0.0.0/8 to lo), read deadlines, CORS and shutdown. The client is raw POSIX sockets
+// with poll() timeouts, so a broken server fails a test instead of hanging it.
 #include "http/http-server.h"
 
 #include <arpa/inet.h>
@@ -50,8 +51,15 @@ std::string lower(std::string s) {
 
 class client {
 public:
-    explicit client(uint16_t port) {
+    // `from`: the local address to connect from, e.g. "127.0.0.2" to be another client address.
+    explicit client(uint16_t port, const char* from = nullptr) {
         fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (from) {
+            sockaddr_in local{};
+            local.sin_family = AF_INET;
+            ::inet_pton(AF_INET, from, &local.sin_addr);
+            if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) return;
+        }
         sockaddr_in addr{};
         addr.sin_family = AF_INET;
         addr.sin_port = htons(port);
@@ -182,8 +190,8 @@ std::string make_request(const std::string& method, const std::string& target, c
     return r;
 }
 
-std::optional<response> roundtrip(uint16_t port, const std::string& req) {
-    client c(port);
+std::optional<response> roundtrip(uint16_t port, const std::string& req, const char* from = nullptr) {
+    client c(port, from);
     if (!c.connected() || !c.send(req)) return std::nullopt;
     return c.read_response();
 }
@@ -263,10 +271,10 @@ TEST(HttpServer, RoutingAndRequestFields) {
     EXPECT_EQ(r->body_json()["error"]["code"], 404);
     EXPECT_EQ(r->body_json()["error"]["type"], "invalid_request_error");
 
-    r = roundtrip(s.port(), make_request("OPTIONS", "/echo", "", {"Access-Control-Request-Method: POST"}));
+    r = roundtrip(s.port(), make_request("OPTIONS", "/echo"));
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 204);
-    EXPECT_NE(r->header("access-control-allow-methods").find("POST"), std::string::npos);
+    EXPECT_NE(r->header("allow").find("POST"), std::string::npos);
 }
 
 TEST(HttpServer, ApiKeyAuth) {
@@ -689,6 +697,7 @@ TEST(HttpServer, MaxConnectionsAnswers503) {
 TEST(HttpServer, IdleConnectionsAreClosedButSlowHandlersAreNot) {
     server_options o = local_options();
     o.idle_timeout = 300ms;
+    o.header_timeout = 300ms;
     http_server s(o);
     s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
     s.add_route("GET", "/slow", [](const request&, response_writer& w) {
@@ -712,4 +721,321 @@ TEST(HttpServer, IdleConnectionsAreClosedButSlowHandlersAreNot) {
     EXPECT_EQ(r->body, "done");
     EXPECT_TRUE(idle.closed_by_server());
     EXPECT_TRUE(trickle.closed_by_server());
+}
+
+namespace {
+
+// Opens `count` connections from `from` and has each answered once, so the server counts them all as open.
+std::vector<std::unique_ptr<client>> hold_connections(uint16_t port, int count, const char* from = nullptr) {
+    std::vector<std::unique_ptr<client>> held;
+    for (int i = 0; i < count; ++i) {
+        auto c = std::make_unique<client>(port, from);
+        EXPECT_TRUE(c->send(make_request("GET", "/n")));
+        auto r = c->read_response();
+        EXPECT_TRUE(r && r->status == 200);
+        held.push_back(std::move(c));
+    }
+    return held;
+}
+
+}  // namespace
+
+TEST(HttpServer, PerAddressLimitLeavesOtherAddressesServed) {
+    server_options o = local_options();
+    o.max_connections = 16;
+    o.max_connections_per_address = 3;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.start();
+
+    auto held = hold_connections(s.port(), 3, "127.0.0.1");
+    {
+        client over(s.port(), "127.0.0.1");
+        ASSERT_TRUE(over.send(make_request("GET", "/n")));
+        auto r = over.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 503);
+        const std::string message = r->body_json()["error"]["message"];
+        EXPECT_NE(message.find("from 127.0.0.1 (limit 3 per address)"), std::string::npos) << message;
+        EXPECT_EQ(r->header("retry-after"), "1");
+        EXPECT_TRUE(over.closed_by_server());
+    }
+    auto r = roundtrip(s.port(), make_request("GET", "/n"), "127.0.0.2");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+
+    // The address gets a slot back once one of its connections closes.
+    held.pop_back();
+    bool served = false;
+    auto deadline = steady::now() + io_timeout;
+    while (!served && steady::now() < deadline) {
+        r = roundtrip(s.port(), make_request("GET", "/n"), "127.0.0.1");
+        served = r && r->status == 200;
+        if (!served) std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(served);
+}
+
+TEST(HttpServer, HealthIsAnsweredOverTheLimits) {
+    server_options o = local_options();
+    o.max_connections = 2;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.add_route("GET", "/health", [](const request&, response_writer& w) { reply_text(w, "up"); });
+    s.add_route("HEAD", "/health", [](const request&, response_writer& w) { w.send(200, "text/plain", ""); });
+    s.start();
+
+    auto held = hold_connections(s.port(), 1);
+    client full(s.port());  // the second and last slot
+    ASSERT_TRUE(full.send(make_request("GET", "/n")));
+    ASSERT_TRUE(full.read_response());
+
+    {
+        client c(s.port());
+        ASSERT_TRUE(c.send(make_request("GET", "/health?verbose=1")));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 200);
+        EXPECT_EQ(r->body, "up");
+        EXPECT_EQ(lower(r->header("connection")), "close");
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    {
+        client c(s.port());
+        ASSERT_TRUE(c.send(make_request("HEAD", "/health")));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 200);
+    }
+    {
+        auto r = roundtrip(s.port(), make_request("GET", "/n"));
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 503);
+        EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find("too many connections (limit 2)"),
+                  std::string::npos)
+            << r->body;
+    }
+    // Over a per-address limit too.
+    server_options p = local_options();
+    p.max_connections_per_address = 1;
+    http_server per_address(p);
+    per_address.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    per_address.add_route("GET", "/health", [](const request&, response_writer& w) { reply_text(w, "up"); });
+    per_address.start();
+    auto one = hold_connections(per_address.port(), 1);
+    auto r = roundtrip(per_address.port(), make_request("GET", "/health"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "up");
+    r = roundtrip(per_address.port(), make_request("GET", "/n"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503);
+}
+
+TEST(HttpServer, IdleSocketsFromOneAddressDoNotLockOthersOut) {
+    server_options o = local_options();
+    o.max_connections = 8;
+    o.max_connections_per_address = 4;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.add_route("GET", "/health", [](const request&, response_writer& w) { reply_text(w, "up"); });
+    s.start();
+
+    // Sockets that connect and never send anything, far more than the limits.
+    std::vector<std::unique_ptr<client>> idle;
+    for (int i = 0; i < 40; ++i) idle.push_back(std::make_unique<client>(s.port(), "127.0.0.1"));
+    std::this_thread::sleep_for(200ms);  // all accepted
+
+    auto t0 = steady::now();
+    auto r = roundtrip(s.port(), make_request("GET", "/n"), "127.0.0.2");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    r = roundtrip(s.port(), make_request("GET", "/health"), "127.0.0.2");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_LT(steady::now() - t0, 1s);
+
+    // Past the threads that wait for an over-limit request (8 per address), a socket is answered and closed at once.
+    auto refused = idle.back()->read_response();
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_NE(refused->body_json()["error"]["message"].get<std::string>().find("limit 4 per address"),
+              std::string::npos)
+        << refused->body;
+    EXPECT_TRUE(idle.back()->closed_by_server());
+}
+
+TEST(HttpServer, FirstRequestHasAShorterDeadlineThanKeepAlive) {
+    server_options o = local_options();
+    o.header_timeout = 300ms;
+    o.idle_timeout = 10s;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.start();
+
+    client silent(s.port());  // never sends a request
+    client kept(s.port());
+    ASSERT_TRUE(kept.send(make_request("GET", "/n")));
+    ASSERT_TRUE(kept.read_response());
+    client trickle(s.port());  // a second request whose head never ends
+    ASSERT_TRUE(trickle.send(make_request("GET", "/n")));
+    ASSERT_TRUE(trickle.read_response());
+    ASSERT_TRUE(trickle.send("GET /n HTTP/1.1\r\nHost: x\r\n"));
+
+    auto t0 = steady::now();
+    EXPECT_TRUE(silent.closed_by_server());
+    EXPECT_LT(steady::now() - t0, 2s);
+    EXPECT_TRUE(trickle.closed_by_server());
+    EXPECT_LT(steady::now() - t0, 2s);
+
+    // Idle keep-alive is held to idle_timeout, not header_timeout.
+    std::this_thread::sleep_for(700ms);
+    ASSERT_TRUE(kept.send(make_request("GET", "/n")));
+    auto r = kept.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+}
+
+TEST(HttpServer, CorsIsOffByDefault) {
+    http_server s(local_options());
+    std::atomic<int> runs{0};
+    s.add_route("POST", "/v1/run", [&](const request&, response_writer& w) {
+        ++runs;
+        w.send(200, "application/json", "{}");
+    });
+    s.add_route("GET", "/v1/cache", [](const request&, response_writer& w) { w.send(200, "application/json", "{}"); });
+    s.start();
+    const std::string evil = "Origin: https://evil.example";
+
+    auto r = roundtrip(s.port(), make_request("GET", "/v1/cache", "", {evil}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "");
+
+    r = roundtrip(s.port(), make_request("OPTIONS", "/v1/run", "",
+                                         {evil, "Access-Control-Request-Method: POST",
+                                          "Access-Control-Request-Headers: authorization, content-type"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 403);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "");
+    EXPECT_EQ(r->header("access-control-allow-headers"), "");
+    EXPECT_EQ(r->body_json()["error"]["type"], "permission_error");
+
+    // What a page can send without a preflight: refused before the handler runs.
+    for (const char* type : {"Content-Type: text/plain", "Content-Type: application/x-www-form-urlencoded",
+                             "Content-Type: multipart/form-data; boundary=x", ""}) {
+        std::vector<std::string> headers = {evil};
+        if (*type) headers.push_back(type);
+        r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", headers));
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 403) << type;
+        EXPECT_EQ(r->body_json()["error"]["type"], "permission_error");
+        EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find("https://evil.example"),
+                  std::string::npos);
+    }
+    r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", {"Origin: null", "Content-Type: text/plain"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 403);
+    EXPECT_EQ(runs, 0);
+
+    // A browser sends JSON across origins only after a preflight, which failed above: JSON with an Origin is a
+    // client outside a browser, and no Origin is not a browser's cross-origin request (curl sends a form type).
+    r = roundtrip(s.port(),
+                  make_request("POST", "/v1/run", "{}", {evil, "Content-Type: Application/JSON; charset=utf-8"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "");
+    r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", {"Content-Type: application/x-www-form-urlencoded"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(runs, 2);
+}
+
+TEST(HttpServer, CorsAllowsNamedOrigins) {
+    server_options o = local_options();
+    o.cors_origins = {"https://App.example/", "http://localhost:3000"};
+    o.max_body_bytes = 16;
+    http_server s(o);
+    std::atomic<int> runs{0};
+    s.add_route("POST", "/v1/run", [&](const request&, response_writer& w) {
+        ++runs;
+        w.send(200, "application/json", "{}");
+    });
+    s.start();
+    const std::string app = "Origin: https://app.example";
+
+    auto r = roundtrip(s.port(), make_request("OPTIONS", "/v1/run", "",
+                                              {app, "Access-Control-Request-Method: POST",
+                                               "Access-Control-Request-Headers: authorization, x-stainless-os"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 204);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "https://app.example");
+    EXPECT_NE(r->header("access-control-allow-methods").find("POST"), std::string::npos);
+    EXPECT_EQ(r->header("access-control-allow-headers"), "authorization, x-stainless-os");
+    EXPECT_NE(r->header("vary").find("Origin"), std::string::npos);
+
+    r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", {app, "Content-Type: text/plain"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "https://app.example");
+    EXPECT_EQ(r->header("vary"), "Origin");
+    r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", {"Origin: http://localhost:3000"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "http://localhost:3000");
+    EXPECT_EQ(runs, 2);
+
+    // Other origins get nothing they could read, and the answer says it depends on the origin.
+    for (const char* other : {"Origin: https://evil.example", "Origin: https://app.example.evil.example",
+                              "Origin: http://app.example", "Origin: http://localhost:3001"}) {
+        r = roundtrip(s.port(), make_request("OPTIONS", "/v1/run", "", {other, "Access-Control-Request-Method: POST"}));
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 403) << other;
+        EXPECT_EQ(r->header("access-control-allow-origin"), "") << other;
+        r = roundtrip(s.port(), make_request("POST", "/v1/run", "{}", {other, "Content-Type: application/json"}));
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 200);
+        EXPECT_EQ(r->header("access-control-allow-origin"), "") << other;
+        EXPECT_EQ(r->header("vary"), "Origin");
+    }
+
+    // Errors the page should be able to read carry the headers too.
+    r = roundtrip(s.port(), make_request("POST", "/v1/run", std::string(64, 'x'), {app}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 413);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "https://app.example");
+}
+
+TEST(HttpServer, CorsAnyOriginOnlyWhenAsked) {
+    server_options o = local_options();
+    o.cors_origins = {"*"};
+    http_server s(o);
+    s.add_route("GET", "/v1/cache", [](const request&, response_writer& w) { w.send(200, "application/json", "{}"); });
+    s.start();
+    auto r = roundtrip(s.port(), make_request("GET", "/v1/cache", "", {"Origin: https://anything.example"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "*");
+    r = roundtrip(s.port(), make_request("OPTIONS", "/v1/cache", "",
+                                         {"Origin: https://anything.example", "Access-Control-Request-Method: GET"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 204);
+    EXPECT_EQ(r->header("access-control-allow-origin"), "*");
+}
+
+TEST(HttpServer, ParseCorsOrigin) {
+    EXPECT_EQ(parse_cors_origin("*"), "*");
+    EXPECT_EQ(parse_cors_origin("https://App.Example.com/"), "https://app.example.com");
+    EXPECT_EQ(parse_cors_origin(" http://localhost:3000 "), "http://localhost:3000");
+    EXPECT_EQ(parse_cors_origin("http://[::1]:8080"), "http://[::1]:8080");
+    EXPECT_EQ(parse_cors_origin("https://app.example:443"), "https://app.example");  // as browsers send it
+    EXPECT_EQ(parse_cors_origin("http://app.example:80"), "http://app.example");
+    EXPECT_EQ(parse_cors_origin("http://app.example:8080"), "http://app.example:8080");
+    EXPECT_EQ(parse_cors_origin("chrome-extension://abcdefgh"), "chrome-extension://abcdefgh");
+    for (const char* bad :
+         {"", "app.example.com", "https://", "https://app.example.com/path", "https://*.example.com",
+          "https://a.example, https://b.example", "null", "://x", "ht tp://x", "https://user@app.example"}) {
+        EXPECT_THROW(parse_cors_origin(bad), std::invalid_argument) << bad;
+    }
+    server_options o = local_options();
+    o.cors_origins = {"not an origin"};
+    EXPECT_THROW(http_server{o}, std::invalid_argument);
 }

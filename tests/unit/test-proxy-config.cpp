@@ -94,6 +94,32 @@ TEST(ProxyConfig, EmptyFileKeepsTheDefaults) {
     EXPECT_EQ(s.pool.health_interval, defaults.pool.health_interval);
 }
 
+TEST(ProxyConfig, ListenLimitsAndCorsOrigins) {
+    const proxy_settings s = parse_proxy_config(R"(
+[listen]
+max_connections = 512
+max_connections_per_address = 0
+header_timeout = 2.5
+idle_timeout = 30
+cors_origins = ["https://App.example/", "http://localhost:3000"]
+)",
+                                                "proxy.toml");
+    EXPECT_EQ(s.http.max_connections, 512);
+    EXPECT_EQ(s.http.max_connections_per_address, 0);
+    EXPECT_EQ(s.http.header_timeout.count(), 2500);
+    EXPECT_EQ(s.http.idle_timeout.count(), 30000);
+    EXPECT_EQ(s.http.cors_origins, (std::vector<std::string>{"https://app.example", "http://localhost:3000"}));
+
+    const proxy_settings defaults = parse_proxy_config("", "proxy.toml");
+    EXPECT_TRUE(defaults.http.cors_origins.empty());  // CORS is off unless origins are named
+    EXPECT_EQ(defaults.http.max_connections_per_address, 64);
+
+    expect_error("[listen]\nmax_connections = 0\n", 2, "'listen.max_connections' must be between 1 and 65536");
+    expect_error("[listen]\ncors_origins = \"*\"\n", 2, "'listen.cors_origins' must be an array");
+    expect_error("[listen]\ncors_origins = [\"*\", \"app.example\"]\n", 2,
+                 "listen.cors_origins: 'app.example' is not an origin");
+}
+
 TEST(ProxyConfig, MistakesNameTheirLine) {
     expect_error("[listen]\nport = 70000\n", 2, "'listen.port' must be between 0 and 65535");
     expect_error("[listen]\nport = \"80\"\n", 2, "'listen.port' must be an integer");
