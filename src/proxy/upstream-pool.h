@@ -43,6 +43,9 @@ struct pool_options {
     // its POST /tokenize (keepwarm and llama-server have it) when a health check finds it up.
     std::vector<std::string> bias_texts;
     size_t max_idle_connections = 32;  // kept-alive connections per upstream
+    // Tenants: an upstream without a key of its own gets the client's key, so a keepwarm upstream with the same keys
+    // file keeps the tenants apart too (its cache would otherwise be one, shared by every tenant of the proxy).
+    bool forward_client_keys = false;
 };
 
 class upstream_pool {
@@ -71,6 +74,10 @@ public:
     std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model) const;
     // A call to it failed below HTTP: it is down until a health check sees it answer (its tree is forgotten then).
     void mark_down(size_t upstream);
+
+    // The key to send upstream for a client that authenticated with `client_key` (may be empty): the upstream's own,
+    // else the client's when forward_client_keys, else none.
+    std::string credential(size_t upstream, const std::string& client_key) const;
 
     // A connection to this upstream: an idle kept-alive one when there is one, else a new one.
     std::unique_ptr<http::client_connection> connection(size_t upstream);

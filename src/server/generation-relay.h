@@ -23,7 +23,9 @@ nlohmann::ordered_json parse_json_body(const http::request& req);
 
 // Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and
 // wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error").
-std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt);
+// `tenant`: whose prompt index to use.
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt,
+                                         const std::string& tenant = {});
 // tokenize_prompt() into gen.prompt, keeping the text in gen.prompt_text.
 void set_prompt(const server_context& ctx, generation_request& gen, std::string text);
 
@@ -31,6 +33,9 @@ void set_prompt(const server_context& ctx, generation_request& gen, std::string 
 void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling);
 
 int64_t unix_now();
+
+// The numbers a response may show: `st` itself, or with reuse hidden (st.reuse_hidden), as if nothing was reused.
+generation_stats reported_stats(const generation_stats& st);
 
 // Waits for the next event of a submitted generation. Returns nullopt once the client is gone, after telling the
 // generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer
