@@ -430,9 +430,8 @@ void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> p
     if (payload.empty()) return;
     stored_state state;
     const llama_token sentinel = -1;  // not a token id: keeps a checkpoint's key apart from the block ending there
-    state.key = chain_block_key(
-        chain_block_key(chain_root(n), path.first(static_cast<size_t>(pos))),
-        std::span<const llama_token>(&sentinel, 1));
+    state.key = chain_block_key(chain_block_key(chain_root(n), path.first(static_cast<size_t>(pos))),
+                                std::span<const llama_token>(&sentinel, 1));
     state.bytes = payload.size();
     state.last_used = clock::now();
     state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
@@ -595,8 +594,7 @@ prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const
     return best;
 }
 
-cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit,
-                                    std::string_view tenant) {
+cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant) {
     node* const root = tenant_root(tenant);
     device_sequence& s = seq(slot);
     s.in_use = true;

@@ -136,8 +136,8 @@ private:
     node* tenant_root(std::string_view tenant);  // made on first use
     node* root_for_key(const block_key& key);    // the root whose chain starts at `key` (made on first use)
     const block_key& chain_root(node* n) const;  // the root key of the tenant whose tree holds `n`
-    void hold(device_sequence& s, node* tip);  // s now holds the path to tip (holders counted)
-    void drop(device_sequence& s);             // s holds nothing
+    void hold(device_sequence& s, node* tip);    // s now holds the path to tip (holders counted)
+    void drop(device_sequence& s);               // s holds nothing
     void truncate(device_sequence& s, int length);
     void prune(node* n);
     struct device_match {
@@ -176,8 +176,8 @@ private:
     llama_seq_id scratch_ = 0;
     std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
     tree tree_;
-    std::map<block_key, node*> roots_by_key_;            // each tenant's root, by its root block key
-    std::map<const node*, block_key> root_keys_;         // ... and back
+    std::map<block_key, node*> roots_by_key_;     // each tenant's root, by its root block key
+    std::map<const node*, block_key> root_keys_;  // ... and back
     std::vector<device_sequence> sequences_;
     std::unique_ptr<disk_store> disk_;
     uint64_t ram_bytes_ = 0;

@@ -70,7 +70,8 @@ std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::stri
                      std::to_string(min_api_key_length) + " to " + std::to_string(max_api_key_length));
         }
         if (const auto it = line_of_key.find(std::string(key)); it != line_of_key.end()) {
-            fail(source, line_no, "the same key as line " + std::to_string(it->second) + " (each key names one tenant)");
+            fail(source, line_no,
+                 "the same key as line " + std::to_string(it->second) + " (each key names one tenant)");
         }
         if (keys.size() >= max_api_keys) fail(source, line_no, "more than " + std::to_string(max_api_keys) + " keys");
         if (seen_tenants.insert(std::string(tenant)).second && ++tenants > max_tenants) {
@@ -117,7 +118,8 @@ std::vector<std::string> configure_tenants(const std::string& single_key, std::v
         return {};
     }
     if (!single_key.empty()) {
-        throw std::invalid_argument("give either --api-key or --api-keys-file (put the key in the file, with a tenant)");
+        throw std::invalid_argument(
+            "give either --api-key or --api-keys-file (put the key in the file, with a tenant)");
     }
     keys = assign_tenants(load_api_keys_file(keys_file), shared_cache);
     std::vector<std::string> tenants = tenant_names(keys);

@@ -25,7 +25,8 @@ struct request {
     std::string body;
     std::string remote;  // "ip:port" of the peer
     // Set by the API-key check: the tenant of the key the request carried ("" without keys, on a route without auth,
-    // or when the keys share one tenant), and that key (the proxy forwards it to upstreams that have none of their own).
+    // or when the keys share one tenant), and that key (the proxy forwards it to upstreams that have none of their
+    // own).
     std::string tenant;
     std::string api_key;
 

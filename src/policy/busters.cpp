@@ -229,12 +229,11 @@ void cache_buster_detector::count(const cache_buster_report& r) {
             counts_.erase(oldest);
         }
         it = counts_
-                 .emplace(key,
-                          pattern_count{.tenant = r.origin.tenant,
-                                        .client = r.origin.client,
-                                        .pattern = pattern,
-                                        .rule_name = r.rule.name,
-                                        .kind = r.kind})
+                 .emplace(key, pattern_count{.tenant = r.origin.tenant,
+                                             .client = r.origin.client,
+                                             .pattern = pattern,
+                                             .rule_name = r.rule.name,
+                                             .kind = r.kind})
                  .first;
     }
     it->second.count++;

@@ -127,10 +127,10 @@ private:
 
     const options opts_;
     mutable std::mutex mu_;
-    std::unordered_map<std::string, client_history> clients_;              // guarded by mu_, by scoped_client()
-    size_t prompt_bytes_ = 0;                                              // guarded by mu_
-    uint64_t tick_ = 0;                                                    // guarded by mu_
-    std::deque<cache_buster_report> reports_;                              // guarded by mu_, newest first
+    std::unordered_map<std::string, client_history> clients_;  // guarded by mu_, by scoped_client()
+    size_t prompt_bytes_ = 0;                                  // guarded by mu_
+    uint64_t tick_ = 0;                                        // guarded by mu_
+    std::deque<cache_buster_report> reports_;                  // guarded by mu_, newest first
     // guarded by mu_, by (scoped_client(), pattern)
     std::map<std::pair<std::string, std::string>, pattern_count> counts_;
 };

@@ -35,7 +35,8 @@ upstream_generation::upstream_generation(server_context& ctx, upstream_pool& poo
     client_biases_ = chat_.sampling.logit_bias;
     prompt_text_ = canonical_prompt_text(chat_);
     if (ctx_.busters)
-        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, prompt_text_, chat_.messages, {});
+        buster_ =
+            ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, prompt_text_, chat_.messages, {});
     connect(req);
     body_.emplace(*conn_);
 }
@@ -263,12 +264,12 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
     return [&ctx, &pool](const http::request& req, const api::chat_request& chat) {
         api::chat_request served = chat;
         ctx.policy->apply(served, {}, policy::policy_use::counting);
-        const auto route =
-            pool.peek(chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant),
-                      served.model);
+        const auto route = pool.peek(
+            chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant), served.model);
         if (!route) throw http::http_error(503, "no upstream is up to count the tokens", "server_error");
         const upstream_config& u = *route->config;
-        const auto call = build_count_call(u.dialect, served, route->model, pool.credential(route->upstream, req.api_key));
+        const auto call =
+            build_count_call(u.dialect, served, route->model, pool.credential(route->upstream, req.api_key));
         if (!call) {
             throw http::http_error(501,
                                    "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +

@@ -30,8 +30,8 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     relay_.emplace(*gen_, w, ctx_, id_);  // from here on, destroying this object cancels the generation
     parser_.emplace(ctx_.renderer->parser_params(rendered_, chat_));
     if (ctx_.busters) {
-        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, rendered_.prompt, chat_.messages,
-                                        policy::locate_tokens(ctx_.llm->vocab(), gen_->prompt));
+        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, rendered_.prompt,
+                                        chat_.messages, policy::locate_tokens(ctx_.llm->vocab(), gen_->prompt));
     }
 }
 
@@ -52,7 +52,8 @@ void chat_generation::record_delivered(const std::vector<llama_token>& generated
                                        bool complete) {
     if (!answer.tool_calls.empty() || !answer.reasoning_content.empty() || answer.content.empty()) return;
     if (rendered_.continuation) return;
-    ctx_.tokenizer_for(gen_->tenant).record_delivered(gen_->prompt_text, gen_->prompt, generated, answer.content, complete);
+    ctx_.tokenizer_for(gen_->tenant)
+        .record_delivered(gen_->prompt_text, gen_->prompt, generated, answer.content, complete);
 }
 
 generation_opener local_generation(server_context& ctx) {

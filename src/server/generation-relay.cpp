@@ -149,7 +149,8 @@ void generation_relay::log_request(const generation_event& ev) const {
     if (!st.divergence.empty() && ctx_.log_prompts) {
         std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
     } else if (!st.divergence.empty()) {
-        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.substr(0, st.divergence.find(':')).c_str());
+        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(),
+                     st.divergence.substr(0, st.divergence.find(':')).c_str());
     }
 }
 

@@ -98,7 +98,8 @@ int run_serve(serve_options opts) {
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
-    const std::vector<std::string> tenants = http::configure_tenants(opts.http.api_key, opts.http.api_keys, opts.api_keys_file, opts.shared_cache);
+    const std::vector<std::string> tenants =
+        http::configure_tenants(opts.http.api_key, opts.http.api_keys, opts.api_keys_file, opts.shared_cache);
     ctx.log_prompts = opts.log_prompts;
     ctx.reuse_report = !opts.no_reuse_report;
     if (!tenants.empty() && policy_config.detect.mode == policy::detect_mode::automatic) {
@@ -124,7 +125,8 @@ int run_serve(serve_options opts) {
     ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());
     // Each tenant's index shares the default budget, so many tenants do not multiply the memory it may take.
     api::prompt_tokenizer::options tenant_index;
-    tenant_index.token_budget = std::max<size_t>(tenant_index.token_budget / std::max<size_t>(tenants.size(), 1), 1 << 18);
+    tenant_index.token_budget =
+        std::max<size_t>(tenant_index.token_budget / std::max<size_t>(tenants.size(), 1), 1 << 18);
     for (const std::string& tenant : tenants) {
         ctx.tenant_tokenizers.emplace(tenant, std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab(), tenant_index));
     }
