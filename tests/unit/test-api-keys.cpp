@@ -71,11 +71,13 @@ TEST(api_keys, every_mistake_names_its_line_and_never_the_key) {
 TEST(api_keys, bounds_size_keys_and_tenants) {
     EXPECT_NE(error_of(std::string(max_api_keys_file_bytes + 1, '#')).find("larger than"), std::string::npos);
     std::string many_tenants;
-    for (size_t i = 0; i <= max_tenants; ++i)
-        many_tenants += "t" + std::to_string(i) + " key-" + std::to_string(i) + "-xxxxxx\n";
+    for (size_t i = 0; i <= max_tenants; ++i) {
+        const std::string n = std::to_string(i);
+        many_tenants.append("t").append(n).append(" key-").append(n).append("-xxxxxx\n");
+    }
     EXPECT_EQ(error_of(many_tenants).rfind("keys.txt:257: more than 256 tenants", 0), 0u) << error_of(many_tenants);
     std::string many_keys;
-    for (size_t i = 0; i <= max_api_keys; ++i) many_keys += "t key-" + std::to_string(i) + "-xxxxxx\n";
+    for (size_t i = 0; i <= max_api_keys; ++i) many_keys.append("t key-").append(std::to_string(i)).append("-xxxxxx\n");
     EXPECT_EQ(error_of(many_keys).rfind("keys.txt:4097: more than 4096 keys", 0), 0u) << error_of(many_keys);
 }
 
