@@ -106,6 +106,17 @@ block_key root_block_key(std::string_view model_fingerprint) {
     return from_xxh(XXH3_128bits(input.data(), input.size()));
 }
 
+block_key tenant_root_block_key(std::string_view model_fingerprint, std::string_view tenant) {
+    if (tenant.empty()) return root_block_key(model_fingerprint);
+    static constexpr std::string_view tag = "keepwarm.tenant.v1";
+    const uint64_t fingerprint_size = model_fingerprint.size();  // length prefix: the split is unambiguous
+    std::string input(tag);
+    input.append(reinterpret_cast<const char*>(&fingerprint_size), sizeof fingerprint_size);
+    input += model_fingerprint;
+    input += tenant;
+    return from_xxh(XXH3_128bits(input.data(), input.size()));
+}
+
 block_key chain_block_key(const block_key& parent, std::span<const llama_token> tokens) {
     // One contiguous input: cheaper than a streaming state for the few KB a block holds.
     std::vector<unsigned char> input(block_key_size + tokens.size_bytes());

@@ -37,6 +37,12 @@ block_key block_key_from_bytes(const unsigned char in[block_key_size]);
 // The parent of every block that starts at position 0: XXH3-128 over "keepwarm.root.v1" || model_fingerprint.
 block_key root_block_key(std::string_view model_fingerprint);
 
+// The parent of every block that starts at position 0 in one tenant's cache: root_block_key() for the shared tenant
+// (""), so entries written before tenants existed stay readable; otherwise XXH3-128 over "keepwarm.tenant.v1" ||
+// u64 length of the fingerprint || model_fingerprint || tenant. Two tenants' chains never share a key, so the same
+// tokens cached for two tenants are two entries, each filed under its own tenant.
+block_key tenant_root_block_key(std::string_view model_fingerprint, std::string_view tenant);
+
 // key(block) = XXH3-128(parent's 16 canonical bytes || the block's token ids as int32 little-endian). Because the
 // parent is the key of the block ending where this one starts, the result names the whole prefix [0, end).
 block_key chain_block_key(const block_key& parent, std::span<const llama_token> tokens);

@@ -2,6 +2,7 @@
 // prompt once, so its cost grows with the prompt's length, not with how many conversations are cached.
 // Each node ends a run of tokens (its edge) and carries a Value (e.g. where that span's KV lives). When an edge is
 // split, a Value with a member `Value split_upper(size_t upper_depth)` hands the upper node what belongs to it.
+// The tree may have several roots (new_root()): separate namespaces, e.g. one per tenant, whose paths never meet.
 // Threading: not synchronized; the owner serializes access.
 #pragma once
 
@@ -34,16 +35,27 @@ public:
         bool ends_at_node() const { return deepest && into_edge == deepest->edge.size(); }
     };
 
-    prefix_tree() : root_(std::make_unique<node>()) {}
+    prefix_tree() { roots_.push_back(std::make_unique<node>()); }
 
-    node* root() { return root_.get(); }
-    const node* root() const { return root_.get(); }
-    size_t node_count() const { return nodes_; }  // excluding the root
+    // The first root (always there).
+    node* root() { return roots_.front().get(); }
+    const node* root() const { return roots_.front().get(); }
+    // Adds an empty root: the start of paths that no other root's paths share.
+    node* new_root() { return roots_.emplace_back(std::make_unique<node>()).get(); }
+    static bool is_root(const node* n) { return n->parent == nullptr; }
+    static node* root_of(node* n) {
+        while (n->parent) n = n->parent;
+        return n;
+    }
+    size_t node_count() const { return nodes_; }  // excluding the roots
 
-    // The longest prefix of `tokens` present in the tree.
-    match longest_prefix(std::span<const llama_token> tokens) const {
+    // The longest prefix of `tokens` present in the tree, below the first root.
+    match longest_prefix(std::span<const llama_token> tokens) const { return longest_prefix(root(), tokens); }
+
+    // The longest prefix of `tokens` present below `from_root`.
+    match longest_prefix(const node* from_root, std::span<const llama_token> tokens) const {
         match m;
-        node* at = root_.get();
+        node* at = const_cast<node*>(from_root);
         size_t i = 0;
         while (i < tokens.size()) {
             auto it = at->children.find(tokens[i]);
@@ -62,7 +74,7 @@ public:
 
     // Makes `tokens` a path of the tree and returns the node that ends exactly at its last token (splitting an
     // edge if the path ended inside one). Inserting an empty sequence returns the root.
-    node* insert(std::span<const llama_token> tokens) { return insert_below(root_.get(), tokens); }
+    node* insert(std::span<const llama_token> tokens) { return insert_below(root(), tokens); }
 
     // Like insert(), for the path `from`'s path + `tokens`.
     node* insert_below(node* from, std::span<const llama_token> tokens) {
@@ -135,9 +147,9 @@ public:
         return split(at, pos - (at->depth - at->edge.size()));
     }
 
-    // Removes a leaf. Returns false (and does nothing) for the root or a node that has children.
+    // Removes a leaf. Returns false (and does nothing) for a root or a node that has children.
     bool erase_leaf(node* n) {
-        if (n == root_.get() || !n->children.empty()) return false;
+        if (is_root(n) || !n->children.empty()) return false;
         n->parent->children.erase(n->edge.front());
         --nodes_;
         return true;
@@ -146,27 +158,28 @@ public:
     // The tokens from the root to the end of `n`'s edge.
     std::vector<llama_token> path(const node* n) const {
         std::vector<llama_token> out(n->depth);
-        for (const node* at = n; at && at != root_.get(); at = at->parent) {
+        for (const node* at = n; at && !is_root(at); at = at->parent) {
             std::copy(at->edge.begin(), at->edge.end(),
                       out.begin() + static_cast<std::ptrdiff_t>(at->depth - at->edge.size()));
         }
         return out;
     }
 
-    // Visits every node but the root, parents before children.
+    // Visits every node but the roots, parents before children.
     template <typename F>
     void for_each(F&& visit) {
-        std::vector<node*> stack{root_.get()};
+        std::vector<node*> stack;
+        for (auto& r : roots_) stack.push_back(r.get());
         while (!stack.empty()) {
             node* at = stack.back();
             stack.pop_back();
-            if (at != root_.get()) visit(*at);
+            if (!is_root(at)) visit(*at);
             for (auto& [token, child] : at->children) stack.push_back(child.get());
         }
     }
 
 private:
-    std::unique_ptr<node> root_;
+    std::vector<std::unique_ptr<node>> roots_;  // never empty
     size_t nodes_ = 0;
 };
 

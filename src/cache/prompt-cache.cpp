@@ -66,6 +66,8 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
                                      LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
         empty_partial_state_.erase(empty_partial_state_.begin(), empty_partial_state_.begin() + state_header);
     }
+    root_keys_[tree_.root()] = root_block_key(options_.model_fingerprint);
+    roots_by_key_[root_block_key(options_.model_fingerprint)] = tree_.root();
     counters_.block_tokens = options_.block_tokens;
     counters_.checkpoints_enabled = !can_truncate_;
     counters_.ram.budget = options_.ram_budget;
@@ -96,7 +98,20 @@ void prompt_cache::index_disk() {
             counters_.disk_rejected++;
             continue;
         }
-        node* n = tree_.insert(info.tokens);
+        // The key chains from the root key of the tenant that cached it: that names the tenant, and a file whose
+        // key does not follow from its parent and tokens cannot say whose it is.
+        const block_key block = chain_block_key(info.parent, info.tokens);
+        const llama_token sentinel = -1;
+        const block_key expected =
+            info.kind == kind_block ? block : chain_block_key(block, std::span<const llama_token>(&sentinel, 1));
+        if (expected != info.key) {
+            std::fprintf(stderr, "keepwarm: disk cache: ignored %s.kwkv: its key does not follow from its tokens\n",
+                         info.key.hex().c_str());
+            disk_->erase(info.key);
+            counters_.disk_rejected++;
+            continue;
+        }
+        node* n = tree_.insert_below(root_for_key(info.parent), info.tokens);
         stored_state state;
         state.on_disk = true;
         state.key = info.key;
@@ -112,23 +127,39 @@ void prompt_cache::index_disk() {
     }
 }
 
-// ---- device sequences and the tree ----
+// ---- tenants, device sequences and the tree ----
+
+prompt_cache::node* prompt_cache::tenant_root(std::string_view tenant) {
+    return root_for_key(tenant_root_block_key(options_.model_fingerprint, tenant));
+}
+
+prompt_cache::node* prompt_cache::root_for_key(const block_key& key) {
+    if (auto it = roots_by_key_.find(key); it != roots_by_key_.end()) return it->second;
+    node* root = tree_.new_root();
+    roots_by_key_.emplace(key, root);
+    root_keys_.emplace(root, key);
+    return root;
+}
+
+const block_key& prompt_cache::chain_root(node* n) const {
+    return root_keys_.at(tree::root_of(n));
+}
 
 void prompt_cache::hold(device_sequence& s, node* tip) {
     s.tip = tip;
-    for (node* n = tip; n != tree_.root(); n = n->parent) n->value.holders++;
+    for (node* n = tip; !tree::is_root(n); n = n->parent) n->value.holders++;
 }
 
 void prompt_cache::drop(device_sequence& s) {
     llama_memory_seq_rm(llama_get_memory(ctx_), s.seq, -1, -1);
     node* tip = s.tip;
-    for (node* n = tip; n != tree_.root(); n = n->parent) n->value.holders--;
-    s.tip = tree_.root();
+    for (node* n = tip; !tree::is_root(n); n = n->parent) n->value.holders--;
+    s.tip = tree::root_of(tip);  // empty, still in its tenant's tree
     prune(tip);
 }
 
 void prompt_cache::prune(node* n) {
-    while (n != tree_.root() && n->value.holders == 0 && n->value.blocks.empty() && n->value.checkpoints.empty() &&
+    while (!tree::is_root(n) && n->value.holders == 0 && n->value.blocks.empty() && n->value.checkpoints.empty() &&
            n->children.empty()) {
         node* parent = n->parent;
         tree_.erase_leaf(n);
@@ -158,7 +189,7 @@ void prompt_cache::append(int slot, std::span<const llama_token> tokens) {
     if (tokens.empty()) return;
     device_sequence& s = seq(slot);
     node* tip = s.tip;
-    if (tip != tree_.root() && tip->children.empty() && tip->value.holders == 1) {
+    if (!tree::is_root(tip) && tip->children.empty() && tip->value.holders == 1) {
         tree_.extend_leaf(tip, tokens);  // the common case: a conversation growing its own path
         return;
     }
@@ -169,7 +200,7 @@ void prompt_cache::append(int slot, std::span<const llama_token> tokens) {
 
 prompt_cache::device_sequence* prompt_cache::free_parking() {
     for (size_t i = static_cast<size_t>(options_.slots); i < sequences_.size(); ++i) {
-        if (sequences_[i].tip == tree_.root()) return &sequences_[i];
+        if (tree::is_root(sequences_[i].tip)) return &sequences_[i];
     }
     return nullptr;
 }
@@ -178,7 +209,7 @@ prompt_cache::device_sequence* prompt_cache::free_parking() {
 prompt_cache::device_sequence* prompt_cache::eviction_victim(const device_sequence* keep) {
     device_sequence* victim = nullptr;
     for (auto& s : sequences_) {
-        if (s.in_use || s.tip == tree_.root() || &s == keep) continue;
+        if (s.in_use || tree::is_root(s.tip) || &s == keep) continue;
         if (!victim || s.last_used < victim->last_used) victim = &s;
     }
     return victim;
@@ -188,9 +219,9 @@ prompt_cache::device_sequence* prompt_cache::eviction_victim(const device_sequen
 // are freed. Blocks already in RAM or on disk are not written again.
 void prompt_cache::demote(device_sequence& s) {
     node* tip = s.tip;
-    if (tip == tree_.root()) return;
+    if (tree::is_root(tip)) return;
     size_t shared_depth = 0;
-    for (node* n = tip; n != tree_.root(); n = n->parent) {
+    for (node* n = tip; !tree::is_root(n); n = n->parent) {
         if (n->value.holders > 1) {
             shared_depth = n->depth;
             break;
@@ -216,9 +247,9 @@ void prompt_cache::demote(device_sequence& s) {
 // moves on. A few tokens (typically the end of a turn that the next request renders differently) are cheaper to
 // recompute than to keep a parked sequence for: each one costs a sequence and adds to every cell walk.
 bool prompt_cache::worth_keeping(const device_sequence& s) const {
-    if (s.tip == tree_.root() || s.tip->value.holders > 1) return false;
+    if (tree::is_root(s.tip) || s.tip->value.holders > 1) return false;
     size_t shared_depth = 0;
-    for (const node* n = s.tip; n != tree_.root(); n = n->parent) {
+    for (const node* n = s.tip; !tree::is_root(n); n = n->parent) {
         if (n->value.holders > 1) {
             shared_depth = n->depth;
             break;
@@ -262,7 +293,7 @@ void prompt_cache::persist_all() {
     const int b = options_.block_tokens;
     for (auto& s : sequences_) {
         node* tip = s.tip;
-        if (tip == tree_.root()) continue;
+        if (tree::is_root(tip)) continue;
         std::vector<llama_token> path;
         for (int end = b; end <= static_cast<int>(tip->depth); end += b) {
             node* n = tree_.ancestor_at(tip, static_cast<size_t>(end));
@@ -271,7 +302,7 @@ void prompt_cache::persist_all() {
             if (path.empty()) path = tree_.path(tip);
             if (it != n->value.blocks.end() && it->second.ram && disk_) {
                 disk_->put({.key = it->second.key,
-                            .parent = root_block_key(options_.model_fingerprint),
+                            .parent = chain_root(tip),
                             .start = 0,
                             .end = end,
                             .kind = kind_block,
@@ -373,13 +404,13 @@ bool prompt_cache::restore_checkpoint(llama_seq_id slot, const std::vector<uint8
 void prompt_cache::store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path) {
     if (payload.empty()) return;
     stored_state state;
-    state.key = chain_block_key(root_block_key(options_.model_fingerprint), path.first(static_cast<size_t>(end)));
+    state.key = chain_block_key(chain_root(n), path.first(static_cast<size_t>(end)));
     state.bytes = payload.size();
     state.last_used = clock::now();
     state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
     if (disk_) {
         disk_->put({.key = state.key,
-                    .parent = root_block_key(options_.model_fingerprint),
+                    .parent = chain_root(n),
                     .start = 0,
                     .end = end,
                     .kind = kind_block,
@@ -399,15 +430,14 @@ void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> p
     if (payload.empty()) return;
     stored_state state;
     const llama_token sentinel = -1;  // not a token id: keeps a checkpoint's key apart from the block ending there
-    state.key = chain_block_key(
-        chain_block_key(root_block_key(options_.model_fingerprint), path.first(static_cast<size_t>(pos))),
-        std::span<const llama_token>(&sentinel, 1));
+    state.key = chain_block_key(chain_block_key(chain_root(n), path.first(static_cast<size_t>(pos))),
+                                std::span<const llama_token>(&sentinel, 1));
     state.bytes = payload.size();
     state.last_used = clock::now();
     state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
     if (disk_) {
         disk_->put({.key = state.key,
-                    .parent = root_block_key(options_.model_fingerprint),
+                    .parent = chain_root(n),
                     .start = 0,
                     .end = pos,
                     .kind = kind_checkpoint,
@@ -425,7 +455,7 @@ void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> p
 
 void prompt_cache::checkpoint(int slot) {
     device_sequence& s = seq(slot);
-    if (can_truncate_ || s.tip == tree_.root()) return;
+    if (can_truncate_ || tree::is_root(s.tip)) return;
     const auto pos = static_cast<int32_t>(s.tip->depth);
     if (s.tip->value.checkpoints.count(pos)) return;  // a valid one is never displaced
     std::vector<uint8_t> state = serialize_checkpoint(s.seq, pos);
@@ -542,12 +572,12 @@ int prompt_cache::device_tokens() {
 
 prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const device_sequence& s) {
     device_match best;
-    for (node* n = m.deepest; n && n != tree_.root(); n = n->parent) {
+    for (node* n = m.deepest; n && !tree::is_root(n); n = n->parent) {
         if (n->value.holders == 0) continue;
         best.length = static_cast<int>(n == m.deepest ? m.length : n->depth);
         for (auto& cand : sequences_) {
             bool through = false;
-            for (node* a = cand.tip; a != tree_.root() && a->depth >= n->depth; a = a->parent) {
+            for (node* a = cand.tip; !tree::is_root(a) && a->depth >= n->depth; a = a->parent) {
                 if (a == n) {
                     through = true;
                     break;
@@ -564,7 +594,8 @@ prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const
     return best;
 }
 
-cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit) {
+cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant) {
+    node* const root = tenant_root(tenant);
     device_sequence& s = seq(slot);
     s.in_use = true;
     counters_.lookups++;
@@ -584,9 +615,9 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     // leaves `s` empty or the holder, so this ends.
     // Where the prompt leaves a cached path that goes on differently, before this slot's own tail is dropped.
     cache_restore divergence;
-    const tree::match first = tree_.longest_prefix(prompt);
+    const tree::match first = tree_.longest_prefix(root, prompt);
     if (first.length < prompt.size()) {
-        const node* n = first.deepest ? first.deepest : tree_.root();
+        const node* n = first.deepest ? first.deepest : root;
         if (first.deepest && first.into_edge < first.deepest->edge.size()) {
             auto from = first.deepest->edge.begin() + static_cast<std::ptrdiff_t>(first.into_edge);
             divergence.cached_continuation.assign(from,
@@ -601,9 +632,9 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
 
     bool kept_own = false;
     for (int round = 0;; ++round) {
-        m = tree_.longest_prefix(prompt);
+        m = tree_.longest_prefix(root, prompt);
         dm = find_holder(m, s);
-        if (dm.holder != &s && s.tip != tree_.root()) {
+        if (dm.holder != &s && !tree::is_root(s.tip)) {
             if (worth_keeping(s)) park(s, dm.holder);  // nobody else holds enough of what this slot has: keep it
             drop(s);
             continue;
@@ -628,8 +659,8 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
                 target = dm.length;
             }
-            for (node* n = m.deepest ? tree_.ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : tree_.root();
-                 n != tree_.root(); n = n->parent) {
+            for (node* n = m.deepest ? tree_.ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : root;
+                 !tree::is_root(n); n = n->parent) {
                 auto& cps = n->value.checkpoints;
                 auto it = cps.upper_bound(attention_end);
                 if (it == cps.begin()) continue;
@@ -678,7 +709,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     // Step 1 may have split nodes (entries move to the upper part) or pruned the slot's old path: planned entries
     // are found again by position on the prompt's path.
     const auto entry_at = [&](bool is_checkpoint, int32_t pos) -> stored_state* {
-        const tree::match now = tree_.longest_prefix(prompt);
+        const tree::match now = tree_.longest_prefix(root, prompt);
         if (!now.deepest || static_cast<size_t>(pos) > now.length) return nullptr;
         node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
         auto& map = is_checkpoint ? n->value.checkpoints : n->value.blocks;
@@ -690,7 +721,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         if (!state) return;
         state->on_disk = false;
         if (state->ram) return;
-        const tree::match now = tree_.longest_prefix(prompt);
+        const tree::match now = tree_.longest_prefix(root, prompt);
         node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
         (is_checkpoint ? n->value.checkpoints : n->value.blocks).erase(pos);
     };
@@ -737,18 +768,19 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         counters_.restore_failures++;
         drop(s);
         r = {};
-        r.matched = static_cast<int>(tree_.longest_prefix(prompt).length);
+        r.matched = static_cast<int>(tree_.longest_prefix(root, prompt).length);
     } else {
         r.reused = can_truncate_ ? restored : target;
         if (r.reused > static_cast<int>(s.tip->depth)) {  // extend the slot's path over what was restored
-            m = tree_.longest_prefix(prompt);
+            m = tree_.longest_prefix(root, prompt);
             node* tip = tree_.node_ending_at(m.deepest, static_cast<size_t>(r.reused));
-            for (node* n = s.tip; n != tree_.root(); n = n->parent) n->value.holders--;
+            for (node* n = s.tip; !tree::is_root(n); n = n->parent) n->value.holders--;
             hold(s, tip);
         }
         r.device = std::min(r.device, r.reused);
     }
 
+    if (tree::is_root(s.tip)) s.tip = root;  // an empty slot: what it computes next goes into this tenant's tree
     r.divergence_pos = divergence.divergence_pos;
     r.cached_continuation = std::move(divergence.cached_continuation);
     (r.reused > 0 ? counters_.hits : counters_.misses)++;
@@ -790,7 +822,7 @@ void prompt_cache::publish() {
     });
     snap.checkpoints = snap.checkpoints;
     for (auto& s : sequences_) {
-        if (s.tip != tree_.root()) snap.device.entries++;
+        if (!tree::is_root(s.tip)) snap.device.entries++;
     }
     snap.ram.bytes = ram_bytes_;
     snap.ram.budget = options_.ram_budget;

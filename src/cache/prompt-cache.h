@@ -6,6 +6,9 @@
 //           through a scratch sequence), one per tree position, never one copy per conversation.
 //   disk    the same blocks as content-addressed files (disk_store), written behind the RAM tier; indexed at
 //           start-up, so a restarted server picks up where it left off.
+// Tenants: each tenant's paths hang below a root of its own, so a lookup, the cells a slot shares, a RAM or disk
+// block and a checkpoint only ever serve the tenant that cached them. A block's key chains from its tenant's root
+// key (tenant_root_block_key), so disk entries say whose they are after a restart.
 // Models whose memory cannot roll back (hybrid recurrent/attention) also keep checkpoints: the recurrent state
 // alone (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) at block ends and message boundaries, captured while the prompt is
 // computed; a restore then costs at most the tokens since the last checkpoint.
@@ -20,6 +23,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/block-key.h"
@@ -85,8 +89,8 @@ public:
 
     // Makes sequence `slot` hold the longest cached prefix of `prompt` it can, at most `limit` positions, from
     // whichever tier holds it; the slot's previous content stays cached (parked or demoted). The slot is in use
-    // until release_slot().
-    cache_restore acquire(int slot, std::span<const llama_token> prompt, int limit);
+    // until release_slot(). Only what `tenant` cached is matched ("": the shared tenant).
+    cache_restore acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant = {});
     // Tokens just decoded into `slot` at the end of its sequence (prompt or generated).
     void append(int slot, std::span<const llama_token> tokens);
     // The slot's request ended; its KV stays cached. With `discard`, its KV is in an unknown state: drop it.
@@ -129,8 +133,11 @@ private:
     enum class tier { ram, disk };
 
     device_sequence& seq(llama_seq_id id) { return sequences_[static_cast<size_t>(id)]; }
-    void hold(device_sequence& s, node* tip);  // s now holds the path to tip (holders counted)
-    void drop(device_sequence& s);             // s holds nothing
+    node* tenant_root(std::string_view tenant);  // made on first use
+    node* root_for_key(const block_key& key);    // the root whose chain starts at `key` (made on first use)
+    const block_key& chain_root(node* n) const;  // the root key of the tenant whose tree holds `n`
+    void hold(device_sequence& s, node* tip);    // s now holds the path to tip (holders counted)
+    void drop(device_sequence& s);               // s holds nothing
     void truncate(device_sequence& s, int length);
     void prune(node* n);
     struct device_match {
@@ -169,6 +176,8 @@ private:
     llama_seq_id scratch_ = 0;
     std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
     tree tree_;
+    std::map<block_key, node*> roots_by_key_;     // each tenant's root, by its root block key
+    std::map<const node*, block_key> root_keys_;  // ... and back
     std::vector<device_sequence> sequences_;
     std::unique_ptr<disk_store> disk_;
     uint64_t ram_bytes_ = 0;

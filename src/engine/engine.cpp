@@ -67,6 +67,7 @@ std::optional<generation_event> generation_stream::pop(std::chrono::milliseconds
 struct engine::slot {
     int id = 0;
     std::vector<llama_token> cached;  // tokens whose KV sequence `id` holds, in position order
+    std::string tenant;               // whose tokens those are
     std::shared_ptr<generation_request> request;
     cache_restore restored;   // what the prefix cache supplied for this request
     std::vector<int> cuts;    // hybrid models: message starts, where a checkpoint is taken
@@ -271,7 +272,8 @@ void engine::admit_queued() {
         size_t best_len = 0;
         for (auto& s : slots_) {
             if (s->busy()) continue;
-            const size_t len = common_prefix_length(s->cached, prompt);
+            // Another tenant's content never counts as a match: the choice must not depend on what others sent.
+            const size_t len = s->tenant == request->tenant ? common_prefix_length(s->cached, prompt) : 0;
             if (!best || len > best_len || (len == best_len && s->last_used < best->last_used)) {
                 best = s.get();
                 best_len = len;
@@ -335,7 +337,8 @@ std::string engine::describe_divergence(const std::vector<llama_token>& prompt, 
 // its logits give the first generated token).
 void engine::restore_prefix(slot& s) {
     const auto& prompt = s.request->prompt;
-    s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1);
+    s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1, s.request->tenant);
+    s.tenant = s.request->tenant;
     s.cached.assign(prompt.begin(), prompt.begin() + s.restored.reused);
     s.prompt_done = static_cast<size_t>(s.restored.reused);
     s.reused = s.restored.reused;
@@ -346,7 +349,7 @@ void engine::follow_shared_prefills(slot& s) {
     s.follow = -1;
     const auto& prompt = s.request->prompt;
     for (auto& other : slots_) {
-        if (other.get() == &s || !other->prefilling()) continue;
+        if (other.get() == &s || !other->prefilling() || other->request->tenant != s.request->tenant) continue;
         const size_t shared = common_prefix_length(other->request->prompt, prompt);
         const size_t limit = std::min(shared, prompt.size() - 1);
         if (limit > s.prompt_done + 16 && other->prompt_done < limit) {

@@ -41,6 +41,9 @@ struct generation_stats {
     double generation_ms = 0;   // after the first sampled token
     int slot = -1;              // which slot served it
     std::string stop_sequence;  // the stop string that ended the generation (empty: none did)
+    // The operator turned reuse reports off (--no-reuse-report): responses say nothing was reused, so a client cannot
+    // read from them what the cache holds. The log and the cache-buster detector still see the real numbers.
+    bool reuse_hidden = false;
 };
 
 struct generation_event {
@@ -70,6 +73,9 @@ private:
 struct generation_request {
     std::vector<llama_token> prompt;
     std::string prompt_text;  // what `prompt` spells (the rendered prompt), for the prompt tokenizer's index
+    // Whose cache this request may reuse and extend: the tenant of its API key ("": the shared one). A tenant's
+    // requests never match another tenant's cached prefixes, whatever tier holds them.
+    std::string tenant;
     common_params_sampling sampling;
     int max_tokens = -1;                   // -1: until end of generation or the slot's context is full
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned

@@ -871,27 +871,43 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
         return w.reusable();
     }
 
-    if (!options.api_key.empty() && r.options.requires_auth) {
+    if ((!options.api_key.empty() || !options.api_keys.empty()) && r.options.requires_auth) {
         // Either credential may carry the key (OpenAI clients send a bearer token, Anthropic clients x-api-key).
         bool present = false;
-        bool valid = false;
+        std::vector<std::string_view> given;
         std::string authz = req.header("authorization");
         std::string_view a = trim(authz);
         if (a.size() > 7 && iequals(a.substr(0, 7), "bearer ")) {
             present = true;
-            valid |= constant_time_equals(trim(a.substr(7)), options.api_key);
+            given.push_back(trim(a.substr(7)));
         }
         if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
             present = true;
-            valid |= constant_time_equals(trim(it->second), options.api_key);
+            given.push_back(trim(it->second));
         }
-        if (!valid) {
+        // Every key is compared (no early exit), so the time taken does not say which key came close.
+        const api_key_entry* matched = nullptr;
+        std::string_view matched_given;
+        const auto check = [&](const api_key_entry& k) {
+            for (const std::string_view g : given) {
+                if (constant_time_equals(g, k.key) && !matched) {
+                    matched = &k;
+                    matched_given = g;
+                }
+            }
+        };
+        const api_key_entry single{options.api_key, {}};
+        if (!options.api_key.empty()) check(single);
+        for (const api_key_entry& k : options.api_keys) check(k);
+        if (!matched) {
             send_error(r.options.format_error, 401, "authentication_error",
                        present ? "invalid API key"
                                : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                        {{"WWW-Authenticate", "Bearer"}});
             return w.reusable();
         }
+        req.tenant = matched->tenant;
+        req.api_key = std::string(matched_given);
     }
 
     // An exception after the handler had started answering cannot change the status: the connection closes (a

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "http/api-keys.h"
+
 namespace keepwarm::http {
 
 struct request {
@@ -23,6 +25,11 @@ struct request {
     std::map<std::string, std::string> headers;  // names lowercased
     std::string body;
     std::string remote;  // "ip:port" of the peer
+    // Set by the API-key check: the tenant of the key the request carried ("" without keys, on a route without auth,
+    // or when the keys share one tenant), and that key (the proxy forwards it to upstreams that have none of their
+    // own).
+    std::string tenant;
+    std::string api_key;
 
     // Header value or empty string.
     std::string header(const std::string& lowercase_name) const;
@@ -73,6 +80,7 @@ struct server_options {
     std::string host = "127.0.0.1";
     uint16_t port = 8080;  // 0 picks a free port; see http_server::port()
     std::string api_key;   // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
+    std::vector<api_key_entry> api_keys;  // more keys, each with its tenant (--api-keys-file); api_key's tenant is ""
     size_t max_body_bytes = 64u << 20;
     // Open connections in all; a connection beyond this is answered 503 (a GET of health_path is still answered).
     int max_connections = 256;

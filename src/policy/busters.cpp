@@ -10,6 +10,14 @@ namespace keepwarm::policy {
 namespace {
 constexpr size_t context_chars = 40;  // shared text shown on each side of a span
 
+// A client's name within its tenant: two tenants' clients of the same name are two clients.
+std::string scoped_client(const prompt_origin& origin) {
+    std::string scoped = origin.tenant;
+    scoped += '\x1f';
+    scoped += origin.client;
+    return scoped;
+}
+
 int64_t unix_seconds() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
@@ -70,7 +78,7 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
     std::deque<std::shared_ptr<const std::string>> earlier;
     {
         std::lock_guard lock(mu_);
-        if (auto it = clients_.find(origin.client); it != clients_.end()) earlier = it->second.prompts;
+        if (auto it = clients_.find(scoped_client(origin)); it != clients_.end()) earlier = it->second.prompts;
     }
     auto current = std::make_shared<const std::string>(prompt);
 
@@ -96,7 +104,7 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
     }
     {
         std::lock_guard lock(mu_);
-        remember(origin.client, std::move(current));
+        remember(scoped_client(origin), std::move(current));
     }
     if (!best) return std::nullopt;
 
@@ -136,12 +144,20 @@ bool cache_buster_detector::confirm(cache_buster_report r, const generation_stat
 
     std::string where = "char " + std::to_string(r.char_offset);
     if (r.message_index >= 0) where += ", message " + std::to_string(r.message_index) + " (" + r.role + ")";
-    std::fprintf(stderr,
-                 "keepwarm: cache buster from client %s at token %d: %s \"%s\" where the previous prompt had \"%s\" "
-                 "(%s, %s) costs %d tokens; suggested rule: %s\n",
-                 r.origin.client.c_str(), r.token_offset, span_kind_description(r.kind),
-                 printable(r.current_text, 60).c_str(), printable(r.previous_text, 60).c_str(), where.c_str(),
-                 r.origin.request_id.c_str(), r.cost_tokens, r.rule.one_line().c_str());
+    if (opts_.log_prompts) {
+        std::fprintf(stderr,
+                     "keepwarm: cache buster from client %s at token %d: %s \"%s\" where the previous prompt had "
+                     "\"%s\" (%s, %s) costs %d tokens; suggested rule: %s\n",
+                     r.origin.client.c_str(), r.token_offset, span_kind_description(r.kind),
+                     printable(r.current_text, 60).c_str(), printable(r.previous_text, 60).c_str(), where.c_str(),
+                     r.origin.request_id.c_str(), r.cost_tokens, r.rule.one_line().c_str());
+    } else {
+        // The span, its context and the suggested pattern are prompt text: GET /v1/cache/busters shows them to the
+        // client's own tenant.
+        std::fprintf(stderr, "keepwarm: cache buster from client %s at token %d: %s (%s, %s) costs %d tokens\n",
+                     r.origin.client.c_str(), r.token_offset, span_kind_description(r.kind), where.c_str(),
+                     r.origin.request_id.c_str(), r.cost_tokens);
+    }
 
     std::lock_guard lock(mu_);
     count(r);
@@ -150,16 +166,22 @@ bool cache_buster_detector::confirm(cache_buster_report r, const generation_stat
     return true;
 }
 
-std::vector<cache_buster_report> cache_buster_detector::reports() const {
+std::vector<cache_buster_report> cache_buster_detector::reports(std::string_view tenant) const {
+    std::vector<cache_buster_report> out;
     std::lock_guard lock(mu_);
-    return {reports_.begin(), reports_.end()};
+    for (const auto& r : reports_) {
+        if (r.origin.tenant == tenant) out.push_back(r);
+    }
+    return out;
 }
 
-std::vector<cache_buster_detector::pattern_count> cache_buster_detector::counts() const {
+std::vector<cache_buster_detector::pattern_count> cache_buster_detector::counts(std::string_view tenant) const {
     std::vector<pattern_count> out;
     {
         std::lock_guard lock(mu_);
-        for (const auto& [key, c] : counts_) out.push_back(c);
+        for (const auto& [key, c] : counts_) {
+            if (c.tenant == tenant) out.push_back(c);
+        }
     }
     std::stable_sort(out.begin(), out.end(), [](const pattern_count& a, const pattern_count& b) {
         return a.count != b.count ? a.count > b.count : a.last_seen > b.last_seen;
@@ -197,7 +219,7 @@ void cache_buster_detector::remember(const std::string& client, std::shared_ptr<
 
 void cache_buster_detector::count(const cache_buster_report& r) {
     const std::string pattern = r.rule.pattern.empty() ? r.rule.name : r.rule.pattern;
-    auto key = std::pair{r.origin.client, pattern};
+    auto key = std::pair{scoped_client(r.origin), pattern};
     auto it = counts_.find(key);
     if (it == counts_.end()) {
         if (counts_.size() >= opts_.max_counts) {
@@ -207,9 +229,11 @@ void cache_buster_detector::count(const cache_buster_report& r) {
             counts_.erase(oldest);
         }
         it = counts_
-                 .emplace(key,
-                          pattern_count{
-                              .client = r.origin.client, .pattern = pattern, .rule_name = r.rule.name, .kind = r.kind})
+                 .emplace(key, pattern_count{.tenant = r.origin.tenant,
+                                             .client = r.origin.client,
+                                             .pattern = pattern,
+                                             .rule_name = r.rule.name,
+                                             .kind = r.kind})
                  .first;
     }
     it->second.count++;

@@ -29,7 +29,8 @@ namespace keepwarm::policy {
 struct prompt_origin {
     std::string client;  // client_name() of the request
     std::string request_id;
-    std::string api;  // "openai", "anthropic", "ollama"
+    std::string api;     // "openai", "anthropic", "ollama"
+    std::string tenant;  // the tenant of its API key: prompts are compared, and reports shown, within one tenant
 };
 
 struct cache_buster_report {
@@ -81,9 +82,11 @@ public:
         size_t max_prompt_bytes = size_t{64} << 20;  // all remembered prompts together
         size_t max_reports = 64;
         size_t max_counts = 1024;  // (client, pattern) pairs counted
+        bool log_prompts = false;  // the log line of a report quotes the span and the rule (prompt text)
     };
 
     struct pattern_count {
+        std::string tenant;
         std::string client;
         std::string pattern;  // the suggested rule's pattern (its name where it has none)
         std::string rule_name;
@@ -108,8 +111,9 @@ public:
     // after it were computed. Returns whether it did.
     bool confirm(cache_buster_report report, const generation_stats& stats);
 
-    std::vector<cache_buster_report> reports() const;  // newest first
-    std::vector<pattern_count> counts() const;         // most frequent first
+    // A tenant's reports and counts: no tenant sees another's clients, ids or text.
+    std::vector<cache_buster_report> reports(std::string_view tenant = {}) const;  // newest first
+    std::vector<pattern_count> counts(std::string_view tenant = {}) const;         // most frequent first
     const options& settings() const { return opts_; }
 
 private:
@@ -123,11 +127,12 @@ private:
 
     const options opts_;
     mutable std::mutex mu_;
-    std::unordered_map<std::string, client_history> clients_;              // guarded by mu_
-    size_t prompt_bytes_ = 0;                                              // guarded by mu_
-    uint64_t tick_ = 0;                                                    // guarded by mu_
-    std::deque<cache_buster_report> reports_;                              // guarded by mu_, newest first
-    std::map<std::pair<std::string, std::string>, pattern_count> counts_;  // guarded by mu_, by (client, pattern)
+    std::unordered_map<std::string, client_history> clients_;  // guarded by mu_, by scoped_client()
+    size_t prompt_bytes_ = 0;                                  // guarded by mu_
+    uint64_t tick_ = 0;                                        // guarded by mu_
+    std::deque<cache_buster_report> reports_;                  // guarded by mu_, newest first
+    // guarded by mu_, by (scoped_client(), pattern)
+    std::map<std::pair<std::string, std::string>, pattern_count> counts_;
 };
 
 }  // namespace keepwarm::policy

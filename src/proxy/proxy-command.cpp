@@ -28,11 +28,20 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// Tenants and what the log and responses may reveal (command line only).
+struct proxy_tenancy {
+    std::string api_keys_file;
+    bool shared_cache = false;
+    bool log_prompts = false;
+    bool no_reuse_report = false;
+};
+
 // What the command line says; run_proxy merges it over the --config file.
 struct proxy_options {
     proxy::proxy_settings settings;
     std::vector<std::string> upstreams;  // --upstream specs
     std::string config_file;
+    proxy_tenancy tenancy;
     // The options given on the command line (they win over the file).
     std::vector<std::pair<std::string, const CLI::Option*>> given;
     bool was_given(const std::string& name) const {
@@ -71,7 +80,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--rebalance-margin")) s.pool.routing.rebalance_margin = cli.pool.routing.rebalance_margin;
     if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
     if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
-    if (opts.was_given("--idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
+    if (opts.was_given("--upstream-idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
     for (const std::string& spec : opts.upstreams) {
         try {
             s.upstreams.push_back(proxy::upstream_config::parse(spec));
@@ -132,7 +141,7 @@ void register_proxy_status_routes(http::http_server& server, server_context& ctx
     server.add_route("GET", "/models", models);
 }
 
-int run_proxy(proxy::proxy_settings opts) {
+int run_proxy(proxy::proxy_settings opts, const proxy_tenancy& tenancy) {
     // Signals go to the thread that waits for them; every other thread starts with them blocked.
     sigset_t signals;
     sigemptyset(&signals);
@@ -145,9 +154,19 @@ int run_proxy(proxy::proxy_settings opts) {
     ctx.model_id = opts.model_alias;
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    const std::vector<std::string> tenants =
+        http::configure_tenants(opts.http.api_key, opts.http.api_keys, tenancy.api_keys_file, tenancy.shared_cache);
+    ctx.log_prompts = tenancy.log_prompts;
+    ctx.reuse_report = !tenancy.no_reuse_report;
+    if (!tenants.empty() && policy_config.detect.mode == policy::detect_mode::automatic) {
+        // An adopted rule holds a fragment of the prompt it came from and applies to every tenant: report only.
+        policy_config.detect.mode = policy::detect_mode::report;
+        std::cerr << "keepwarm proxy: detect mode auto is report with isolated tenants\n";
+    }
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
 
     proxy::pool_options pool_options = opts.pool;
+    pool_options.forward_client_keys = !tenants.empty();
     pool_options.bias_texts = ctx.policy->bias_texts();
     proxy::upstream_pool pool(std::move(opts.upstreams), pool_options);
     pool.start_health_checks();
@@ -169,6 +188,8 @@ int run_proxy(proxy::proxy_settings opts) {
                   << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
                   << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
     }
+    std::cout << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
+              << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
     std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
 
     int sig = 0;
@@ -232,6 +253,14 @@ void add_proxy_command(CLI::App& app) {
                                             "https://app.example.com (repeatable; * allows every origin; default: "
                                             "none)"))
         ->check(cors_origin_check());
+    cmd->add_option("--api-keys-file", opts->tenancy.api_keys_file,
+                    "API keys, one 'TENANT KEY' per line: each tenant is routed and reported on its own")
+        ->check(CLI::ExistingFile);
+    cmd->add_flag("--shared-cache", opts->tenancy.shared_cache,
+                  "Let the keys of --api-keys-file share routing and reports, as if they were one tenant");
+    cmd->add_flag("--log-prompts", opts->tenancy.log_prompts, "Quote prompt text in the log (cache busters)");
+    cmd->add_flag("--no-reuse-report", opts->tenancy.no_reuse_report,
+                  "Responses do not say how many prompt tokens the upstream reused (timing still shows it)");
     option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
                                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
                                        "spans, cache-buster detection (docs/policy.md)"))
@@ -273,12 +302,12 @@ void add_proxy_command(CLI::App& app) {
         "--first-byte-timeout", &proxy::pool_options::first_byte_timeout,
         "Seconds an upstream may take to start its answer (its prefill) before the request fails with 504 and the "
         "upstream is out of routing until its health check answers (default 600: a cold 30K-token prompt on a CPU)");
-    timeout("--idle-timeout", &proxy::pool_options::idle_timeout,
+    timeout("--upstream-idle-timeout", &proxy::pool_options::idle_timeout,
             "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
             "upstream is out of routing (default 120)");
     cmd->callback([opts] {
         try {
-            const int rc = run_proxy(merged_settings(*opts));
+            const int rc = run_proxy(merged_settings(*opts), opts->tenancy);
             if (rc != 0) throw CLI::RuntimeError(rc);
         } catch (const CLI::Error&) {
             throw;

@@ -170,7 +170,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
         }
         // Routed like a chat: by chained hashes of the prompt's blocks.
         const std::string text = "\x06prompt\x02" + (prompt.is_string() ? prompt.get<std::string>() : prompt.dump());
-        const std::vector<uint64_t> blocks = chained_block_hashes(text, pool.routing().block_chars);
+        const std::vector<uint64_t> blocks = chained_block_hashes(text, pool.routing().block_chars, req.tenant);
         const std::string asked = body.value("model", std::string());
         // Only OpenAI-dialect upstreams take a raw prompt.
         std::vector<size_t> tried;
@@ -204,7 +204,8 @@ generation_handler upstream_completions(upstream_pool& pool) {
             const std::string url = u.origin.url();
             body["model"] = route->model;
             http::header_list upstream_headers;
-            if (!u.api_key.empty()) upstream_headers.emplace_back("authorization", "Bearer " + u.api_key);
+            if (const std::string key = pool.credential(route->upstream, req.api_key); !key.empty())
+                upstream_headers.emplace_back("authorization", "Bearer " + key);
             std::unique_ptr<http::client_connection> conn = pool.connection(route->upstream);
             http::client_response head;
             try {

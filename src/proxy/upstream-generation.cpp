@@ -35,13 +35,14 @@ upstream_generation::upstream_generation(server_context& ctx, upstream_pool& poo
     client_biases_ = chat_.sampling.logit_bias;
     prompt_text_ = canonical_prompt_text(chat_);
     if (ctx_.busters)
-        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api}, prompt_text_, chat_.messages, {});
-    connect();
+        buster_ =
+            ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, prompt_text_, chat_.messages, {});
+    connect(req);
     body_.emplace(*conn_);
 }
 
-void upstream_generation::connect() {
-    const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars);
+void upstream_generation::connect(const http::request& req) {
+    const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars, req.tenant);
     std::vector<size_t> tried;
     for (;;) {
         route_ = pool_.acquire(blocks, tried, chat_.model);
@@ -54,7 +55,8 @@ void upstream_generation::connect() {
         }
         const upstream_config& u = *route_->config;
         const std::vector<std::string> bias_rules = bind_biases(route_->upstream);
-        const upstream_call call = build_call(u.dialect, chat_, route_->model, u.api_key);
+        const upstream_call call =
+            build_call(u.dialect, chat_, route_->model, pool_.credential(route_->upstream, req.api_key));
         conn_ = pool_.connection(route_->upstream);
         sent_ = std::chrono::steady_clock::now();
         http::client_response head;
@@ -224,6 +226,7 @@ generation_stats upstream_generation::stats() const {
     st.setup_ms = st.prepare_ms = ms_between(received_, sent_);
     st.prompt_ms = ms_between(sent_, seen_delta_ ? first_delta_ : now);
     st.generation_ms = seen_delta_ ? ms_between(first_delta_, now) : 0;
+    st.reuse_hidden = !ctx_.reuse_report;  // the usage writers leave reuse out; the log and detector keep it
     return st;
 }
 
@@ -261,14 +264,15 @@ generation_opener upstream_generations(server_context& ctx, upstream_pool& pool)
 }
 
 token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
-    return [&ctx, &pool](const http::request&, const api::chat_request& chat) {
+    return [&ctx, &pool](const http::request& req, const api::chat_request& chat) {
         api::chat_request served = chat;
         ctx.policy->apply(served, {}, policy::policy_use::counting);
-        const auto route =
-            pool.peek(chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars), served.model);
+        const auto route = pool.peek(
+            chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant), served.model);
         if (!route) throw http::http_error(503, "no upstream is up to count the tokens", "server_error");
         const upstream_config& u = *route->config;
-        const auto call = build_count_call(u.dialect, served, route->model, u.api_key);
+        const auto call =
+            build_count_call(u.dialect, served, route->model, pool.credential(route->upstream, req.api_key));
         if (!call) {
             throw http::http_error(501,
                                    "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +

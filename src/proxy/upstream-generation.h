@@ -39,7 +39,7 @@ public:
     const http::header_list& response_headers() const override { return headers_; }
 
 private:
-    void connect();
+    void connect(const http::request& req);
     generation_stats stats() const;
     void confirm_buster(const generation_stats& st);
     // The policy's forced biases in this upstream's token ids, over the client's own; returns their fired names.

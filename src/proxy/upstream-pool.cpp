@@ -198,6 +198,12 @@ upstream_pool::route upstream_pool::route_for(const upstream_router::decision& d
         .upstream = d.upstream, .config = &config, .model = std::move(model), .matched_blocks = d.matched_blocks};
 }
 
+std::string upstream_pool::credential(size_t upstream, const std::string& client_key) const {
+    const upstream_config& u = upstreams_.at(upstream);
+    if (!u.api_key.empty()) return u.api_key;
+    return options_.forward_client_keys ? client_key : std::string();
+}
+
 void upstream_pool::release(size_t upstream) {
     std::lock_guard lock(mu_);
     router_.finish(upstream);

@@ -51,6 +51,9 @@ struct pool_options {
     // longest pause is another request's prompt batch decoded between two of this one's tokens (2048 tokens at a
     // slow CPU's 20 tokens/s: about 100 s).
     std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};
+    // Tenants: an upstream without a key of its own gets the client's key, so a keepwarm upstream with the same keys
+    // file keeps the tenants apart too (its cache would otherwise be one, shared by every tenant of the proxy).
+    bool forward_client_keys = false;
 };
 
 class upstream_pool {
@@ -80,6 +83,10 @@ public:
     // A call to it failed below HTTP or timed out: it is down until a health check sees it answer (its tree is
     // forgotten then). `why` goes into the log.
     void mark_down(size_t upstream, const std::string& why = "a call failed");
+
+    // The key to send upstream for a client that authenticated with `client_key` (may be empty): the upstream's own,
+    // else the client's when forward_client_keys, else none.
+    std::string credential(size_t upstream, const std::string& client_key) const;
 
     // A connection to this upstream: an idle kept-alive one when there is one, else a new one.
     std::unique_ptr<http::client_connection> connection(size_t upstream);

@@ -24,10 +24,10 @@ std::string canonical_prompt_text(const api::chat_request& chat) {
     return text;
 }
 
-std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars) {
+std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars, std::string_view tenant) {
     std::vector<uint64_t> hashes;
     if (block_chars == 0) return hashes;
-    uint64_t chain = 0;
+    uint64_t chain = tenant.empty() ? 0 : XXH3_64bits(tenant.data(), tenant.size());
     for (size_t pos = 0; pos + block_chars <= text.size(); pos += block_chars) {
         chain = XXH3_64bits_withSeed(text.data() + pos, block_chars, chain);
         hashes.push_back(chain);

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -25,8 +26,9 @@ namespace keepwarm::proxy {
 std::string canonical_prompt_text(const api::chat_request& chat);
 
 // Hashes of text's whole blocks of `block_chars` bytes; hash i covers blocks 0..i (a partial last block is left out:
-// it changes as the conversation grows).
-std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars);
+// it changes as the conversation grows). The chain starts from the tenant's root ("": 0), so two tenants' hashes
+// never meet: where one tenant's request goes never depends on what another tenant sent.
+std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block_chars, std::string_view tenant = {});
 
 struct router_options {
     size_t block_chars = 256;                  // bytes of canonical text per block

@@ -34,14 +34,16 @@ std::string client_stop_sequence(const generation_source& chat, const generation
     return st.stop_sequence;
 }
 
-api::usage_info usage_of(const generation_stats& st) {
+api::usage_info usage_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
     return {.prompt_tokens = st.prompt_tokens,
             .completion_tokens = st.generated_tokens,
             .cached_tokens = st.reused_tokens,
             .cache = cache_detail_of(st)};
 }
 
-api::timings_info timings_of(const generation_stats& st) {
+api::timings_info timings_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
     return {.prompt_n = st.computed_tokens,
             .cache_n = st.reused_tokens,
             .prompt_ms = st.prompt_ms,
@@ -145,8 +147,8 @@ void register_anthropic_routes(http::http_server& server, server_context& ctx, g
     server.add_route("POST", "/v1/messages", generation_route(ctx, messages), options);
     // Renders and tokenizes like a real request (the policy applied as for counting: never a ping).
     if (!count) {
-        count = [&ctx](const http::request&, const api::chat_request& chat) {
-            return chat_generation::count_prompt_tokens(ctx, chat);
+        count = [&ctx](const http::request& req, const api::chat_request& chat) {
+            return chat_generation::count_prompt_tokens(ctx, chat, req.tenant);
         };
     }
     // generation_route for its 4xx accounting; count_tokens never reaches the engine.

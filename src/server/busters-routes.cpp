@@ -46,13 +46,13 @@ json report_json(const policy::cache_buster_report& r) {
 }
 }  // namespace
 
-json busters_json(const policy::cache_buster_detector* detector, policy::detect_mode mode) {
+json busters_json(const policy::cache_buster_detector* detector, policy::detect_mode mode, const std::string& tenant) {
     json reports = json::array();
     json counts = json::array();
     json settings = nullptr;
     if (detector) {
-        for (const auto& r : detector->reports()) reports.push_back(report_json(r));
-        for (const auto& c : detector->counts()) {
+        for (const auto& r : detector->reports(tenant)) reports.push_back(report_json(r));
+        for (const auto& c : detector->counts(tenant)) {
             counts.push_back({{"client", c.client},
                               {"pattern", c.pattern},
                               {"rule", c.rule_name},
@@ -77,11 +77,15 @@ json busters_json(const policy::cache_buster_detector* detector, policy::detect_
 
 void register_busters_routes(http::http_server& server, server_context& ctx) {
     const policy::detect_mode mode = ctx.policy->config().detect.mode;
-    if (!ctx.busters && mode != policy::detect_mode::off)
-        ctx.busters = std::make_unique<policy::cache_buster_detector>();
-    server.add_route("GET", "/v1/cache/busters", [&ctx, mode](const http::request&, http::response_writer& w) {
+    if (!ctx.busters && mode != policy::detect_mode::off) {
+        policy::cache_buster_detector::options options;
+        options.log_prompts = ctx.log_prompts;
+        ctx.busters = std::make_unique<policy::cache_buster_detector>(options);
+    }
+    // A tenant sees its own clients' reports only (the text they quote is its own).
+    server.add_route("GET", "/v1/cache/busters", [&ctx, mode](const http::request& req, http::response_writer& w) {
         w.send(200, "application/json",
-               busters_json(ctx.busters.get(), mode).dump(-1, ' ', false, json::error_handler_t::replace));
+               busters_json(ctx.busters.get(), mode, req.tenant).dump(-1, ' ', false, json::error_handler_t::replace));
     });
 }
 

@@ -30,8 +30,8 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     relay_.emplace(*gen_, w, ctx_, id_);  // from here on, destroying this object cancels the generation
     parser_.emplace(ctx_.renderer->parser_params(rendered_, chat_));
     if (ctx_.busters) {
-        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api}, rendered_.prompt, chat_.messages,
-                                        policy::locate_tokens(ctx_.llm->vocab(), gen_->prompt));
+        buster_ = ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, rendered_.prompt,
+                                        chat_.messages, policy::locate_tokens(ctx_.llm->vocab(), gen_->prompt));
     }
 }
 
@@ -52,7 +52,8 @@ void chat_generation::record_delivered(const std::vector<llama_token>& generated
                                        bool complete) {
     if (!answer.tool_calls.empty() || !answer.reasoning_content.empty() || answer.content.empty()) return;
     if (rendered_.continuation) return;
-    ctx_.tokenizer->record_delivered(gen_->prompt_text, gen_->prompt, generated, answer.content, complete);
+    ctx_.tokenizer_for(gen_->tenant)
+        .record_delivered(gen_->prompt_text, gen_->prompt, generated, answer.content, complete);
 }
 
 generation_opener local_generation(server_context& ctx) {
@@ -94,10 +95,12 @@ void confirm_cache_buster(server_context& ctx, policy::cache_buster_report repor
     if (rule) report.adopted_rule = rule->name();
     if (!ctx.busters->confirm(std::move(report), stats) || !rule) return;
     ctx.policy->add_span_rule(*rule);
+    // The pattern holds the prompt's literal text around the span: logged only when the operator asked.
     std::fprintf(stderr,
                  "keepwarm: detect auto: span rule %s (pattern '%s', replace with '%s', roles %s) in force from "
                  "the next request\n",
-                 rule->name().c_str(), rule->pattern().c_str(), rule->replacement().c_str(),
+                 rule->name().c_str(), ctx.log_prompts ? rule->pattern().c_str() : "(not logged)",
+                 ctx.log_prompts ? rule->replacement().c_str() : "(not logged)",
                  policy::role_names(rule->roles()).front().c_str());
 }
 
@@ -134,10 +137,11 @@ std::optional<generation_source::update> chat_generation::next() {
     return u;
 }
 
-int chat_generation::count_prompt_tokens(server_context& ctx, const api::chat_request& chat) {
+int chat_generation::count_prompt_tokens(server_context& ctx, const api::chat_request& chat,
+                                         const std::string& tenant) {
     api::chat_request served = chat;
     ctx.policy->apply(served, {}, policy::policy_use::counting);
-    return static_cast<int>(tokenize_prompt(ctx, ctx.renderer->render(served).prompt).size());
+    return static_cast<int>(tokenize_prompt(ctx, ctx.renderer->render(served).prompt, tenant).size());
 }
 
 }  // namespace keepwarm

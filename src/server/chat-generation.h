@@ -91,7 +91,8 @@ public:
     const http::header_list& response_headers() const override { return headers_; }
 
     // Applies the policy, renders and tokenizes without generating: what the model would read for `chat`, in tokens.
-    static int count_prompt_tokens(server_context& ctx, const api::chat_request& chat);
+    // `tenant`: whose prompt index to use.
+    static int count_prompt_tokens(server_context& ctx, const api::chat_request& chat, const std::string& tenant = {});
 
 private:
     void record_delivered(const std::vector<llama_token>& generated, const common_chat_msg& answer, bool complete);

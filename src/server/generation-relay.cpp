@@ -34,7 +34,7 @@ json parse_json_body(const http::request& req) {
 }
 
 void set_prompt(const server_context& ctx, generation_request& gen, std::string text) {
-    gen.prompt = tokenize_prompt(ctx, text);
+    gen.prompt = tokenize_prompt(ctx, text, gen.tenant);
     gen.prompt_text = std::move(text);
 }
 
@@ -68,7 +68,8 @@ size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes) {
     return longest == 0 ? 0 : (bytes + longest - 1) / longest;
 }
 
-std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt) {
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt,
+                                         const std::string& tenant) {
     const int limit = ctx.llm->slot_context_size();
     // Tokenizing takes about 2 s per MB: a prompt too long to fit whatever it says is refused before that.
     if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), prompt.size());
@@ -82,7 +83,7 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
                                    std::to_string(longest_piece_bytes(ctx.llm->vocab())) + ")",
                                "exceed_context_size_error");
     }
-    auto tokens = ctx.tokenizer->tokenize(prompt);
+    auto tokens = ctx.tokenizer_for(tenant).tokenize(prompt);
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
     if (static_cast<int>(tokens.size()) >= limit) {
         throw http::http_error(400,
@@ -104,6 +105,17 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
     }
     if (!sampling.ignore_eos) return;
     for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
+}
+
+generation_stats reported_stats(const generation_stats& st) {
+    if (!st.reuse_hidden) return st;
+    generation_stats shown = st;
+    shown.reused_tokens = shown.reused_device = shown.reused_ram = shown.reused_disk = 0;
+    shown.checkpoint_pos = -1;
+    shown.matched_tokens = 0;
+    shown.divergence.clear();
+    shown.computed_tokens = shown.prompt_tokens;
+    return shown;
 }
 
 int64_t unix_now() {
@@ -145,7 +157,10 @@ std::optional<generation_event> generation_relay::next() {
             }
         }
         if (auto ev = gen_.output.pop(check_interval)) {
-            if (ev->done) finish(*ev);
+            if (ev->done) {
+                finish(*ev);
+                ev->stats.reuse_hidden = !ctx_.reuse_report;
+            }
             return ev;
         }
     }
@@ -155,7 +170,8 @@ void generation_relay::finish(const generation_event& ev) {
     finished_ = true;
     log_request(ev);
     // A failed step leaves the KV in an unknown state; anything else is what the model saw and wrote.
-    if (ev.reason != finish_reason::error) ctx_.tokenizer->record(gen_.prompt_text, gen_.prompt, ev.generated);
+    if (ev.reason != finish_reason::error)
+        ctx_.tokenizer_for(gen_.tenant).record(gen_.prompt_text, gen_.prompt, ev.generated);
 }
 
 // One line per generation, so an operator sees what each request reused without reading responses.
@@ -178,13 +194,20 @@ void generation_relay::log_request(const generation_event& ev) const {
                  id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
                  st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens, st.generation_ms,
                  finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
-    if (!st.divergence.empty()) std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
+    // The divergence quotes prompt text (this request's and what the cache holds): only when the operator asked.
+    if (!st.divergence.empty() && ctx_.log_prompts) {
+        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
+    } else if (!st.divergence.empty()) {
+        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(),
+                     st.divergence.substr(0, st.divergence.find(':')).c_str());
+    }
 }
 
 http::handler generation_route(server_context& ctx, generation_handler h) {
     return [&ctx, h = std::move(h)](const http::request& req, http::response_writer& w) {
         auto gen = std::make_shared<generation_request>();
         gen->received = std::chrono::steady_clock::now();
+        gen->tenant = req.tenant;
         try {
             h(ctx, req, w, gen);
         } catch (const http::http_error& e) {

@@ -24,8 +24,10 @@ nlohmann::ordered_json parse_json_body(const http::request& req);
 
 // Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and
 // wrote). http_error 400 when it is empty or does not fit one slot's context ("exceed_context_size_error"); a prompt
-// whose length in bytes already says it cannot fit is refused before it is tokenized.
-std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt);
+// whose length in bytes already says it cannot fit is refused before it is tokenized. `tenant`: whose prompt index
+// to use.
+std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt,
+                                         const std::string& tenant = {});
 // The fewest tokens `bytes` of text can become with this vocab (no token stands for more bytes than the longest
 // piece); 0 when the vocab's tokenizer may shrink text, so nothing is known.
 size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes);
@@ -36,6 +38,9 @@ void set_prompt(const server_context& ctx, generation_request& gen, std::string 
 void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling);
 
 int64_t unix_now();
+
+// The numbers a response may show: `st` itself, or with reuse hidden (st.reuse_hidden), as if nothing was reused.
+generation_stats reported_stats(const generation_stats& st);
 
 // Waits for the next event of a submitted generation. Returns nullopt once the client is gone, after telling the
 // generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer

@@ -45,8 +45,9 @@ std::string dump(const json& body) {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ollama::metrics metrics_of(const generation_stats& st, const generation_request& gen) {
+ollama::metrics metrics_of(const generation_stats& actual, const generation_request& gen) {
     using namespace std::chrono;
+    const generation_stats st = reported_stats(actual);
     const auto ns = [](double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); };
     return {.total_ns = duration_cast<nanoseconds>(steady_clock::now() - gen.received).count(),
             .load_ns = ns(st.setup_ms),

@@ -20,14 +20,16 @@ api::cache_detail cache_detail_of(const generation_stats& st) {
         .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
 }
 
-api::usage_info usage_of(const generation_stats& st) {
+api::usage_info usage_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
     return {.prompt_tokens = st.prompt_tokens,
             .completion_tokens = st.generated_tokens,
             .cached_tokens = st.reused_tokens,
             .cache = cache_detail_of(st)};
 }
 
-api::timings_info timings_of(const generation_stats& st) {
+api::timings_info timings_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
     return {.prompt_n = st.computed_tokens,
             .cache_n = st.reused_tokens,
             .prompt_ms = st.prompt_ms,

@@ -38,6 +38,10 @@ struct serve_options {
     std::string chat_template_file;
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
     std::string policy_file;
+    std::string api_keys_file;
+    bool shared_cache = false;
+    bool log_prompts = false;
+    bool no_reuse_report = false;
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -108,6 +112,16 @@ int run_serve(serve_options opts) {
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    const std::vector<std::string> tenants =
+        http::configure_tenants(opts.http.api_key, opts.http.api_keys, opts.api_keys_file, opts.shared_cache);
+    ctx.log_prompts = opts.log_prompts;
+    ctx.reuse_report = !opts.no_reuse_report;
+    if (!tenants.empty() && policy_config.detect.mode == policy::detect_mode::automatic) {
+        // An adopted rule holds a fragment of the prompt it came from and applies to every tenant (and /v1/policy
+        // shows it): with isolated tenants, spans are reported only.
+        policy_config.detect.mode = policy::detect_mode::report;
+        std::cerr << "keepwarm serve: detect mode auto is report with isolated tenants\n";
+    }
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
@@ -123,12 +137,25 @@ int run_serve(serve_options opts) {
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     ctx.renderer = std::make_unique<api::chat_renderer>(ctx.llm->model(), template_override);
     ctx.tokenizer = std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab());
-    std::unique_ptr<prompt_index_keeper> index_keeper;  // destroyed (saving the index) before ctx
+    // Each tenant's index shares the default budget, so many tenants do not multiply the memory it may take.
+    api::prompt_tokenizer::options tenant_index;
+    tenant_index.token_budget =
+        std::max<size_t>(tenant_index.token_budget / std::max<size_t>(tenants.size(), 1), 1 << 18);
+    for (const std::string& tenant : tenants) {
+        ctx.tenant_tokenizers.emplace(tenant, std::make_unique<api::prompt_tokenizer>(ctx.llm->vocab(), tenant_index));
+    }
+    std::vector<std::unique_ptr<prompt_index_keeper>> index_keepers;  // destroyed (saving the indexes) before ctx
     if (!opts.engine.cache_dir.empty() && ctx.tokenizer->indexed()) {
-        // The index depends on the vocab only, but a model file is what a fingerprint names.
+        // The index depends on the vocab only, but a model file is what a fingerprint names. A tenant's index is
+        // saved under a fingerprint of its own, so it is only ever loaded for that tenant.
         const std::string fingerprint = model_fingerprint(ctx.model_path, "prompt-index v1");
-        index_keeper = std::make_unique<prompt_index_keeper>(
-            *ctx.tokenizer, prompt_index_keeper::file_in(opts.engine.cache_dir, fingerprint), fingerprint);
+        std::vector<std::string> all = tenants;
+        all.insert(all.begin(), std::string());
+        for (const std::string& tenant : all) {
+            const std::string named = tenant.empty() ? fingerprint : tenant_root_block_key(fingerprint, tenant).hex();
+            index_keepers.push_back(std::make_unique<prompt_index_keeper>(
+                ctx.tokenizer_for(tenant), prompt_index_keeper::file_in(opts.engine.cache_dir, named), named));
+        }
     }
 
     http::http_server server(opts.http);
@@ -147,7 +174,8 @@ int run_serve(serve_options opts) {
               << ctx.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
               << "  compute: " << compute_features() << "\n"
-              << "  policy: " << describe_policy(*ctx.policy) << "\n";
+              << "  policy: " << describe_policy(*ctx.policy) << "\n"
+              << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
     if (ctx.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
@@ -175,6 +203,15 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
+    cmd->add_option("--api-keys-file", opts->api_keys_file,
+                    "API keys, one 'TENANT KEY' per line: each tenant sees only its own cache (docs in the README)")
+        ->check(CLI::ExistingFile);
+    cmd->add_flag("--shared-cache", opts->shared_cache,
+                  "Let the keys of --api-keys-file share one cache (and reports), as if they were one tenant");
+    cmd->add_flag("--log-prompts", opts->log_prompts,
+                  "Quote prompt text in the log (where a prompt left the cache, cache busters)");
+    cmd->add_flag("--no-reuse-report", opts->no_reuse_report,
+                  "Responses do not say how many prompt tokens came from the cache (timing still shows it)");
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
     cmd->add_option_function<double>(
            "--idle-timeout",

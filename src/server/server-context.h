@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,18 @@ struct server_context {
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
     http_counters http;
     std::unique_ptr<policy::cache_buster_detector> busters;  // per-client prompt comparison (GET /v1/cache/busters)
+
+    // Tenants (--api-keys-file): each has its own prompt index, so the ids a prompt is given (and the token counts a
+    // client reads) never depend on what another tenant's model answered. Filled at start-up, read-only afterwards.
+    std::map<std::string, std::unique_ptr<api::prompt_tokenizer>> tenant_tokenizers;
+    bool log_prompts = false;  // --log-prompts: log lines may quote prompt text (a divergence, a cache buster)
+    bool reuse_report = true;  // --no-reuse-report turns it off: responses say nothing about what was reused
+
+    // The prompt tokenizer of a tenant's requests ("": the shared one). Throws std::out_of_range for a tenant that
+    // was not set up at start-up (a bug: falling back to another index would share it).
+    api::prompt_tokenizer& tokenizer_for(const std::string& tenant) const {
+        return tenant.empty() ? *tokenizer : *tenant_tokenizers.at(tenant);
+    }
 };
 
 }  // namespace keepwarm

@@ -19,7 +19,8 @@ writeFileSync(offPolicy, '[detect]\nmode = "off"\n');
 
 let server, auto;
 before(async () => {
-    [server, auto] = await Promise.all([startServer(['-c', '4096']),
+    // --log-prompts: the log lines checked here quote the span (without it they do not, see tenants.test.mjs).
+    [server, auto] = await Promise.all([startServer(['-c', '4096', '--log-prompts']),
                                         startServer(['-c', '4096', '--policy', autoPolicy])]);
 });
 after(async () => Promise.all([server?.stop(), auto?.stop()]));

@@ -119,7 +119,7 @@ function startProxy(dialect, extra = []) {
 const proxies = {};
 before(async () => {
     await new Promise((resolve) => upstream.listen(0, '127.0.0.1', resolve));
-    const timeouts = ['--first-byte-timeout', '1', '--idle-timeout', '1'];
+    const timeouts = ['--first-byte-timeout', '1', '--upstream-idle-timeout', '1'];
     for (const dialect of ['openai', 'anthropic', 'ollama']) proxies[dialect] = await startProxy(dialect, timeouts);
 });
 after(async () => {

@@ -83,8 +83,8 @@ test('responses say which tier the reused tokens came from, and /v1/cache lists 
     assert.match(server.output(), /reused \d+: .*\d+ ram/);
 });
 
-test('the log shows where a prompt departs from the cached one', async () => {
-    const server = await start(['--parallel', '1']);
+test('the log shows where a prompt departs from the cached one (its text with --log-prompts)', async () => {
+    const server = await start(['--parallel', '1', '--log-prompts']);
     const system = words(200, 3);
     await complete(server, chat(system + ' version one of the rules', 'hello'));
     await complete(server, chat(system + ' version two of the rules', 'hello'));

@@ -14,6 +14,7 @@ using keepwarm::block_key;
 using keepwarm::chain_block_key;
 using keepwarm::model_fingerprint;
 using keepwarm::root_block_key;
+using keepwarm::tenant_root_block_key;
 using tokens = std::vector<llama_token>;
 namespace fs = std::filesystem;
 
@@ -168,4 +169,17 @@ TEST(model_fingerprint, missing_file_throws_with_the_path) {
     } catch (const std::runtime_error& e) {
         EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     }
+}
+
+TEST(block_key, tenants_root_their_chains_apart) {
+    // The shared tenant keeps the old root, so entries written before tenants existed stay readable.
+    EXPECT_EQ(tenant_root_block_key("fp", ""), root_block_key("fp"));
+    const block_key a = tenant_root_block_key("fp", "alice"), b = tenant_root_block_key("fp", "bob");
+    EXPECT_NE(a, b);
+    EXPECT_NE(a, root_block_key("fp"));
+    EXPECT_NE(tenant_root_block_key("fpa", "lice"), a);  // the fingerprint's length keeps the split unambiguous
+    EXPECT_NE(tenant_root_block_key("other", "alice"), a);
+    const std::vector<llama_token> prompt{1, 2, 3, 4};
+    EXPECT_NE(chain_block_key(a, prompt), chain_block_key(b, prompt));
+    EXPECT_NE(chain_block_key(a, prompt), chain_block_key(root_block_key("fp"), prompt));
 }

@@ -515,3 +515,24 @@ TEST(AutoSpanRule, DatesProseAndSpansOutsideTheMessagesAreOnlyReported) {
     report->rule.pattern = "<\\|im_start\\|>system\\nYou are a coding agent\\.\\nsession: [0-9a-f]{32}";
     EXPECT_FALSE(auto_span_rule(*report, d.messages));
 }
+
+TEST(CacheBusterDetector, TenantsSeeOnlyTheirOwnClientsAndText) {
+    // The same client name under two tenants is two clients: bob's prompt is never compared with alice's, and
+    // neither tenant's reports or counts show the other's.
+    cache_buster_detector detector;
+    detector.inspect({"agent", "1", "openai", "alice"}, head + "id=5f2e1\n" + body, {}, {});
+    EXPECT_FALSE(detector.inspect({"agent", "2", "openai", "bob"}, head + "id=a03b9\n" + body, {}, {}));
+    auto report = detector.inspect({"agent", "3", "openai", "alice"}, head + "id=c0ffe\n" + body, {}, {});
+    ASSERT_TRUE(report);
+    keepwarm::generation_stats stats;
+    stats.prompt_tokens = 5000;
+    stats.computed_tokens = 4990;
+    stats.reused_tokens = 10;
+    ASSERT_TRUE(detector.confirm(*report, stats));
+    ASSERT_EQ(detector.reports("alice").size(), 1u);
+    EXPECT_EQ(detector.reports("alice").front().previous_text, "5f2e1");
+    EXPECT_EQ(detector.counts("alice").size(), 1u);
+    EXPECT_TRUE(detector.reports("bob").empty());
+    EXPECT_TRUE(detector.counts("bob").empty());
+    EXPECT_TRUE(detector.reports().empty());  // nor the shared tenant's
+}

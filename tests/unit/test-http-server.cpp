@@ -316,6 +316,24 @@ TEST(HttpServer, ApiKeyAuth) {
     EXPECT_EQ(r->body, "open");
 }
 
+TEST(HttpServer, ApiKeysNameTheirTenant) {
+    server_options o = local_options();
+    o.api_keys = {{"key-alice-0123", "alice"}, {"key-bob-012345", "bob"}};
+    http_server s(o);
+    s.add_route("GET", "/who", [](const request& req, response_writer& w) { reply_text(w, "tenant=" + req.tenant); });
+    s.start();
+    auto r = roundtrip(s.port(), make_request("GET", "/who", "", {"Authorization: Bearer key-alice-0123"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "tenant=alice");
+    r = roundtrip(s.port(), make_request("GET", "/who", "", {"x-api-key: key-bob-012345"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "tenant=bob");
+    // A header that claims a tenant changes nothing: only the key does.
+    r = roundtrip(s.port(), make_request("GET", "/who", "", {"x-api-key: key-bob-01234", "x-keepwarm-tenant: bob"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+}
+
 TEST(HttpServer, BodyLimitAndMalformedRequests) {
     server_options o = local_options();
     o.max_body_bytes = 1024;

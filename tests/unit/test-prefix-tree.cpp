@@ -109,3 +109,24 @@ TEST(prefix_tree, matches_brute_force_on_random_sequences) {
         }
     }
 }
+
+TEST(prefix_tree, paths_under_two_roots_never_match_each_other) {
+    // One root per tenant: the same tokens cached under tenant A are not found from tenant B's root.
+    prefix_tree<int> tree;
+    auto* a = tree.root();
+    auto* b = tree.new_root();
+    tree.insert_below(a, tokens{7, 4, 0, 3, 1, 7})->value = 1;
+    EXPECT_EQ(tree.longest_prefix(b, tokens{7, 4, 0, 3, 1, 7}).length, 0u);
+    EXPECT_EQ(tree.longest_prefix(a, tokens{7, 4, 0, 3, 1, 7}).length, 6u);
+    auto* in_b = tree.insert_below(b, tokens{7, 4, 0, 9});
+    EXPECT_EQ(prefix_tree<int>::root_of(in_b), b);
+    EXPECT_EQ(tree.longest_prefix(b, tokens{7, 4, 0, 3}).length, 3u);  // B's own path only
+    EXPECT_EQ(tree.longest_prefix(a, tokens{7, 4, 0, 9}).length, 3u);
+    EXPECT_EQ(tree.path(in_b), (tokens{7, 4, 0, 9}));
+    EXPECT_FALSE(tree.erase_leaf(b));
+    EXPECT_TRUE(prefix_tree<int>::is_root(b));
+    size_t visited = 0;
+    tree.for_each([&](auto&) { ++visited; });
+    EXPECT_EQ(visited, tree.node_count());
+    EXPECT_EQ(visited, 2u);
+}

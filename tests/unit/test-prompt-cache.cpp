@@ -77,9 +77,10 @@ void expect_same_output(const result& actual, const result& cold) {
     }
 }
 
-result generate(engine& e, const tokens& prompt, int n = 32) {
+result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}) {
     auto r = std::make_shared<generation_request>();
     r->prompt = prompt;
+    r->tenant = tenant;
     r->sampling.temp = 0;
     r->max_tokens = n;
     r->keep_logits = n;
@@ -394,4 +395,59 @@ TEST(prompt_cache, two_requests_with_the_same_new_prefix_compute_it_once) {
     size_t shared = 0;
     while (p1[shared] == p2[shared]) ++shared;
     EXPECT_LE(computed, static_cast<int>(p1.size() + p2.size() - shared) + 16);
+}
+
+TEST(prompt_cache, a_tenant_never_reuses_another_tenants_prefix) {
+    // Tenant B sends exactly A's prompt: nothing of it is reused (not from A's slot, a parked sequence or RAM), and
+    // no divergence quotes A's tokens; the same tenant sending it again reuses it all.
+    const std::string model = dense_model();
+    engine_options o = base_options(model);
+    o.slots = 2;
+    engine e(o);
+    e.start();
+    const tokens secret = tokenize(e, chatml("The PIN is 740317. " + words(300, 51), {words(20, 52)}));
+    const tokens guess = tokenize(e, chatml("The PIN is 740318. " + words(300, 51), {words(20, 52)}));
+    generate(e, secret, 4, "alice");
+    const result b = generate(e, secret, 4, "bob");
+    EXPECT_EQ(b.stats.reused_tokens, 0);
+    EXPECT_EQ(b.stats.matched_tokens, 0);
+    EXPECT_TRUE(b.stats.divergence.empty()) << b.stats.divergence;
+    // A third tenant guessing one digit off reuses nothing either: no prefix of alice's or bob's copy counts.
+    const result near = generate(e, guess, 4, "carol");
+    EXPECT_EQ(near.stats.reused_tokens, 0);
+    const result again = generate(e, secret, 4, "alice");
+    EXPECT_EQ(again.stats.reused_tokens, static_cast<int>(secret.size()) - 1);
+    const result bob_again = generate(e, secret, 4, "bob");
+    EXPECT_EQ(bob_again.stats.reused_tokens, static_cast<int>(secret.size()) - 1);
+}
+
+TEST(prompt_cache, a_tenants_blocks_come_back_from_ram_and_disk_to_that_tenant_only) {
+    const std::string model = dense_model();
+    const fs::path dir = temp_dir("tenants-disk");
+    engine_options o = base_options(model);
+    o.cache_dir = dir.string();
+    o.cache_parked_sequences = 0;
+    tokens prompt, other;
+    {
+        engine e(o);
+        e.start();
+        prompt = tokenize(e, chatml(words(400, 61), {words(30, 62)}));
+        other = tokenize(e, chatml(words(400, 63), {words(30, 64)}));
+        generate(e, prompt, 4, "alice");
+        generate(e, other, 4, "alice");  // no parking: alice's first prompt goes to RAM blocks
+        EXPECT_EQ(generate(e, prompt, 4, "bob").stats.reused_tokens, 0);
+        EXPECT_GT(generate(e, prompt, 4, "alice").stats.reused_ram, 0);
+    }  // stopping persists the device tier
+    {
+        engine e(o);
+        e.start();
+        EXPECT_EQ(e.cache_stats().disk_rejected, 0u);
+        const result b = generate(e, other, 4, "bob");
+        EXPECT_EQ(b.stats.reused_tokens, 0) << "alice's disk entries are filed under alice";
+        const result shared = generate(e, other, 4, "");
+        EXPECT_EQ(shared.stats.reused_tokens, 0);
+        const result a = generate(e, other, 4, "alice");
+        EXPECT_GE(a.stats.reused_disk, static_cast<int>(other.size()) / 64 * 64 - 64);
+    }
+    fs::remove_all(dir);
 }

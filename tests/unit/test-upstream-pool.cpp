@@ -82,3 +82,18 @@ TEST(upstream_pool, a_bias_token_is_not_asked_for_again_where_there_is_no_tokeni
     EXPECT_EQ(upstream.calls.load(), 1);
     EXPECT_FALSE(pool.bias_token(0, "<think>").has_value());
 }
+
+TEST(upstream_pool, with_tenants_an_upstream_without_a_key_gets_the_clients_key) {
+    // A keepwarm upstream with the same keys file then keeps the proxy's tenants apart in its own cache.
+    const std::vector<proxy::upstream_config> upstreams = {
+        proxy::upstream_config::parse("http://127.0.0.1:9"),
+        proxy::upstream_config::parse("http://127.0.0.1:9,key=own-key")};
+    proxy::pool_options tenants;
+    tenants.forward_client_keys = true;
+    proxy::upstream_pool forwarding(upstreams, tenants);
+    EXPECT_EQ(forwarding.credential(0, "sk-alice-0123"), "sk-alice-0123");
+    EXPECT_EQ(forwarding.credential(1, "sk-alice-0123"), "own-key");
+    proxy::upstream_pool plain(upstreams, proxy::pool_options{});
+    EXPECT_EQ(plain.credential(0, "sk-alice-0123"), "");
+    EXPECT_EQ(plain.credential(1, "sk-alice-0123"), "own-key");
+}

@@ -170,3 +170,19 @@ TEST(UpstreamRouter, TheTreeIsBoundedAndKeepsWhatWasSentLast) {
     EXPECT_EQ(router.match(0, a), 0u);  // a's blocks were least recently sent
     EXPECT_GT(router.match(0, b), 0u);
 }
+
+TEST(upstream_router, a_tenants_prompt_never_matches_another_tenants_blocks) {
+    // Each tenant's chain starts from its own root: where bob's request goes never depends on what alice sent.
+    const std::string text(4 * 256, 'p');
+    const auto alice = chained_block_hashes(text, 256, "alice"), bob = chained_block_hashes(text, 256, "bob");
+    const auto shared = chained_block_hashes(text, 256);
+    ASSERT_EQ(alice.size(), 4u);
+    for (size_t i = 0; i < alice.size(); ++i) {
+        EXPECT_NE(alice[i], bob[i]);
+        EXPECT_NE(alice[i], shared[i]);
+    }
+    upstream_router router(2, {.block_chars = 256, .min_match_blocks = 2});
+    router.start({.upstream = 1}, alice);
+    EXPECT_EQ(router.match(1, alice), 4u);
+    EXPECT_EQ(router.match(1, bob), 0u);
+}

@@ -1,0 +1,52 @@
+// API keys and the tenants they belong to (`--api-keys-file`): each key names a tenant, and a tenant's requests see
+// only that tenant's prefix cache, prompt index and cache-buster reports. The file is read as hostile input: every
+// error names the file and line, and no error ever prints a key.
+// Threading: plain values and pure functions; safe from any thread.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace keepwarm::http {
+
+struct api_key_entry {
+    std::string key;
+    std::string tenant;  // empty: the shared tenant (one key, or --shared-cache)
+};
+
+inline constexpr size_t max_api_keys_file_bytes = 1u << 20;
+inline constexpr size_t max_api_keys = 4096;
+inline constexpr size_t max_tenants = 256;
+inline constexpr size_t max_tenant_name = 64;
+inline constexpr size_t min_api_key_length = 8;
+inline constexpr size_t max_api_key_length = 512;
+
+// The keys file's text. One key per line: `TENANT KEY` (separated by spaces or tabs); blank lines and lines starting
+// with '#' are ignored. TENANT: 1-64 of [A-Za-z0-9._-]; KEY: 8-512 printable ASCII characters without spaces.
+// Several keys may name the same tenant (a key being rotated). A key may appear only once. Throws
+// std::invalid_argument "SOURCE:LINE: what is wrong" (never the key itself).
+std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::string& source);
+
+// Reads and parses a keys file (at most max_api_keys_file_bytes). Throws std::invalid_argument as above, or naming
+// the file when it cannot be read.
+std::vector<api_key_entry> load_api_keys_file(const std::string& path);
+
+// The distinct tenant names of `keys`, in first-seen order.
+std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
+
+// Tenants are isolated (each key's requests carry its tenant) unless there is only one tenant or `shared_cache`;
+// then every key's tenant becomes the shared one (""), as with a single --api-key.
+std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool shared_cache);
+
+// What `serve` and `proxy` do with --api-key, --api-keys-file and --shared-cache: fills `keys` from the file and
+// returns the isolated tenants' names (none when every key shares the one tenant: a single key, one tenant name, or
+// --shared-cache). Throws std::invalid_argument naming the file's line, or for flags that do not go together.
+std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
+                                           const std::string& keys_file, bool shared_cache);
+// One line for the start-up banner.
+std::string describe_tenants(const std::string& single_key, const std::vector<api_key_entry>& keys,
+                             const std::vector<std::string>& tenants);
+
+}  // namespace keepwarm::http
