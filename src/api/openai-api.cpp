@@ -18,8 +18,6 @@ namespace {
 
 using namespace json_fields;
 
-constexpr size_t max_stop_strings = 16;
-
 std::optional<double> get_number(const json& obj, const std::string& key, const std::string& field) {
     const json* v = find(obj, key);
     if (!v) {
@@ -123,6 +121,9 @@ std::vector<std::string> parse_stop(const json& body) {
         const json& s = (*v)[i];
         if (!s.is_string()) {
             fail(in_quotes(indexed("stop", i)) + " must be a string");
+        }
+        if (s.get_ref<const std::string&>().size() > max_stop_bytes) {
+            fail(in_quotes(indexed("stop", i)) + " is longer than " + std::to_string(max_stop_bytes) + " bytes");
         }
         // An empty stop string would end generation immediately; llama-server drops them too.
         if (!s.get_ref<const std::string&>().empty()) {
