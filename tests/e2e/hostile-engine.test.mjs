@@ -50,7 +50,7 @@ test('a response_format grammar that cannot be built is a 400 naming it (OpenAI)
 });
 
 test('output_config.format that cannot be built is a 400 in Anthropic shape', async () => {
-    const res = await post('/v1/messages', {
+    const res = await post('/v1/messages', { model: 'm',
         max_tokens: 4,
         messages: hi,
         output_config: { format: { type: 'json_schema', schema: unbuildable[0] } },
@@ -128,7 +128,7 @@ test('stop lists share one cap on all three APIs', async () => {
     const many = Array.from({ length: 10000 }, (_, i) => `s${i}`);
     const long = ['x'.repeat(5000)];
     for (const stop of [many, long]) {
-        const a = await post('/v1/messages', { max_tokens: 4, messages: hi, stop_sequences: stop });
+        const a = await post('/v1/messages', { model: 'm', max_tokens: 4, messages: hi, stop_sequences: stop });
         assert.equal(a.status, 400, JSON.stringify(a.body));
         assert.match(a.body.error.message, /stop_sequences/);
         const o = await post('/v1/chat/completions', { messages: hi, max_tokens: 4, stop });
