@@ -59,11 +59,6 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
     for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
 }
 
-namespace {
-// The most alternatives one rule of a GBNF grammar offers (its '|'s outside literals and character classes, plus one).
-// What a grammar costs per token grows with the alternatives alive at once: every one is checked against every token
-// of the vocab, and deduplicated against the others after each accepted character (quadratic). A 500-string enum
-// costs seconds per token on a 151K vocab; Claude Code's 25 tools have one rule of 266.
 size_t widest_alternation(const std::string& grammar) {
     size_t widest = 0;
     size_t in_rule = 0;
@@ -89,7 +84,6 @@ size_t widest_alternation(const std::string& grammar) {
     }
     return widest + 1;
 }
-}  // namespace
 
 void prepare_sampling(const server_context& ctx, generation_request& gen, const std::string& grammar_field) {
     bind_to_vocab(ctx, gen.sampling);

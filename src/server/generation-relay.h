@@ -35,6 +35,12 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling);
 // request's http_error 400 naming `grammar_field` (the request field the grammar came from), never the engine's.
 void prepare_sampling(const server_context& ctx, generation_request& gen, const std::string& grammar_field);
 
+// The most alternatives one rule of a GBNF grammar offers (its '|'s outside literals and character classes, plus one).
+// What a grammar costs per token grows with the alternatives alive at once, each checked against every token of the
+// vocab, and faster than linearly: on a 151K vocab, one token took 1.3-2.6 s under a 500-string enum and 8.5 s under
+// 2,000 (one CPU thread). Claude Code's 25 tools, the widest real request seen, have one rule of 266.
+size_t widest_alternation(const std::string& grammar);
+
 // The request field a chat request's grammar came from, in its API's words: "tools" for a tool-call grammar, else
 // the response format ("response_format", "output_config.format" or "format").
 std::string grammar_field(const api::chat_request& chat, const common_params_sampling& sampling);

@@ -96,6 +96,19 @@ test('an enum with thousands of values is a 400 before it reaches the engine', a
     );
 });
 
+test('a grammar larger than --max-grammar-bytes is a 400 naming its field', async () => {
+    const values = Array.from({ length: 900 }, (_, i) => `${'long-value-'.repeat(30)}${i}`);
+    await assertRejected(
+        '/v1/chat/completions',
+        {
+            messages: hi,
+            max_tokens: 4,
+            response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
+        },
+        'response_format',
+    );
+});
+
 test('a grammar that costs too much per token ends its request; the other slot keeps going', async () => {
     // 600 values: under the alternatives limit, but seconds per token on the test model's 151K vocab.
     const values = Array.from({ length: 600 }, (_, i) => `value-${i}`);
