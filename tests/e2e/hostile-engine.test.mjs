@@ -32,10 +32,11 @@ async function assertServes() {
     assert.equal(health.body.slots_processing, 0);
 }
 
-async function assertRejected(path, body, field) {
+async function assertRejected(path, body, field, why = /./) {
     const res = await post(path, body);
     assert.equal(res.status, 400, JSON.stringify(res.body));
     assert.match(errorMessage(res.body), new RegExp(`'${field.replace('.', '\\.')}'`));
+    assert.match(errorMessage(res.body), why);
     await assertServes();
 }
 
@@ -93,6 +94,7 @@ test('an enum with thousands of values is a 400 before it reaches the engine', a
             response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
         },
         'response_format',
+        /5000 alternatives/,
     );
 });
 
@@ -106,6 +108,7 @@ test('a grammar larger than --max-grammar-bytes is a 400 naming its field', asyn
             response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
         },
         'response_format',
+        /bytes; the server allows 262144/,
     );
 });
 
