@@ -246,7 +246,17 @@ void engine::fail_busy_slots(const std::string& why) {
         try {
             finish(*s, finish_reason::error, why);
         } catch (const std::exception&) {
-            s->request.reset();  // could not even say why: drop it, the relay's drain limit ends the client's wait
+            // finish() itself failed (e.g. out of memory): the slot is freed whatever it had got to, and the client
+            // gets a final event if finish() had not yet taken the request.
+            try {
+                if (s->request) {
+                    s->request->output.push({.text = {}, .done = true, .reason = finish_reason::error, .error = why});
+                }
+                cache_->release_slot(s->id, true);
+            } catch (const std::exception&) {
+            }
+            s->request.reset();
+            s->sampler.reset();
             s->cached.clear();
         }
     }
