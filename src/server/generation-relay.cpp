@@ -132,7 +132,12 @@ generation_relay::generation_relay(generation_request& gen, http::response_write
     : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
 
 generation_relay::~generation_relay() {
-    cancel();
+    // A destructor is noexcept: anything cancel() throws (recording the tokens) would be std::terminate.
+    try {
+        cancel();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "keepwarm: %s could not finish cancelling: %s\n", id_.c_str(), e.what());
+    }
 }
 
 std::optional<generation_event> generation_relay::cancel() {
