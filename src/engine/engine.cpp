@@ -222,6 +222,11 @@ std::vector<slot_status> engine::slots() const {
     return slot_status_;
 }
 
+void engine::publish_slot_status() {
+    std::lock_guard lock(mu_);
+    for (auto& s : slots_) slot_status_[s->id] = {s->id, s->busy(), static_cast<int>(s->cached.size())};
+}
+
 engine_health engine::health() const {
     engine_health h;
     const int64_t started = step_started_ns_.load();
@@ -279,6 +284,7 @@ void engine::run() {
         // slots, never the engine thread: an exception out of here would be std::terminate.
         try {
             admit_queued();
+            publish_slot_status();  // before a step that may take long, /health should show who is in the slots
             for (auto& s : slots_) {
                 if (s->busy() && s->request->cancelled.load()) finish(*s, finish_reason::cancelled);
             }
@@ -288,8 +294,7 @@ void engine::run() {
             fail_busy_slots(std::string("engine step failed: ") + e.what());
         }
         step_started_ns_ = 0;
-        std::lock_guard lock(mu_);
-        for (auto& s : slots_) slot_status_[s->id] = {s->id, s->busy(), static_cast<int>(s->cached.size())};
+        publish_slot_status();
     }
     fail_busy_slots("server shutting down");
     try {

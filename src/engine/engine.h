@@ -118,6 +118,7 @@ private:
     void admit(std::shared_ptr<generation_request> request);
     void sample(slot& s);
     void fail_busy_slots(const std::string& why);
+    void publish_slot_status();
     static bool abort_decode(void* self);
     void restore_prefix(slot& s);
     void follow_shared_prefills(slot& s);
