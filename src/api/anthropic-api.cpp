@@ -306,11 +306,19 @@ std::vector<std::string> parse_stop_sequences(const json& body) {
     const json* v = find(body, "stop_sequences");
     if (!v) return stop;
     if (!v->is_array()) fail("'stop_sequences' must be an array of strings");
+    if (v->size() > max_stop_strings) {
+        fail("'stop_sequences' has " + std::to_string(v->size()) + " strings; at most " +
+             std::to_string(max_stop_strings) + " are allowed");
+    }
     for (size_t i = 0; i < v->size(); i++) {
         const json& s = (*v)[i];
         // An empty one would end every answer before it starts.
         if (!s.is_string() || s.get_ref<const std::string&>().empty()) {
             fail(in_quotes(indexed("stop_sequences", i)) + " must be a non-empty string");
+        }
+        if (s.get_ref<const std::string&>().size() > max_stop_bytes) {
+            fail(in_quotes(indexed("stop_sequences", i)) + " is longer than " + std::to_string(max_stop_bytes) +
+                 " bytes");
         }
         stop.push_back(s.get<std::string>());
     }

@@ -168,7 +168,10 @@ chat_renderer::rendered chat_renderer::render(const chat_request& request) const
             r.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER,
                                        json_schema_to_grammar(common_json::parse(request.json_schema)));
         } catch (const std::exception& e) {
-            fail(std::string("'response_format' schema cannot be used: ") + e.what());
+            const char* field = request.api == "anthropic" ? "output_config.format"
+                                : request.api == "ollama"  ? "format"
+                                                           : "response_format";
+            fail("'" + std::string(field) + "' schema cannot be used: " + e.what());
         }
     }
 

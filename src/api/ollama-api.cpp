@@ -20,8 +20,6 @@ namespace {
 
 using namespace json_fields;
 
-constexpr size_t max_stop_strings = 16;
-
 std::optional<float> get_float(const json& obj, const std::string& key, const std::string& field) {
     const json* v = find(obj, key);
     if (!v) return std::nullopt;
@@ -197,6 +195,10 @@ std::vector<std::string> parse_stop(const json& options) {
     if (!stop->is_array()) fail("'options.stop' must be an array of strings");
     for (size_t i = 0; i < stop->size(); i++) {
         if (!(*stop)[i].is_string()) fail(in_quotes(indexed("options.stop", i)) + " must be a string");
+        if ((*stop)[i].get_ref<const std::string&>().size() > max_stop_bytes) {
+            fail(in_quotes(indexed("options.stop", i)) + " is longer than " + std::to_string(max_stop_bytes) +
+                 " bytes");
+        }
         if (!(*stop)[i].get_ref<const std::string&>().empty()) stops.push_back((*stop)[i].get<std::string>());
     }
     if (stops.size() > max_stop_strings) {

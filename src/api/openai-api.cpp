@@ -19,7 +19,6 @@ namespace {
 
 using namespace json_fields;
 
-constexpr size_t max_stop_strings = 16;
 // The largest vocabularies in use (Gemma's) have 262,144 tokens: a logit_bias with more entries cannot be all valid.
 constexpr size_t max_logit_bias_entries = 262'144;
 
@@ -131,6 +130,9 @@ std::vector<std::string> parse_stop(const json& body) {
         const json& s = (*v)[i];
         if (!s.is_string()) {
             fail(in_quotes(indexed("stop", i)) + " must be a string");
+        }
+        if (s.get_ref<const std::string&>().size() > max_stop_bytes) {
+            fail(in_quotes(indexed("stop", i)) + " is longer than " + std::to_string(max_stop_bytes) + " bytes");
         }
         // An empty stop string would end generation immediately; llama-server drops them too.
         if (!s.get_ref<const std::string&>().empty()) {

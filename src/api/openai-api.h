@@ -34,6 +34,11 @@ struct sampling_options {
     bool ignore_eos = false;  // llama-server's extension: never sample end-of-generation tokens
 };
 
+// One cap on stop strings for all three APIs (OpenAI's own limit is 16): each is matched against every generated
+// token, and the longest is text held back from the stream.
+inline constexpr size_t max_stop_strings = 16;
+inline constexpr size_t max_stop_bytes = 1024;
+
 struct chat_request {
     std::string model;
     // Roles: system, developer (common maps it to system, except for GPT-OSS which has a real developer role),
@@ -47,7 +52,7 @@ struct chat_request {
     bool include_usage = false;  // stream_options.include_usage
     // max_completion_tokens (preferred) or max_tokens; >= 1. Unset: no request limit (until EOS/stop/context).
     std::optional<int> max_tokens;
-    std::vector<std::string> stop;  // at most 16, empty strings dropped
+    std::vector<std::string> stop;  // at most max_stop_strings of max_stop_bytes, empty strings dropped
     sampling_options sampling;
     // chat_template_kwargs.enable_thinking, overridden by reasoning_effort "none" (-> false). Unset: template default.
     std::optional<bool> enable_thinking;

@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "cache/block-key.h"
@@ -18,6 +19,10 @@ using clock = std::chrono::steady_clock;
 
 double ms_between(clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
 }
 
 size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector<llama_token>& b) {
@@ -136,6 +141,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     if (decode_pool_->get()) {
         llama_attach_threadpool(ctx_.get(), decode_pool_->get(), prompt_pool_ ? prompt_pool_->get() : nullptr);
     }
+    // Called between graph nodes (CPU backend): a heartbeat for /health during a long decode, and how stop() cuts
+    // one short.
+    llama_set_abort_callback(ctx_.get(), &engine::abort_decode, this);
     options_.threads = threads;
     options_.threads_batch = cparams.n_threads_batch;
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
@@ -174,6 +182,7 @@ void engine::start() {
     std::lock_guard lock(mu_);
     if (thread_.joinable()) return;
     stopping_ = false;
+    abort_decode_ = false;
     thread_ = std::thread([this] { run(); });
 }
 
@@ -182,6 +191,7 @@ void engine::stop() {
         std::lock_guard lock(mu_);
         stopping_ = true;
     }
+    abort_decode_ = true;
     wake_.notify_all();
     if (thread_.joinable()) thread_.join();
     std::deque<std::shared_ptr<generation_request>> orphans;
@@ -213,6 +223,51 @@ std::vector<slot_status> engine::slots() const {
     return slot_status_;
 }
 
+void engine::publish_slot_status() {
+    std::lock_guard lock(mu_);
+    for (auto& s : slots_) slot_status_[s->id] = {s->id, s->busy(), static_cast<int>(s->cached.size())};
+}
+
+engine_health engine::health() const {
+    engine_health h;
+    const int64_t started = step_started_ns_.load();
+    if (started == 0) return h;
+    const int64_t now = now_ns();
+    h.seconds_in_step = static_cast<double>(now - started) / 1e9;
+    h.seconds_since_progress = static_cast<double>(now - std::max(started, progress_ns_.load())) / 1e9;
+    h.stalled = h.seconds_since_progress >= options_.stall_seconds;
+    return h;
+}
+
+bool engine::abort_decode(void* self) {
+    auto* e = static_cast<engine*>(self);
+    e->progress_ns_.store(now_ns(), std::memory_order_relaxed);
+    return e->abort_decode_.load(std::memory_order_relaxed);
+}
+
+// Every request still in a slot ends with `why`; used when a step failed in a way no single request explains.
+void engine::fail_busy_slots(const std::string& why) {
+    for (auto& s : slots_) {
+        if (!s->busy()) continue;
+        try {
+            finish(*s, finish_reason::error, why);
+        } catch (const std::exception&) {
+            // finish() itself failed (e.g. out of memory): the slot is freed whatever it had got to, and the client
+            // gets a final event if finish() had not yet taken the request.
+            try {
+                if (s->request) {
+                    s->request->output.push({.text = {}, .done = true, .reason = finish_reason::error, .error = why});
+                }
+                cache_->release_slot(s->id, true);
+            } catch (const std::exception&) {
+            }
+            s->request.reset();
+            s->sampler.reset();
+            s->cached.clear();
+        }
+    }
+}
+
 void engine::run() {
     for (;;) {
         {
@@ -223,22 +278,34 @@ void engine::run() {
             wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || any_busy(); });
             if (stopping_) break;
         }
-        admit_queued();
-        for (auto& s : slots_) {
-            if (s->busy() && s->request->cancelled.load()) finish(*s, finish_reason::cancelled);
+        const int64_t started = now_ns();
+        progress_ns_ = started;
+        step_started_ns_ = started;
+        // A request's own failures end that request (admit, sample); whatever escapes them ends the requests in the
+        // slots, never the engine thread: an exception out of here would be std::terminate.
+        try {
+            admit_queued();
+            publish_slot_status();  // before a step that may take long, /health should show who is in the slots
+            for (auto& s : slots_) {
+                if (s->busy() && s->request->cancelled.load()) finish(*s, finish_reason::cancelled);
+            }
+            step();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "keepwarm: engine step failed: %s\n", e.what());
+            fail_busy_slots(std::string("engine step failed: ") + e.what());
         }
-        step();
-        std::lock_guard lock(mu_);
-        for (auto& s : slots_) slot_status_[s->id] = {s->id, s->busy(), static_cast<int>(s->cached.size())};
+        step_started_ns_ = 0;
+        publish_slot_status();
     }
-    for (auto& s : slots_) {
-        if (s->busy()) finish(*s, finish_reason::error, "server shutting down");
+    fail_busy_slots("server shutting down");
+    try {
+        cache_->persist_all();  // so that a restarted server starts where this one stopped
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "keepwarm: could not persist the prefix cache: %s\n", e.what());
     }
-    cache_->persist_all();  // so that a restarted server starts where this one stopped
 }
 
-// Places queued requests into free slots, picking for each the free slot whose cached tokens share the
-// longest prefix with its prompt (ties: least recently used), and trims that slot's KV to the shared prefix.
+// Places queued requests into free slots, one at a time.
 void engine::admit_queued() {
     for (;;) {
         std::shared_ptr<generation_request> request;
@@ -254,65 +321,79 @@ void engine::admit_queued() {
             request->output.push({.text = {}, .done = true, .reason = finish_reason::cancelled});
             continue;
         }
-        const auto& prompt = request->prompt;
-        if (prompt.empty() || static_cast<int>(prompt.size()) >= slot_context_size_) {
-            counters_.errors++;
-            request->output.push({.text = {},
-                                  .done = true,
-                                  .reason = finish_reason::error,
-                                  .error = prompt.empty() ? "empty prompt"
-                                                          : "prompt has " + std::to_string(prompt.size()) +
-                                                                " tokens; the context holds " +
-                                                                std::to_string(slot_context_size_) + " per slot"});
-            continue;
-        }
-
-        // Any slot can take any cached prefix (sequences share cells); one whose own content matches saves parking it.
-        slot* best = nullptr;
-        size_t best_len = 0;
-        for (auto& s : slots_) {
-            if (s->busy()) continue;
-            // Another tenant's content never counts as a match: the choice must not depend on what others sent.
-            const size_t len = s->tenant == request->tenant ? common_prefix_length(s->cached, prompt) : 0;
-            if (!best || len > best_len || (len == best_len && s->last_used < best->last_used)) {
-                best = s.get();
-                best_len = len;
+        try {
+            admit(request);
+        } catch (const std::exception& e) {
+            // This request could not be set up (e.g. its sampler would not build): it ends, the others go on.
+            const std::string why = std::string("could not start the generation: ") + e.what();
+            auto in_slot = std::find_if(slots_.begin(), slots_.end(), [&](auto& s) { return s->request == request; });
+            if (in_slot != slots_.end()) {
+                finish(**in_slot, finish_reason::error, why);
+            } else {
+                counters_.errors++;
+                request->output.push({.text = {}, .done = true, .reason = finish_reason::error, .error = why});
             }
         }
-        slot& s = *best;
-        s.sampler.reset(common_sampler_init(model_.get(), request->sampling));
-        if (!s.sampler) {
-            counters_.errors++;
-            request->output.push({.text = {},
-                                  .done = true,
-                                  .reason = finish_reason::error,
-                                  .error = "could not initialize sampling (invalid grammar?)"});
-            continue;
-        }
-        s.text = std::make_unique<text_stream>(request->stop);
-        s.request = std::move(request);
-        s.cuts.clear();
-        if (cache_->needs_checkpoints()) {
-            // Message starts: positions of the token the rendered prompt opens every turn with (e.g. <|im_start|>).
-            const llama_vocab* vocab = llama_model_get_vocab(model_.get());
-            const size_t first = prompt.size() > 1 && prompt[0] == llama_vocab_bos(vocab) ? 1 : 0;
-            const llama_token turn_start = prompt[first];
-            if (llama_vocab_get_attr(vocab, turn_start) & LLAMA_TOKEN_ATTR_CONTROL) {
-                for (size_t i = first + 1; i < prompt.size(); ++i) {
-                    if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
-                }
-            }
-        }
-        restore_prefix(s);
-        follow_shared_prefills(s);
-        s.pending = -1;
-        s.batch_index = -1;
-        s.generated = 0;
-        s.generated_ids.clear();
-        s.admitted = clock::now();
-        s.prompt_started = {};
-        counters_.requests++;
     }
+}
+
+// Puts one request into the free slot whose cached tokens share the longest prefix with its prompt (ties: least
+// recently used), and trims that slot's KV to the shared prefix.
+void engine::admit(std::shared_ptr<generation_request> request) {
+    const auto& prompt = request->prompt;
+    if (prompt.empty() || static_cast<int>(prompt.size()) >= slot_context_size_) {
+        counters_.errors++;
+        request->output.push({.text = {},
+                              .done = true,
+                              .reason = finish_reason::error,
+                              .error = prompt.empty() ? "empty prompt"
+                                                      : "prompt has " + std::to_string(prompt.size()) +
+                                                            " tokens; the context holds " +
+                                                            std::to_string(slot_context_size_) + " per slot"});
+        return;
+    }
+
+    // Any slot can take any cached prefix (sequences share cells); one whose own content matches saves parking it.
+    slot* best = nullptr;
+    size_t best_len = 0;
+    for (auto& s : slots_) {
+        if (s->busy()) continue;
+        // Another tenant's content never counts as a match: the choice must not depend on what others sent.
+        const size_t len = s->tenant == request->tenant ? common_prefix_length(s->cached, prompt) : 0;
+        if (!best || len > best_len || (len == best_len && s->last_used < best->last_used)) {
+            best = s.get();
+            best_len = len;
+        }
+    }
+    slot& s = *best;
+    // Normally built by the HTTP thread; a request submitted without one (tests, internal callers) gets it here,
+    // where a failure throws to admit_queued() and ends only this request.
+    s.sampler = request->sampler ? std::move(request->sampler)
+                                 : common_sampler_ptr(common_sampler_init(model_.get(), request->sampling));
+    if (!s.sampler) throw std::runtime_error("could not initialize sampling");
+    s.text = std::make_unique<text_stream>(request->stop);
+    s.pending = -1;
+    s.batch_index = -1;
+    s.generated = 0;
+    s.generated_ids.clear();
+    s.admitted = clock::now();
+    s.prompt_started = {};
+    s.request = std::move(request);
+    s.cuts.clear();
+    if (cache_->needs_checkpoints()) {
+        // Message starts: positions of the token the rendered prompt opens every turn with (e.g. <|im_start|>).
+        const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+        const size_t first = prompt.size() > 1 && prompt[0] == llama_vocab_bos(vocab) ? 1 : 0;
+        const llama_token turn_start = prompt[first];
+        if (llama_vocab_get_attr(vocab, turn_start) & LLAMA_TOKEN_ATTR_CONTROL) {
+            for (size_t i = first + 1; i < prompt.size(); ++i) {
+                if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
+            }
+        }
+    }
+    restore_prefix(s);
+    follow_shared_prefills(s);
+    counters_.requests++;
 }
 
 // For the log: `diverged at token N: "...text before" + "prompt's text" where the cache has "cached text"`.
@@ -499,8 +580,9 @@ bool engine::step() {
     counters_.decode_steps++;
     if (parts.size() > 1) counters_.shared_decode_steps++;
     if (rc != 0) {
-        const std::string why =
-            rc == 1 ? "no room left in the KV cache" : "llama_decode failed (" + std::to_string(rc) + ")";
+        const std::string why = rc == 1                           ? "no room left in the KV cache"
+                                : rc == 2 && abort_decode_.load() ? "server shutting down"
+                                                                  : "llama_decode failed (" + std::to_string(rc) + ")";
         for (auto& p : parts) finish(*p.s, finish_reason::error, why);
         return true;
     }
@@ -520,41 +602,67 @@ bool engine::step() {
         }
     }
 
-    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    llama_synchronize(ctx_.get());  // so that the sampling clock below counts sampling, not a decode finishing late
     for (auto& p : parts) {
         slot& s = *p.s;
         if (s.batch_index < 0 || !s.busy()) continue;
-        if (static_cast<int>(s.logits.size()) < s.request->keep_logits) {
-            const float* row = llama_get_logits_ith(ctx_.get(), s.batch_index);
-            s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
+        try {
+            sample(s);
+        } catch (const std::exception& e) {
+            // E.g. a grammar that reaches a dead end: this request ends, the other slots keep their tokens.
+            if (s.busy()) finish(s, finish_reason::error, std::string("sampling failed: ") + e.what());
         }
-        const llama_token token = common_sampler_sample(s.sampler.get(), ctx_.get(), s.batch_index);
-        common_sampler_accept(s.sampler.get(), token, true);
-        if (s.generated == 0) s.first_token = clock::now();
-        s.generated++;
-
-        if (llama_vocab_is_eog(vocab, token)) {
-            finish(s, finish_reason::stop);
-            continue;
-        }
-        s.generated_ids.push_back(token);
-        const bool special = s.request->render_special.count(token) > 0;
-        const std::string piece = common_token_to_piece(ctx_.get(), token, special);
-        std::string text = s.text->push(piece);
-        // The first token is announced even when its text is held back (a possible stop string, half a UTF-8
-        // character): the client's first event, and so its measured TTFT, should not wait for the next step.
-        if (!text.empty() || s.generated == 1) s.request->output.push({.text = std::move(text)});
-        if (s.text->stopped()) {
-            finish(s, finish_reason::stop);
-        } else if (s.request->max_tokens >= 0 && s.generated >= s.request->max_tokens) {
-            finish(s, finish_reason::length);
-        } else if (static_cast<int>(s.cached.size()) + 1 >= slot_context_size_) {
-            finish(s, finish_reason::length);
-        } else {
-            s.pending = token;
-        }
+        progress_ns_ = now_ns();
     }
     return true;
+}
+
+// Samples the slot's next token from the last decode's logits and hands its text to the request.
+void engine::sample(slot& s) {
+    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    if (static_cast<int>(s.logits.size()) < s.request->keep_logits) {
+        const float* row = llama_get_logits_ith(ctx_.get(), s.batch_index);
+        s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
+    }
+    const auto sample_started = clock::now();
+    const llama_token token = common_sampler_sample(s.sampler.get(), ctx_.get(), s.batch_index);
+    common_sampler_accept(s.sampler.get(), token, true);
+    // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
+    // It cannot be interrupted inside one token, so it ends after the first one that took too long.
+    if (const double took = ms_between(sample_started, clock::now()); took > options_.sample_ms_limit) {
+        counters_.sampling_too_slow++;
+        const bool grammar = !common_grammar_value(s.request->sampling.grammar).empty();
+        char why[256];
+        std::snprintf(why, sizeof why, "sampling one token took %.0f ms%s (the limit is %.0f ms: --max-sample-ms)",
+                      took, grammar ? " under the request's grammar (response format or tools)" : "",
+                      options_.sample_ms_limit);
+        finish(s, finish_reason::error, why);
+        return;
+    }
+    if (s.generated == 0) s.first_token = clock::now();
+    s.generated++;
+
+    if (llama_vocab_is_eog(vocab, token)) {
+        finish(s, finish_reason::stop);
+        return;
+    }
+    s.generated_ids.push_back(token);
+    const bool special = s.request->render_special.count(token) > 0;
+    const std::string piece = common_token_to_piece(ctx_.get(), token, special);
+    std::string text = s.text->push(piece);
+    // The first token is announced even when its text is held back (a possible stop string, half a UTF-8
+    // character): the client's first event, and so its measured TTFT, should not wait for the next step.
+    if (!text.empty() || s.generated == 1) s.request->output.push({.text = std::move(text)});
+    if (s.text->stopped()) {
+        finish(s, finish_reason::stop);
+    } else if (const int limit = s.request->max_tokens >= 0 ? s.request->max_tokens : options_.default_max_tokens;
+               limit >= 0 && s.generated >= limit) {
+        finish(s, finish_reason::length);
+    } else if (static_cast<int>(s.cached.size()) + 1 >= slot_context_size_) {
+        finish(s, finish_reason::length);
+    } else {
+        s.pending = token;
+    }
 }
 
 }  // namespace keepwarm

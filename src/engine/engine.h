@@ -38,6 +38,29 @@ struct engine_options {
     uint64_t cache_ram_bytes = 4ull << 30;
     std::string cache_dir;  // empty: no disk tier
     uint64_t cache_disk_bytes = 16ull << 30;
+    // Limits that keep one request from holding the engine thread (each has a serve flag an operator can raise).
+    // Tokens generated when a request names no limit (-1: until end of generation or a full context). 4096 covers a
+    // long answer or a large tool call, and caps a runaway at minutes on a CPU rather than at the context's end.
+    int default_max_tokens = 4096;
+    // One token's sampling may take this long; a grammar whose every step costs more ends its request with an
+    // error, so the other slots are not held up behind it. Grammar sampling with Claude Code's 25 tools on a
+    // 151K-token vocab takes milliseconds per token; a 2,000-string enum takes seconds.
+    double sample_ms_limit = 1000;
+    // Largest grammar text (GBNF, from a response format or tools) a request may bring; bounds the work of parsing
+    // it. Claude Code's 25 tools with tool_choice any make a grammar of 66 KB.
+    size_t grammar_max_bytes = 256 * 1024;
+    // The most alternatives one grammar rule may offer (an enum's values, a oneOf's branches): the grammar's per-token
+    // cost grows with them faster than linearly (a 2,000-string enum: 8 s per token). Claude Code's tools need 266.
+    size_t grammar_max_alternatives = 1024;
+    // /health reports the engine stalled when a step has made no progress for this long.
+    double stall_seconds = 10;
+};
+
+// What /health says about the engine thread. Read from any thread.
+struct engine_health {
+    bool stalled = false;        // inside one step with no progress for engine_options::stall_seconds
+    double seconds_in_step = 0;  // how long the current step has run (0: between steps, or idle)
+    double seconds_since_progress = 0;
 };
 
 // Monotonic counters for /metrics. Read from any thread.
@@ -53,6 +76,7 @@ struct engine_counters {
     std::atomic<uint64_t> shared_decode_steps{0};  // ... that carried tokens of more than one slot
     std::atomic<uint64_t> cancelled{0};
     std::atomic<uint64_t> errors{0};
+    std::atomic<uint64_t> sampling_too_slow{0};  // requests ended because one token's sampling passed the limit
 };
 
 struct slot_status {
@@ -84,12 +108,18 @@ public:
     int queued() const;
     std::vector<slot_status> slots() const;
     const engine_counters& counters() const { return counters_; }
+    engine_health health() const;
     cache_snapshot cache_stats() const { return cache_->snapshot(); }
 
 private:
     struct slot;
     void run();
     void admit_queued();
+    void admit(std::shared_ptr<generation_request> request);
+    void sample(slot& s);
+    void fail_busy_slots(const std::string& why);
+    void publish_slot_status();
+    static bool abort_decode(void* self);
     void restore_prefix(slot& s);
     void follow_shared_prefills(slot& s);
     void finish(slot& s, finish_reason reason, const std::string& error = {});
@@ -119,6 +149,11 @@ private:
     std::vector<slot_status> slot_status_;                   // guarded by mu_, published by the engine thread
 
     engine_counters counters_;
+    // Heartbeat, in steady-clock nanoseconds: when the current step began (0: not in a step) and when it last moved
+    // (a graph node computed, a token sampled). Written by the engine and compute threads, read by /health.
+    std::atomic<int64_t> step_started_ns_{0};
+    std::atomic<int64_t> progress_ns_{0};
+    std::atomic<bool> abort_decode_{false};  // set by stop(): a running llama_decode returns at its next graph node
     std::thread thread_;
 };
 

@@ -77,7 +77,10 @@ struct generation_request {
     // requests never match another tenant's cached prefixes, whatever tier holds them.
     std::string tenant;
     common_params_sampling sampling;
-    int max_tokens = -1;                   // -1: until end of generation or the slot's context is full
+    // The sampler made from `sampling`, built by the HTTP thread before submitting (a grammar that cannot be built is
+    // that request's 400, not the engine's problem). Null: the engine builds it at admission.
+    common_sampler_ptr sampler;
+    int max_tokens = -1;                   // -1: the server's default (engine_options::default_max_tokens)
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
     int keep_logits = 0;  // the raw logits of this many first sampled positions come back with the final event

@@ -21,7 +21,7 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
     set_prompt(ctx_, *gen_, rendered_.prompt);
     gen_->sampling = api::to_sampling_params(chat_.sampling, common_params_sampling{});
     api::chat_renderer::apply_to_sampling(rendered_, gen_->sampling, ctx_.llm->vocab());
-    bind_to_vocab(ctx_, gen_->sampling);
+    prepare_sampling(ctx_, *gen_, grammar_field(chat_, gen_->sampling));
     gen_->render_special = gen_->sampling.preserved_tokens;
     gen_->max_tokens = chat_.max_tokens.value_or(-1);
     gen_->stop = rendered_.stop;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <stdexcept>
 
 #include "api/bounded-json.h"
 
@@ -118,6 +119,69 @@ generation_stats reported_stats(const generation_stats& st) {
     return shown;
 }
 
+size_t widest_alternation(const std::string& grammar) {
+    size_t widest = 0;
+    size_t in_rule = 0;
+    bool quoted = false;
+    bool bracketed = false;
+    for (size_t i = 0; i < grammar.size(); ++i) {
+        const char c = grammar[i];
+        if ((quoted || bracketed) && c == '\\') {
+            ++i;  // an escaped character, e.g. \" or \]
+        } else if (quoted) {
+            quoted = c != '"';
+        } else if (bracketed) {
+            bracketed = c != ']';
+        } else if (c == '"') {
+            quoted = true;
+        } else if (c == '[') {
+            bracketed = true;
+        } else if (c == '|') {
+            widest = std::max(widest, ++in_rule);
+        } else if (c == '\n') {
+            in_rule = 0;
+        }
+    }
+    return widest + 1;
+}
+
+void prepare_sampling(const server_context& ctx, generation_request& gen, const std::string& grammar_field) {
+    bind_to_vocab(ctx, gen.sampling);
+    const engine_options& limits = ctx.llm->options();
+    const std::string& grammar = common_grammar_value(gen.sampling.grammar);
+    const std::string field = "'" + grammar_field + "'";
+    if (grammar.size() > limits.grammar_max_bytes) {
+        throw http::http_error(400, "the grammar made from " + field + " has " + std::to_string(grammar.size()) +
+                                        " bytes; the server allows " + std::to_string(limits.grammar_max_bytes) +
+                                        " (--max-grammar-bytes)");
+    }
+    const auto cannot_build = [&](const std::string& why) {
+        return http::http_error(400, "the grammar made from " + field + " cannot be used: " + why);
+    };
+    if (const size_t widest = widest_alternation(grammar); widest > limits.grammar_max_alternatives) {
+        throw cannot_build("one of its rules has " + std::to_string(widest) + " alternatives (e.g. an enum); the " +
+                           "server allows " + std::to_string(limits.grammar_max_alternatives) +
+                           " (--max-grammar-alternatives)");
+    }
+    try {
+        gen.sampler.reset(common_sampler_init(ctx.llm->model(), gen.sampling));
+    } catch (const std::invalid_argument& e) {
+        throw http::http_error(400, std::string("sampling parameters cannot be used: ") + e.what());
+    } catch (const std::exception& e) {
+        // llama.cpp's parser says why only in its log; its usual reason for a schema's grammar is a repetition bound.
+        throw cannot_build(std::string(e.what()) +
+                           " (e.g. a minItems, maxItems, minLength or maxLength over 2000, which llama.cpp refuses)");
+    }
+    if (!gen.sampler) throw cannot_build("the sampler could not be initialized");
+}
+
+std::string grammar_field(const api::chat_request& chat, const common_params_sampling& sampling) {
+    if (sampling.grammar.type == COMMON_GRAMMAR_TYPE_TOOL_CALLS && !chat.tools.empty()) return "tools";
+    if (chat.api == "anthropic") return "output_config.format";
+    if (chat.api == "ollama") return "format";
+    return "response_format";
+}
+
 int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
@@ -128,7 +192,12 @@ generation_relay::generation_relay(generation_request& gen, http::response_write
     : gen_(gen), w_(w), ctx_(ctx), id_(std::move(id)) {}
 
 generation_relay::~generation_relay() {
-    cancel();
+    // A destructor is noexcept: anything cancel() throws (recording the tokens) would be std::terminate.
+    try {
+        cancel();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "keepwarm: %s could not finish cancelling: %s\n", id_.c_str(), e.what());
+    }
 }
 
 std::optional<generation_event> generation_relay::cancel() {

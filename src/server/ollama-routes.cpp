@@ -180,7 +180,7 @@ void generate_raw(server_context& ctx, const ollama::generate_request& request, 
             throw http::http_error(400, std::string("'format' schema cannot be used: ") + e.what());
         }
     }
-    bind_to_vocab(ctx, gen->sampling);
+    prepare_sampling(ctx, *gen, "format");
     gen->max_tokens = params.max_tokens.value_or(-1);
     gen->stop = params.stop;
     ctx.llm->submit(gen);

@@ -115,7 +115,7 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
 
     set_prompt(ctx, *gen, comp.prompt);
     gen->sampling = api::to_sampling_params(comp.sampling, common_params_sampling{});
-    bind_to_vocab(ctx, gen->sampling);
+    prepare_sampling(ctx, *gen, "grammar");
     gen->max_tokens = comp.max_tokens.value_or(-1);
     gen->stop = comp.stop;
     const std::string id = api::gen_completion_id();

@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <thread>
 
 #include "cache/block-key.h"
 #include "common.h"
@@ -42,6 +44,7 @@ struct serve_options {
     bool shared_cache = false;
     bool log_prompts = false;
     bool no_reuse_report = false;
+    double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -185,6 +188,14 @@ int run_serve(serve_options opts) {
     int sig = 0;
     sigwait(&signals, &sig);
     std::cout << "keepwarm: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    // A clean stop waits for the engine's current step, which one request's grammar can hold for long: past the
+    // limit, the process exits anyway (the disk tier's files are written whole or not at all).
+    std::thread([seconds = opts.shutdown_seconds] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        std::fprintf(stderr, "keepwarm: a clean shutdown did not finish in %.0f s (--shutdown-timeout); exiting now\n",
+                     seconds);
+        std::_Exit(1);
+    }).detach();
     server.stop();
     ctx.llm->stop();
     return 0;
@@ -278,6 +289,30 @@ void add_serve_command(CLI::App& app) {
                     "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
                     "(docs/policy.md)")
         ->check(CLI::ExistingFile);
+    cmd->add_option("-n,--n-predict", e.default_max_tokens,
+                    "Tokens generated for a request that sets no limit (-1: until end of generation or full context)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
+    cmd->add_option("--max-sample-ms", e.sample_ms_limit,
+                    "A request whose one token takes longer than this to sample (a costly grammar) ends with an error")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-grammar-bytes", e.grammar_max_bytes,
+                    "Largest grammar a response format or tools may make, in bytes")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-grammar-alternatives", e.grammar_max_alternatives,
+                    "Most alternatives one grammar rule may offer (e.g. an enum's values)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--stall-timeout", e.stall_seconds,
+                    "/health answers 503 when the engine makes no progress within one step for this many seconds")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--shutdown-timeout", opts->shutdown_seconds,
+                    "After SIGINT/SIGTERM, exit within this many seconds even if a clean stop has not finished")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     cmd->callback([opts] {
         try {

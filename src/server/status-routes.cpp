@@ -1,6 +1,8 @@
 // See status-routes.h.
 #include "server/status-routes.h"
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 namespace keepwarm {
@@ -99,11 +101,22 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
             int busy = 0;
             const auto slots = ctx.llm->slots();
             for (const auto& s : slots) busy += s.busy ? 1 : 0;
-            json body = {{"status", "ok"},
+            const engine_health health = ctx.llm->health();
+            json body = {{"status", health.stalled ? "stalled" : "ok"},
                          {"slots_idle", static_cast<int>(slots.size()) - busy},
                          {"slots_processing", busy},
                          {"queued", ctx.llm->queued()}};
-            w.send(200, "application/json", body.dump());
+            if (!health.stalled) {
+                w.send(200, "application/json", body.dump());
+                return;
+            }
+            // The engine thread is inside one step that has not moved (e.g. a costly grammar): every client waits.
+            char reason[160];
+            std::snprintf(reason, sizeof reason,
+                          "the engine has made no progress for %.1f s (one step running for %.1f s)",
+                          health.seconds_since_progress, health.seconds_in_step);
+            body["reason"] = reason;
+            w.send(503, "application/json", body.dump());
         },
         public_route);
 

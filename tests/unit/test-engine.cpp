@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -177,4 +178,113 @@ TEST_F(engine_test, end_of_generation_tokens_include_the_vocab_eos) {
     EXPECT_FALSE(eog.empty());
     EXPECT_NE(std::find(eog.begin(), eog.end(), llama_vocab_eos(llm->vocab())), eog.end());
     for (const llama_token t : eog) EXPECT_TRUE(llama_vocab_is_eog(llm->vocab(), t));
+}
+
+// Issue 14, item 1: a grammar that llama.cpp cannot build used to throw out of the engine thread (std::terminate).
+TEST_F(engine_test, a_sampler_that_cannot_be_built_ends_only_its_request) {
+    auto bad = request("Hello there", 4);
+    bad->sampling.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, "root ::= \"a\"{1000000}");
+    llm->submit(bad);
+    const generation_event failed = run_to_end(*bad);
+    EXPECT_EQ(failed.reason, finish_reason::error);
+    EXPECT_NE(failed.error.find("could not start the generation"), std::string::npos) << failed.error;
+
+    auto next = request("Hello there", 4);
+    llm->submit(next);
+    const generation_event served = run_to_end(*next);
+    EXPECT_EQ(served.reason, finish_reason::length);
+    EXPECT_EQ(served.stats.generated_tokens, 4);
+    for (const auto& s : llm->slots()) EXPECT_FALSE(s.busy);
+}
+
+namespace {
+
+std::unique_ptr<engine> limited_engine(const std::function<void(engine_options&)>& tweak) {
+    engine_options o;
+    o.model_path = tiny_model();
+    o.context_size = 2048;
+    o.slots = 2;
+    o.threads = 1;
+    tweak(o);
+    auto e = std::make_unique<engine>(o);
+    e->start();
+    return e;
+}
+
+std::shared_ptr<generation_request> plain_request(const engine& e, const std::string& text, int max_tokens) {
+    auto r = std::make_shared<generation_request>();
+    r->prompt = common_tokenize(e.vocab(), text, true, true);
+    r->sampling.temp = 0;
+    r->max_tokens = max_tokens;
+    for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
+    return r;
+}
+
+generation_event final_event(generation_request& r) {
+    for (;;) {
+        auto ev = r.output.pop(60s);
+        if (!ev) return {.text = {}, .done = true, .reason = finish_reason::error, .error = "no event in 60 s"};
+        if (ev->done) return *ev;
+    }
+}
+
+// An enum grammar: every value is an alternative checked against the whole vocab at each token.
+common_grammar enum_grammar(int values) {
+    std::string g = "root ::= ";
+    for (int i = 0; i < values; ++i) g += (i ? " | " : "") + std::string("\"value-") + std::to_string(i) + "\"";
+    return common_grammar(COMMON_GRAMMAR_TYPE_USER, g);
+}
+
+}  // namespace
+
+// Issue 14, item 10: a request that names no limit used to generate until the context was full.
+TEST(engine_limits, the_default_generation_limit_applies_when_a_request_sets_none) {
+    auto e = limited_engine([](engine_options& o) { o.default_max_tokens = 5; });
+    auto r = plain_request(*e, "Count to a hundred", -1);
+    e->submit(r);
+    const generation_event end = final_event(*r);
+    EXPECT_EQ(end.reason, finish_reason::length);
+    EXPECT_EQ(end.stats.generated_tokens, 5);
+
+    auto asked = plain_request(*e, "Count to a hundred", 7);  // a request's own limit wins
+    e->submit(asked);
+    EXPECT_EQ(final_event(*asked).stats.generated_tokens, 7);
+}
+
+// Issue 14, item 3: one request's costly grammar held the engine thread, and so every other request, for minutes.
+TEST(engine_limits, a_token_that_takes_too_long_to_sample_ends_its_request_and_the_others_go_on) {
+    auto e = limited_engine([](engine_options& o) { o.sample_ms_limit = 150; });
+    auto slow = plain_request(*e, "Pick a value", 8);
+    slow->sampling.grammar = enum_grammar(600);
+    auto plain = plain_request(*e, "Tell me a story", 8);
+    e->submit(slow);
+    e->submit(plain);
+    const generation_event failed = final_event(*slow);
+    EXPECT_EQ(failed.reason, finish_reason::error);
+    EXPECT_NE(failed.error.find("under the request's grammar"), std::string::npos) << failed.error;
+    const generation_event served = final_event(*plain);
+    EXPECT_EQ(served.reason, finish_reason::length);
+    EXPECT_EQ(served.stats.generated_tokens, 8);
+    EXPECT_EQ(e->counters().sampling_too_slow.load(), 1u);
+}
+
+TEST(engine_limits, health_reports_a_step_that_makes_no_progress) {
+    auto e = limited_engine([](engine_options& o) {
+        o.sample_ms_limit = 600000;
+        o.stall_seconds = 0.1;
+    });
+    EXPECT_FALSE(e->health().stalled);
+    auto slow = plain_request(*e, "Pick a value", 4);
+    slow->sampling.grammar = enum_grammar(1000);
+    e->submit(slow);
+    bool stalled = false;
+    for (int i = 0; i < 800 && !stalled; ++i) {
+        std::this_thread::sleep_for(25ms);
+        stalled = e->health().stalled;
+    }
+    EXPECT_TRUE(stalled);
+    final_event(*slow);
+    // The step that pushed the final event ends right after it.
+    for (int i = 0; i < 100 && e->health().stalled; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_FALSE(e->health().stalled);
 }
