@@ -1,6 +1,6 @@
 // Fuzz target: what an upstream engine sends `keepwarm proxy` back, in one dialect (KEEPWARM_FUZZ_DIALECT: openai,
-// anthropic or ollama; one executable each). The stream decoder reads it twice, whole and in small pieces as a socket
-// may deliver it, and must build the same message both times, with deltas that add up to that message; the error
+// anthropic or ollama; one executable each). The stream decoder reads it whole, in uneven pieces and line by line as a
+// socket may deliver it, and must build the same message each time, with deltas that add up to that message; the error
 // and listing parsers read the same bytes as an error answer and a health answer.
 #include <string>
 #include <vector>
@@ -79,10 +79,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // A handful of pieces, sized from the input's length, so that every input is also read split at awkward places
     // (inside "\r\n", a UTF-8 sequence, a JSON string) without thousands of pushes per input.
     const decoded split = decode(bytes, {1 + size % 7, size / 3 + 1, 2, size / 5 + 1});
-    if (!whole.threw && !split.threw) {
-        if (!same_message(whole.message, split.message) || whole.done != split.done || whole.error != split.error)
-            fuzz::finding("stream_decoder: the message depends on how the bytes were split");
-        if (!same_message(whole.message, whole.relayed))
+    // And line by line, as a socket delivers an upstream that flushes each event: every event's deltas on their own.
+    std::vector<size_t> lines;
+    for (size_t at = 0; at < size;) {
+        const size_t nl = bytes.find('\n', at);
+        const size_t end = nl == std::string_view::npos ? size : nl + 1;
+        lines.push_back(end - at);
+        at = end;
+    }
+    const decoded by_line = decode(bytes, lines);
+    if (!whole.threw && !split.threw && !by_line.threw) {
+        for (const decoded* d : {&split, &by_line}) {
+            if (!same_message(whole.message, d->message) || whole.done != d->done || whole.error != d->error)
+                fuzz::finding("stream_decoder: the message depends on how the bytes were split");
+        }
+        if (!same_message(by_line.message, by_line.relayed))
             fuzz::finding(
                 "stream_decoder: the deltas do not add up to the message (a streaming client gets another "
                 "answer than a whole one)");
