@@ -14,6 +14,7 @@ debian_packages=(
     libtomlplusplus-dev  # the policy file (TOML)
     libre2-dev           # policy patterns: linear-time regular expressions
     clang-format         # the formatting check in the test suite
+    clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients
 )
 

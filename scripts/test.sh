@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Second command of the README: installs what is missing, builds if needed, and runs the whole test suite:
 # the formatting check, unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
-# tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
+# tests again under AddressSanitizer and UndefinedBehaviorSanitizer, and a short run of every fuzz target (fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -22,5 +22,7 @@ if [[ "${KEEPWARM_SKIP_SANITIZERS:-0}" != 1 ]]; then
     cmake --build build-sanitize -j"$jobs"
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         ctest --test-dir build-sanitize --output-on-failure -L unit -j"$jobs"
+    # Every fuzz target replays its corpus (fuzz/corpus) and fuzzes for 3 s under ASan+UBSan (build-fuzz, clang).
+    scripts/fuzz.sh --short 3
 fi
 echo "keepwarm: all tests passed"

@@ -143,7 +143,7 @@ private:
             for (auto&& [text, bias] : table(n, what)) {
                 const double b = number(bias, what + "." + std::string(text.str()));
                 if (!(b >= -100 && b <= 100)) fail(bias.source(), "'" + what + "' values must be between -100 and 100");
-                std::erase_if(o.logit_bias, [&](const forced_bias& f) { return f.text == text.str(); });
+                std::erase_if(o.logit_bias, [&, name = text.str()](const forced_bias& f) { return f.text == name; });
                 o.logit_bias.push_back({std::string(text.str()), static_cast<float>(b)});
             }
             return;
