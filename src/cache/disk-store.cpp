@@ -174,6 +174,11 @@ header_verdict read_header(int fd, uint64_t file_size) {
         static_cast<int64_t>(token_count) != static_cast<int64_t>(info.end) - info.start)
         return corrupt("token count " + std::to_string(token_count) + " does not match [" + std::to_string(info.start) +
                        ", " + std::to_string(info.end) + ")");
+    // The count is checked against what the header still holds before anything is allocated for it: a header whose
+    // checksum is right can still claim billions of tokens.
+    const uint64_t header_left = header_size - fixed_prefix - 8 - r.position();
+    if (uint64_t{token_count} * sizeof(llama_token) > header_left)
+        return corrupt("token count " + std::to_string(token_count) + " is more than the header holds");
     info.tokens.resize(token_count);
     if (!r.bytes(info.tokens.data(), token_count * sizeof(llama_token)) || !r.scalar(info.payload_bytes) ||
         !r.scalar(v.payload_checksum) || r.position() != header_size - fixed_prefix - 8)

@@ -10,9 +10,12 @@
 
 #include <fcntl.h>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <thread>
+
+#include <xxhash.h>
 
 using keepwarm::block_key;
 using keepwarm::chain_block_key;
@@ -284,6 +287,41 @@ TEST(disk_store, open_rejects_every_kind_of_damage_and_leaves_other_models_alone
     EXPECT_EQ(other_report.entries, 1u);
     EXPECT_EQ(other_report.foreign.size(), 1u);
     EXPECT_EQ(other.get(foreign.key), *make_payload(4000, 99));
+}
+
+// A header whose checksum is right but whose token count is far more than it holds (found by fuzz/disk-entry): it was
+// allocated before it was checked, so one crafted file in the cache folder made start-up allocate gigabytes.
+TEST(disk_store, open_rejects_a_token_count_beyond_the_header_before_allocating_it) {
+    temp_dir dir;
+    const auto block = block_n(7);
+    {
+        disk_store store(dir.path, big_budget, fingerprint);
+        store.open();
+        store.put(block, make_payload(100, 7));
+        store.flush();
+    }
+    const fs::path file = file_of(dir.path, block.key);
+    std::vector<char> bytes(fs::file_size(file));
+    std::ifstream(file, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    uint32_t header_size = 0;
+    std::memcpy(&header_size, bytes.data() + 12, 4);
+    // magic+version+header_size, fingerprint size, fingerprint, key, parent: then start, end, kind, token count.
+    const size_t start_at = 16 + 4 + fingerprint.size() + 2 * 16;
+    const int32_t start = 0, end = 0x40000000;
+    const uint32_t token_count = 0x40000000;
+    std::memcpy(bytes.data() + start_at, &start, 4);
+    std::memcpy(bytes.data() + start_at + 4, &end, 4);
+    std::memcpy(bytes.data() + start_at + 12, &token_count, 4);
+    const uint64_t checksum = XXH3_64bits(bytes.data(), header_size - 8);
+    std::memcpy(bytes.data() + header_size - 8, &checksum, 8);
+    std::ofstream(file, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+    disk_store store(dir.path, big_budget, fingerprint);
+    const auto report = store.open();
+    EXPECT_EQ(report.entries, 0u);
+    ASSERT_EQ(report.rejected.size(), 1u);
+    EXPECT_TRUE(has_reason(report.rejected, block.key, "more than the header holds")) << report.rejected[0];
 }
 
 TEST(disk_store, get_detects_damage_after_open_and_drops_the_entry) {
