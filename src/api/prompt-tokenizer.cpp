@@ -525,6 +525,7 @@ public:
     bool get_all(std::vector<T>& v, size_t n) {
         if ((in_.size() - at_) / sizeof(T) < n) return false;
         v.resize(n);
+        if (n == 0) return true;  // an empty vector's data() may be null, which memcpy must not get even for 0 bytes
         std::memcpy(v.data(), in_.data() + at_, n * sizeof(T));
         at_ += n * sizeof(T);
         return true;
