@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "api/bounded-json.h"
 #include "http/http-server.h"
 
 namespace keepwarm::fuzz {
@@ -58,15 +59,16 @@ void expect_accepted_or_4xx(const char* parser, F&& parse) {
     }
 }
 
-// The body as server/generation-relay.cpp's parse_json_body reads it: nullopt where the route answers 400 (not
-// JSON, not an object). Other exceptions of the JSON parser escape that function, so they are findings here.
+// The body as server/generation-relay.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
+// nullopt where the route answers 400 (not JSON, too deep, not an object). Any other exception would escape that
+// function as a 500, so it is a finding here.
 inline std::optional<nlohmann::ordered_json> request_body(const uint8_t* data, size_t size) {
     if (size == 0) return std::nullopt;
     try {
-        nlohmann::ordered_json body = nlohmann::ordered_json::parse(as_text(data, size));
+        nlohmann::ordered_json body = bounded_json::parse(as_text(data, size));
         if (!body.is_object()) return std::nullopt;
         return body;
-    } catch (const nlohmann::ordered_json::parse_error&) {
+    } catch (const bounded_json::limit_error&) {
         return std::nullopt;
     } catch (const std::exception& e) {
         finding(std::string("request body: JSON parser threw past parse_json_body (500): ") + e.what());
