@@ -190,10 +190,12 @@ async function main() {
     const cacheDirs = ports.map((_, i) => fs.mkdtempSync(path.join(os.tmpdir(), `proxy-load-cache-${i}-`)));
     const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
         '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx),
-        '--cache-dir', cacheDirs[i]], args.upstreamCpus)));
+        '--cache-dir', cacheDirs[i], '--max-connections-per-address', '0'], args.upstreamCpus)));
     // No rebalancing: a client's proxied requests stay on the upstream its direct ones go to, so that both paths
     // find its prefix in the same cache (a move would cost the proxied request a cold prefill, not proxy time).
+    // Every client, the proxy included, connects from 127.0.0.1: the per-address connection limit is off for the run.
     const proxy = await start('proxy', ['proxy', '--port', '0', '--rebalance-margin', '1000000',
+        '--max-connections-per-address', '0',
         ...upstreams.flatMap((u) => ['--upstream', u.url])],
         args.proxyCpus);
     const stopAll = () => [proxy, ...upstreams].forEach((p) => p.proc.kill('SIGTERM'));

@@ -81,20 +81,10 @@ std::vector<std::string> server_command(server_kind kind, const launch_settings&
                 "--port",
                 port_text};
     } else {
-        argv = {s.keepwarm_binary,
-                "serve",
-                "-m",
-                s.model,
-                "-c",
-                std::to_string(s.ctx_size),
-                "--parallel",
-                std::to_string(s.parallel),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                port_text,
-                "--cache-dir",
-                cache_dir};
+        argv = {s.keepwarm_binary, "serve", "-m", s.model, "-c", std::to_string(s.ctx_size), "--parallel",
+                std::to_string(s.parallel), "--host", "127.0.0.1", "--port", port_text, "--cache-dir", cache_dir,
+                // Every agent of the replay connects from 127.0.0.1: many agents would pass the per-address limit.
+                "--max-connections-per-address", "0"};
         if (kind == server_kind::keepwarm) {
             argv.insert(argv.end(), {"--policy", s.policy_file});
         } else {

@@ -17,6 +17,7 @@ chat_generation::chat_generation(server_context& ctx, const http::request& req, 
         ping_reply_ = std::move(reply);
         return;
     }
+    refuse_chat_that_cannot_fit(ctx_, chat_);
     rendered_ = ctx_.renderer->render(chat_);
     set_prompt(ctx_, *gen_, rendered_.prompt);
     gen_->sampling = api::to_sampling_params(chat_.sampling, common_params_sampling{});
@@ -141,6 +142,7 @@ int chat_generation::count_prompt_tokens(server_context& ctx, const api::chat_re
                                          const std::string& tenant) {
     api::chat_request served = chat;
     ctx.policy->apply(served, {}, policy::policy_use::counting);
+    refuse_chat_that_cannot_fit(ctx, served);
     return static_cast<int>(tokenize_prompt(ctx, ctx.renderer->render(served).prompt, tenant).size());
 }
 

@@ -95,6 +95,26 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
     return tokens;
 }
 
+void refuse_chat_that_cannot_fit(const server_context& ctx, const api::chat_request& chat) {
+    // Only message text every chat template writes into the prompt counts (reasoning of earlier turns may be dropped).
+    size_t bytes = 0;
+    for (const common_chat_msg& m : chat.messages) {
+        bytes += m.content.size();
+        for (const common_chat_msg_content_part& part : m.content_parts) bytes += part.text.size();
+    }
+    const int limit = ctx.llm->slot_context_size();
+    if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), bytes); at_least >= static_cast<size_t>(limit)) {
+        // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
+        throw http::http_error(400,
+                               "the prompt has at least " + std::to_string(at_least) +
+                                   " tokens but the context holds " + std::to_string(limit) +
+                                   " tokens per request (it has " + std::to_string(bytes) +
+                                   " bytes of message text, and no token stands for more than " +
+                                   std::to_string(longest_piece_bytes(ctx.llm->vocab())) + ")",
+                               "exceed_context_size_error");
+    }
+}
+
 void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) {
     const llama_vocab* vocab = ctx.llm->vocab();
     const int n_vocab = llama_vocab_n_tokens(vocab);

@@ -13,7 +13,7 @@ const fixturesDir = path.join(here, '../fixtures/claude-code');
 
 // Slow enough to fail the way the issue saw it (16 s and more), fast enough on a loaded two-core machine.
 const quickMs = 8_000;
-// A 30 MB chat body is still parsed and rendered through the chat template before its size is checked (~4 s here).
+// A 30 MB body is still read and parsed before its size is checked (chat messages are checked before rendering).
 const hugePromptMs = 20_000;
 
 let server;

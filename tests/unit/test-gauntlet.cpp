@@ -466,9 +466,11 @@ TEST(GauntletLauncher, SameModelContextSlotsAndThreadsForEveryServer) {
     };
     EXPECT_EQ(joined(server_command(server_kind::keepwarm, s, 8080, "/c")),
               "/bin/keepwarm serve -m /m.gguf -c 65536 --parallel 2 --host 127.0.0.1 --port 8080 --cache-dir /c "
+              "--max-connections-per-address 0 "
               "--policy /etc/policy.toml -t 2");
     EXPECT_EQ(joined(server_command(server_kind::keepwarm_off, s, 8080, "/c")),
               "/bin/keepwarm serve -m /m.gguf -c 65536 --parallel 2 --host 127.0.0.1 --port 8080 --cache-dir /c "
+              "--max-connections-per-address 0 "
               "--cache-ram 0 --cache-disk 0 --cache-parked 0 -t 2");
     EXPECT_EQ(joined(server_command(server_kind::llama_server, s, 8081, "/c")),
               "/bin/llama-server -m /m.gguf -c 65536 -np 2 --host 127.0.0.1 --port 8081 -t 2");
