@@ -17,6 +17,7 @@
 #include "proxy/upstream-pool.h"
 #include "server/anthropic-routes.h"
 #include "server/busters-routes.h"
+#include "server/listen-options.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
 #include "server/server-context.h"
@@ -92,20 +93,6 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
         throw CLI::ValidationError("--upstream", "no upstream: give --upstream URL or [[upstream]] in --config");
     }
     return s;
-}
-
-// Checks a --cors-origin value and writes it back normalized.
-CLI::Validator cors_origin_check() {
-    return CLI::Validator(
-        [](std::string& origin) {
-            try {
-                origin = http::parse_cors_origin(origin);
-                return std::string();
-            } catch (const std::invalid_argument& e) {
-                return std::string(e.what());
-            }
-        },
-        "ORIGIN");
 }
 
 // What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,

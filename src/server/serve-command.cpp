@@ -20,6 +20,7 @@
 #include "policy/policy-file.h"
 #include "server/anthropic-routes.h"
 #include "server/busters-routes.h"
+#include "server/listen-options.h"
 #include "server/ollama-routes.h"
 #include "server/openai-routes.h"
 #include "server/prompt-index-keeper.h"
@@ -56,20 +57,6 @@ ggml_type parse_cache_type(const std::string& name) {
     if (it == types.end())
         throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
     return it->second;
-}
-
-// Checks a --cors-origin value and writes it back normalized.
-CLI::Validator cors_origin_check() {
-    return CLI::Validator(
-        [](std::string& origin) {
-            try {
-                origin = http::parse_cors_origin(origin);
-                return std::string();
-            } catch (const std::invalid_argument& e) {
-                return std::string(e.what());
-            }
-        },
-        "ORIGIN");
 }
 
 std::string read_file(const std::string& path) {

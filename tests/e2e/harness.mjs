@@ -22,18 +22,13 @@ export async function testModel(preset = 'tiny') {
     return file;
 }
 
-// Starts `keepwarm serve` with the given extra arguments; resolves once it listens. Each server gets its own
-// disk-cache folder (a fresh temporary one unless `cacheDir` is given, e.g. to restart on the same cache).
-export async function startServer(args = [], { preset = 'tiny', env = {}, cacheDir } = {}) {
-    const model = await testModel(preset);
-    cacheDir ??= mkdtempSync(path.join(os.tmpdir(), 'keepwarm-e2e-'));
-    const proc = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--cache-dir', cacheDir, ...args], {
-        stdio: ['ignore', 'pipe', 'pipe'],
-        env: { ...process.env, ...env },
-    });
+// Starts the keepwarm binary with `args` (serve, proxy, ...) and resolves once it listens: { url, proc, output(),
+// stop(signal) }. stop() resolves with the exit code or signal, and kills the process if it takes over 10 s.
+export async function startProcess(args, { env = {}, timeoutMs = 120_000 } = {}) {
+    const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
     let output = '';
     const url = await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`server did not start:\n${output}`)), 120_000);
+        const timer = setTimeout(() => reject(new Error(`${args[0]} did not start:\n${output}`)), timeoutMs);
         const onData = (chunk) => {
             output += chunk;
             const m = output.match(/listening on (http:\/\/[^\s]+)/);
@@ -44,27 +39,39 @@ export async function startServer(args = [], { preset = 'tiny', env = {}, cacheD
         };
         proc.stdout.on('data', onData);
         proc.stderr.on('data', onData);
-        proc.on('exit', (code) => {
+        proc.on('exit', (code, signal) => {
             clearTimeout(timer);
-            reject(new Error(`server exited with ${code}:\n${output}`));
+            reject(new Error(`${args[0]} exited with ${code ?? signal}:\n${output}`));
         });
     });
     proc.removeAllListeners('exit');
     return {
         url,
         proc,
-        cacheDir,
         output: () => output,
-        client: (options = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0, ...options }),
-        async stop() {
+        async stop(signal = 'SIGTERM') {
             if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? proc.signalCode;
-            const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(signal ?? code)));
-            proc.kill('SIGTERM');
+            const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve(sig ?? code)));
+            proc.kill(signal);
             const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
             const result = await exited;
             clearTimeout(timer);
             return result;
         },
+    };
+}
+
+// Starts `keepwarm serve` with the given extra arguments; resolves once it listens. Each server gets its own
+// disk-cache folder (a fresh temporary one unless `cacheDir` is given, e.g. to restart on the same cache).
+export async function startServer(args = [], { preset = 'tiny', env = {}, cacheDir } = {}) {
+    const model = await testModel(preset);
+    cacheDir ??= mkdtempSync(path.join(os.tmpdir(), 'keepwarm-e2e-'));
+    const server = await startProcess(['serve', '-m', model, '--port', '0', '-t', '1', '--cache-dir', cacheDir, ...args],
+        { env });
+    return {
+        ...server,
+        cacheDir,
+        client: (options = {}) => new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, ...options }),
     };
 }
 

@@ -4,13 +4,12 @@
 // generation. A second client address is 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { binary, startServer, waitFor } from './harness.mjs';
+import { startProcess, startServer, waitFor } from './harness.mjs';
 
 // One HTTP request on a connection of its own, from `localAddress`: { status, headers, body }.
 function request(url, { method = 'GET', headers = {}, body, localAddress = '127.0.0.1' } = {}) {
@@ -66,37 +65,7 @@ async function idleSockets(url, count, localAddress = '127.0.0.1') {
     return sockets;
 }
 
-async function startProxy(args) {
-    const proc = spawn(binary, ['proxy', '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    const url = await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`proxy did not start:\n${output}`)), 60_000);
-        const onData = (chunk) => {
-            output += chunk;
-            const m = output.match(/listening on (http:\/\/[^\s]+)/);
-            if (m) {
-                clearTimeout(timer);
-                resolve(m[1]);
-            }
-        };
-        proc.stdout.on('data', onData);
-        proc.stderr.on('data', onData);
-        proc.on('exit', (code) => {
-            clearTimeout(timer);
-            reject(new Error(`proxy exited with ${code}:\n${output}`));
-        });
-    });
-    proc.removeAllListeners('exit');
-    return {
-        url,
-        async stop() {
-            if (proc.exitCode !== null || proc.signalCode !== null) return;
-            const exited = new Promise((resolve) => proc.on('exit', resolve));
-            proc.kill('SIGTERM');
-            await exited;
-        },
-    };
-}
+const startProxy = (args) => startProcess(['proxy', '--port', '0', ...args]);
 
 let server; // defaults, but for a long header timeout so the idle sockets stay put during the test
 let quick; // a 1 s header timeout, and one named CORS origin

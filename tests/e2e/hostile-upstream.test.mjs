@@ -5,10 +5,9 @@
 // error in its API's shape, the proxy stays up and small, and the next request to a good upstream completes.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import { binary, waitFor } from './harness.mjs';
+import { startProcess, waitFor } from './harness.mjs';
 
 // What the stand-in does with the next answers; 'good' answers every dialect properly.
 let mode = 'good';
@@ -92,28 +91,10 @@ const upstream = http.createServer((req, res) => {
     });
 });
 
-function startProxy(dialect, extra = []) {
+async function startProxy(dialect, extra = []) {
     const url = `http://127.0.0.1:${upstream.address().port},dialect=${dialect}`;
-    const proc = spawn(binary, ['proxy', '--port', '0', '--upstream', url, '--health-interval', '0.2', ...extra],
-        { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`did not start:\n${output}`)), 30_000);
-        const onData = (data) => {
-            output += data;
-            const m = output.match(/listening on (http:\/\/[^\s]+)/);
-            if (m) {
-                clearTimeout(timer);
-                resolve({ url: m[1], proc, log: () => output });
-            }
-        };
-        proc.stdout.on('data', onData);
-        proc.stderr.on('data', onData);
-        proc.on('exit', (code, signal) => {
-            clearTimeout(timer);
-            reject(new Error(`exited with ${code ?? signal}:\n${output}`));
-        });
-    });
+    const proxy = await startProcess(['proxy', '--port', '0', '--upstream', url, '--health-interval', '0.2', ...extra]);
+    return { ...proxy, log: proxy.output };
 }
 
 const proxies = {};

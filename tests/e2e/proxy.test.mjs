@@ -13,44 +13,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { Ollama } from 'ollama';
-import { binary, testModel, curl, metrics, waitFor } from './harness.mjs';
-
-// Starts a keepwarm process (serve or proxy) and resolves once it listens.
-async function startProcess(args) {
-    const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    const url = await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`did not start:\n${output}`)), 120_000);
-        const onData = (chunk) => {
-            output += chunk;
-            const m = output.match(/listening on (http:\/\/[^\s]+)/);
-            if (m) {
-                clearTimeout(timer);
-                resolve(m[1]);
-            }
-        };
-        proc.stdout.on('data', onData);
-        proc.stderr.on('data', onData);
-        proc.on('exit', (code) => {
-            clearTimeout(timer);
-            reject(new Error(`exited with ${code}:\n${output}`));
-        });
-    });
-    proc.removeAllListeners('exit');
-    return {
-        url,
-        proc,
-        output: () => output,
-        async stop(signal = 'SIGTERM') {
-            if (proc.exitCode !== null || proc.signalCode !== null) return;
-            const exited = new Promise((resolve) => proc.on('exit', resolve));
-            proc.kill(signal);
-            const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
-            await exited;
-            clearTimeout(timer);
-        },
-    };
-}
+import { binary, testModel, curl, metrics, waitFor, startProcess } from './harness.mjs';
 
 async function freePort() {
     const server = net.createServer();
