@@ -33,6 +33,18 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
+common_sampler_ptr make_sampler(const llama_model* model, const common_params_sampling& params) {
+    const std::string& grammar = common_grammar_value(params.grammar);
+    if (!grammar.empty()) {
+        if (grammar.starts_with("%llguidance")) throw std::runtime_error("failed to parse grammar (llguidance)");
+        // A lazy grammar parses as the plain one does: the probe decides whether common_sampler_init may throw.
+        llama_sampler* probe = llama_sampler_init_grammar(llama_model_get_vocab(model), grammar.c_str(), "root");
+        if (!probe) throw std::runtime_error("failed to parse grammar");
+        llama_sampler_free(probe);
+    }
+    return common_sampler_ptr(common_sampler_init(model, params));
+}
+
 const char* finish_reason_name(finish_reason reason) {
     switch (reason) {
         case finish_reason::stop:
@@ -368,8 +380,7 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     slot& s = *best;
     // Normally built by the HTTP thread; a request submitted without one (tests, internal callers) gets it here,
     // where a failure throws to admit_queued() and ends only this request.
-    s.sampler = request->sampler ? std::move(request->sampler)
-                                 : common_sampler_ptr(common_sampler_init(model_.get(), request->sampling));
+    s.sampler = request->sampler ? std::move(request->sampler) : make_sampler(model_.get(), request->sampling);
     if (!s.sampler) throw std::runtime_error("could not initialize sampling");
     s.text = std::make_unique<text_stream>(request->stop);
     s.pending = -1;

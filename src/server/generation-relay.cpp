@@ -184,7 +184,7 @@ void prepare_sampling(const server_context& ctx, generation_request& gen, const 
                            " (--max-grammar-alternatives)");
     }
     try {
-        gen.sampler.reset(common_sampler_init(ctx.llm->model(), gen.sampling));
+        gen.sampler = make_sampler(ctx.llm->model(), gen.sampling);
     } catch (const std::invalid_argument& e) {
         throw http::http_error(400, std::string("sampling parameters cannot be used: ") + e.what());
     } catch (const std::exception& e) {
