@@ -33,7 +33,7 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
-common_sampler_ptr make_sampler(const llama_model* model, const common_params_sampling& params) {
+common_sampler_ptr make_sampler(const llama_model* model, common_params_sampling& params) {
     const std::string& grammar = common_grammar_value(params.grammar);
     if (!grammar.empty()) {
         if (grammar.starts_with("%llguidance")) throw std::runtime_error("failed to parse grammar (llguidance)");

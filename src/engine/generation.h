@@ -73,7 +73,7 @@ private:
 // common_sampler_init(model, params), except that a grammar which does not parse throws std::runtime_error("failed to
 // parse grammar") before anything is allocated (common's own throw leaks the sampler chain it made: 88 bytes a bad
 // request), and a grammar naming an engine this build lacks (llguidance, which common aborts on) is refused the same.
-common_sampler_ptr make_sampler(const llama_model* model, const common_params_sampling& params);
+common_sampler_ptr make_sampler(const llama_model* model, common_params_sampling& params);
 
 struct generation_request {
     std::vector<llama_token> prompt;
