@@ -169,8 +169,15 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
 
     const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    const bool pieces_bound_text =
+        llama_vocab_type(vocab) == LLAMA_VOCAB_TYPE_SPM || llama_vocab_type(vocab) == LLAMA_VOCAB_TYPE_BPE;
     for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
         if (llama_vocab_is_eog(vocab, t)) eog_tokens_.push_back(t);
+        if (pieces_bound_text) {
+            char piece[512];
+            const int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, /*special=*/true);
+            longest_piece_bytes_ = std::max(longest_piece_bytes_, static_cast<size_t>(n < 0 ? -n : n));
+        }
     }
 
     batch_ = llama_batch_init(options_.batch_size, 0, 1);

@@ -103,6 +103,13 @@ public:
     const llama_vocab* vocab() const { return llama_model_get_vocab(model_.get()); }
     // End-of-generation token ids, found once at load (a scan of the whole vocabulary).
     const std::vector<llama_token>& eog_tokens() const { return eog_tokens_; }
+    // The fewest tokens `bytes` of text can become: no token stands for more bytes than the vocab's longest piece
+    // (found at load, in the same scan). 0 where the tokenizer may shrink text before splitting it (WPM lowercases
+    // and strips accents, UGM normalizes), so nothing follows from piece lengths.
+    size_t min_tokens_for_text(size_t bytes) const {
+        return longest_piece_bytes_ == 0 ? 0 : (bytes + longest_piece_bytes_ - 1) / longest_piece_bytes_;
+    }
+    size_t longest_piece_bytes() const { return longest_piece_bytes_; }
     const engine_options& options() const { return options_; }
     int slot_context_size() const { return slot_context_size_; }  // max tokens (prompt + generated) per request
     int queued() const;
@@ -132,6 +139,7 @@ private:
     llama_context_ptr ctx_;
     int slot_context_size_ = 0;
     std::vector<llama_token> eog_tokens_;
+    size_t longest_piece_bytes_ = 0;                   // see min_tokens_for_text()
     llama_token turn_start_token_ = LLAMA_TOKEN_NULL;  // hybrid checkpoints go before each of these (message starts)
     std::unique_ptr<prompt_cache> cache_;              // engine thread only (snapshot() from any)
 

@@ -29,20 +29,12 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Tenants and what the log and responses may reveal (command line only).
-struct proxy_tenancy {
-    std::string api_keys_file;
-    bool shared_cache = false;
-    bool log_prompts = false;
-    bool no_reuse_report = false;
-};
-
 // What the command line says; run_proxy merges it over the --config file.
 struct proxy_options {
     proxy::proxy_settings settings;
     std::vector<std::string> upstreams;  // --upstream specs
     std::string config_file;
-    proxy_tenancy tenancy;
+    tenancy_options tenancy;  // command line only
     // The options given on the command line (they win over the file).
     std::vector<std::pair<std::string, const CLI::Option*>> given;
     bool was_given(const std::string& name) const {
@@ -128,7 +120,7 @@ void register_proxy_status_routes(http::http_server& server, server_context& ctx
     server.add_route("GET", "/models", models);
 }
 
-int run_proxy(proxy::proxy_settings opts, const proxy_tenancy& tenancy) {
+int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
     // Signals go to the thread that waits for them; every other thread starts with them blocked.
     sigset_t signals;
     sigemptyset(&signals);
@@ -141,15 +133,7 @@ int run_proxy(proxy::proxy_settings opts, const proxy_tenancy& tenancy) {
     ctx.model_id = opts.model_alias;
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
-    const std::vector<std::string> tenants =
-        http::configure_tenants(opts.http.api_key, opts.http.api_keys, tenancy.api_keys_file, tenancy.shared_cache);
-    ctx.log_prompts = tenancy.log_prompts;
-    ctx.reuse_report = !tenancy.no_reuse_report;
-    if (!tenants.empty() && policy_config.detect.mode == policy::detect_mode::automatic) {
-        // An adopted rule holds a fragment of the prompt it came from and applies to every tenant: report only.
-        policy_config.detect.mode = policy::detect_mode::report;
-        std::cerr << "keepwarm proxy: detect mode auto is report with isolated tenants\n";
-    }
+    const std::vector<std::string> tenants = apply_tenancy(tenancy, opts.http, ctx, policy_config, "proxy");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
 
     proxy::pool_options pool_options = opts.pool;
@@ -240,14 +224,7 @@ void add_proxy_command(CLI::App& app) {
                                             "https://app.example.com (repeatable; * allows every origin; default: "
                                             "none)"))
         ->check(cors_origin_check());
-    cmd->add_option("--api-keys-file", opts->tenancy.api_keys_file,
-                    "API keys, one 'TENANT KEY' per line: each tenant is routed and reported on its own")
-        ->check(CLI::ExistingFile);
-    cmd->add_flag("--shared-cache", opts->tenancy.shared_cache,
-                  "Let the keys of --api-keys-file share routing and reports, as if they were one tenant");
-    cmd->add_flag("--log-prompts", opts->tenancy.log_prompts, "Quote prompt text in the log (cache busters)");
-    cmd->add_flag("--no-reuse-report", opts->tenancy.no_reuse_report,
-                  "Responses do not say how many prompt tokens the upstream reused (timing still shows it)");
+    add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
     option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
                                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
                                        "spans, cache-buster detection (docs/policy.md)"))

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <stdexcept>
 
 #include "api/bounded-json.h"
@@ -40,52 +39,28 @@ void set_prompt(const server_context& ctx, generation_request& gen, std::string 
 }
 
 namespace {
-// The most bytes of text one token stands for: its longest piece. Computed once per vocab (a pass over it takes
-// milliseconds); 0 where the tokenizer may shrink text before splitting it (WPM lowercases and strips accents, UGM
-// normalizes), so no bound follows from piece lengths.
-size_t longest_piece_bytes(const llama_vocab* vocab) {
-    static std::mutex mu;
-    static const llama_vocab* measured = nullptr;
-    static size_t longest = 0;
-    std::lock_guard lock(mu);
-    if (measured == vocab) return longest;
-    longest = 0;
-    const auto type = llama_vocab_type(vocab);
-    if (type == LLAMA_VOCAB_TYPE_SPM || type == LLAMA_VOCAB_TYPE_BPE) {
-        char piece[512];
-        const int n_vocab = llama_vocab_n_tokens(vocab);
-        for (llama_token t = 0; t < n_vocab; ++t) {
-            const int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, /*special=*/true);
-            longest = std::max(longest, static_cast<size_t>(n < 0 ? -n : n));
-        }
+// http_error 400 when `bytes` of text (`what`: " bytes" or " bytes of message text") already make more tokens than one
+// slot holds, whatever they say: tokenizing takes about 2 s per MB, rendering a chat seconds for tens of MB.
+void refuse_text_that_cannot_fit(const server_context& ctx, size_t bytes, const char* what) {
+    const int limit = ctx.llm->slot_context_size();
+    if (const size_t at_least = ctx.llm->min_tokens_for_text(bytes); at_least >= static_cast<size_t>(limit)) {
+        // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
+        throw http::http_error(
+            400,
+            "the prompt has at least " + std::to_string(at_least) + " tokens but the context holds " +
+                std::to_string(limit) + " tokens per request (it has " + std::to_string(bytes) + what +
+                ", and no token stands for more than " + std::to_string(ctx.llm->longest_piece_bytes()) + ")",
+            "exceed_context_size_error");
     }
-    measured = vocab;
-    return longest;
 }
 }  // namespace
 
-size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes) {
-    const size_t longest = longest_piece_bytes(vocab);
-    return longest == 0 ? 0 : (bytes + longest - 1) / longest;
-}
-
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt,
                                          const std::string& tenant) {
-    const int limit = ctx.llm->slot_context_size();
-    // Tokenizing takes about 2 s per MB: a prompt too long to fit whatever it says is refused before that.
-    if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), prompt.size());
-        at_least >= static_cast<size_t>(limit)) {
-        // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
-        throw http::http_error(400,
-                               "the prompt has at least " + std::to_string(at_least) +
-                                   " tokens but the context holds " + std::to_string(limit) +
-                                   " tokens per request (it has " + std::to_string(prompt.size()) +
-                                   " bytes, and no token stands for more than " +
-                                   std::to_string(longest_piece_bytes(ctx.llm->vocab())) + ")",
-                               "exceed_context_size_error");
-    }
+    refuse_text_that_cannot_fit(ctx, prompt.size(), " bytes");
     auto tokens = ctx.tokenizer_for(tenant).tokenize(prompt);
     if (tokens.empty()) throw http::http_error(400, "the prompt is empty");
+    const int limit = ctx.llm->slot_context_size();
     if (static_cast<int>(tokens.size()) >= limit) {
         throw http::http_error(400,
                                "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
@@ -102,17 +77,7 @@ void refuse_chat_that_cannot_fit(const server_context& ctx, const api::chat_requ
         bytes += m.content.size();
         for (const common_chat_msg_content_part& part : m.content_parts) bytes += part.text.size();
     }
-    const int limit = ctx.llm->slot_context_size();
-    if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), bytes); at_least >= static_cast<size_t>(limit)) {
-        // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
-        throw http::http_error(400,
-                               "the prompt has at least " + std::to_string(at_least) +
-                                   " tokens but the context holds " + std::to_string(limit) +
-                                   " tokens per request (it has " + std::to_string(bytes) +
-                                   " bytes of message text, and no token stands for more than " +
-                                   std::to_string(longest_piece_bytes(ctx.llm->vocab())) + ")",
-                               "exceed_context_size_error");
-    }
+    refuse_text_that_cannot_fit(ctx, bytes, " bytes of message text");
 }
 
 void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) {

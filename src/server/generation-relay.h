@@ -28,9 +28,6 @@ nlohmann::ordered_json parse_json_body(const http::request& req);
 // to use.
 std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::string& prompt,
                                          const std::string& tenant = {});
-// The fewest tokens `bytes` of text can become with this vocab (no token stands for more bytes than the longest
-// piece); 0 when the vocab's tokenizer may shrink text, so nothing is known.
-size_t min_tokens_for_text(const llama_vocab* vocab, size_t bytes);
 // http_error 400 (as tokenize_prompt's) when the chat's message text alone is too long for one slot, whatever the
 // template adds: checked before rendering, which takes seconds for tens of megabytes.
 void refuse_chat_that_cannot_fit(const server_context& ctx, const api::chat_request& chat);

@@ -41,10 +41,7 @@ struct serve_options {
     std::string chat_template_file;
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
     std::string policy_file;
-    std::string api_keys_file;
-    bool shared_cache = false;
-    bool log_prompts = false;
-    bool no_reuse_report = false;
+    tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
 
@@ -102,16 +99,7 @@ int run_serve(serve_options opts) {
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
-    const std::vector<std::string> tenants =
-        http::configure_tenants(opts.http.api_key, opts.http.api_keys, opts.api_keys_file, opts.shared_cache);
-    ctx.log_prompts = opts.log_prompts;
-    ctx.reuse_report = !opts.no_reuse_report;
-    if (!tenants.empty() && policy_config.detect.mode == policy::detect_mode::automatic) {
-        // An adopted rule holds a fragment of the prompt it came from and applies to every tenant (and /v1/policy
-        // shows it): with isolated tenants, spans are reported only.
-        policy_config.detect.mode = policy::detect_mode::report;
-        std::cerr << "keepwarm serve: detect mode auto is report with isolated tenants\n";
-    }
+    const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
@@ -201,15 +189,7 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
-    cmd->add_option("--api-keys-file", opts->api_keys_file,
-                    "API keys, one 'TENANT KEY' per line: each tenant sees only its own cache (docs in the README)")
-        ->check(CLI::ExistingFile);
-    cmd->add_flag("--shared-cache", opts->shared_cache,
-                  "Let the keys of --api-keys-file share one cache (and reports), as if they were one tenant");
-    cmd->add_flag("--log-prompts", opts->log_prompts,
-                  "Quote prompt text in the log (where a prompt left the cache, cache busters)");
-    cmd->add_flag("--no-reuse-report", opts->no_reuse_report,
-                  "Responses do not say how many prompt tokens came from the cache (timing still shows it)");
+    add_tenancy_options(*cmd, opts->tenancy, "cache");
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
     cmd->add_option_function<double>(
            "--idle-timeout",

@@ -45,7 +45,7 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         // No prompt holds more tokens than the whole context; a text that is longer than that whatever it says is
         // refused before the tokenizer spends seconds per MB on it.
         const int context = ctx.llm->options().context_size;
-        if (const size_t at_least = min_tokens_for_text(ctx.llm->vocab(), text.size());
+        if (const size_t at_least = ctx.llm->min_tokens_for_text(text.size());
             at_least > static_cast<size_t>(context)) {
             throw http::http_error(400, "'content' has " + std::to_string(text.size()) + " bytes, at least " +
                                             std::to_string(at_least) + " tokens, more than the context's " +
