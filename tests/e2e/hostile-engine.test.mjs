@@ -84,15 +84,18 @@ test('tool parameters that cannot be built are a 400 naming tools (tool_choice r
     }
 });
 
+// A chat completion whose answer must be one of `values` (a grammar with one alternative per value).
+const enumAnswer = (values) => ({
+    messages: hi,
+    max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
+});
+
 test('an enum with thousands of values is a 400 before it reaches the engine', async () => {
     const values = Array.from({ length: 5000 }, (_, i) => `value-${i}`);
     await assertRejected(
         '/v1/chat/completions',
-        {
-            messages: hi,
-            max_tokens: 4,
-            response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
-        },
+        enumAnswer(values),
         'response_format',
         /5000 alternatives/,
     );
@@ -102,11 +105,7 @@ test('a grammar larger than --max-grammar-bytes is a 400 naming its field', asyn
     const values = Array.from({ length: 900 }, (_, i) => `${'long-value-'.repeat(30)}${i}`);
     await assertRejected(
         '/v1/chat/completions',
-        {
-            messages: hi,
-            max_tokens: 4,
-            response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
-        },
+        enumAnswer(values),
         'response_format',
         /bytes; the server allows 262144/,
     );
@@ -115,11 +114,7 @@ test('a grammar larger than --max-grammar-bytes is a 400 naming its field', asyn
 test('a grammar that costs too much per token ends its request; the other slot keeps going', async () => {
     // 600 values: under the alternatives limit, but seconds per token on the test model's 151K vocab.
     const values = Array.from({ length: 600 }, (_, i) => `value-${i}`);
-    const slow = post('/v1/chat/completions', {
-        messages: hi,
-        max_tokens: 4,
-        response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
-    });
+    const slow = post('/v1/chat/completions', enumAnswer(values));
     const normal = post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hello' }], max_tokens: 4 });
     const [s, n] = await Promise.all([slow, normal]);
     assert.equal(n.status, 200, JSON.stringify(n.body));
@@ -166,11 +161,7 @@ test('/health reports a stalled engine, and SIGTERM stops a busy server within s
         const values = Array.from({ length: 1000 }, (_, i) => `value-${i}`);
         const stuck = curl(`${busy.url}/v1/chat/completions`, {
             method: 'POST',
-            body: {
-                messages: hi,
-                max_tokens: 50,
-                response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'string', enum: values } } },
-            },
+            body: { ...enumAnswer(values), max_tokens: 50 },
         });
         let health;
         const deadline = Date.now() + 30_000;
