@@ -9,8 +9,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto body = fuzz::request_body(data, size);
     if (!body) return 0;
     fuzz::expect_accepted_or_4xx("anthropic::parse_messages_request", [&] {
-        const api::chat_request chat = api::anthropic::parse_messages_request(*body);
-        api::validate_sampling(chat.sampling);
+        const chat_request chat = api::anthropic::parse_messages_request(*body);
+        validate_sampling(chat.sampling);
     });
     fuzz::expect_accepted_or_4xx("anthropic::parse_messages_request(count_tokens)", [&] {
         api::anthropic::parse_messages_request(*body, api::anthropic::endpoint::count_tokens);

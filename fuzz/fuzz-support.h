@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "api/bounded-json.h"
+#include "json/bounded-json.h"
 #include "http/http-server.h"
 
 namespace keepwarm::fuzz {
@@ -46,20 +46,20 @@ inline void finding(const std::string& what) {
     if (strict) std::abort();
 }
 
-// Runs `parse`, which may reject its input only with an http_error of status 4xx (the route's 400 naming the field).
+// Runs `parse`, which may reject its input only with an request_error of status 4xx (the route's 400 naming the field).
 template <typename F>
 void expect_accepted_or_4xx(const char* parser, F&& parse) {
     try {
         parse();
-    } catch (const http::http_error& e) {
+    } catch (const request_error& e) {
         if (e.status < 400 || e.status > 499)
-            finding(std::string(parser) + ": http_error " + std::to_string(e.status) + ": " + e.what());
+            finding(std::string(parser) + ": request_error " + std::to_string(e.status) + ": " + e.what());
     } catch (const std::exception& e) {
         finding(std::string(parser) + ": exception instead of a 4xx (the route answers 500): " + e.what());
     }
 }
 
-// The body as server/generation-relay.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
+// The body as routes/generation-relay.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
 // nullopt where the route answers 400 (not JSON, too deep, not an object). Any other exception would escape that
 // function as a 500, so it is a finding here.
 inline std::optional<nlohmann::ordered_json> request_body(const uint8_t* data, size_t size) {

@@ -13,7 +13,7 @@
 #include "api/anthropic-api.h"
 #include "api/ollama-api.h"
 #include "api/openai-api.h"
-#include "api/prompt-tokenizer.h"
+#include "chat/prompt-tokenizer.h"
 #include "cache/disk-store.h"
 #include "common.h"
 #include "fuzz-support.h"
@@ -106,7 +106,7 @@ void prompt_index_seeds(const fs::path& out) {
     const std::string turn2 = system + "<|im_start|>user\nGrüße 東京 🎉 1234567<|im_end|>\n<|im_start|>assistant\n";
     const std::string answer = "Sure, here is the fix.";
 
-    api::prompt_tokenizer tokenizer(vocab);
+    prompt_tokenizer tokenizer(vocab);
     tokenizer.save(file, fuzz::prompt_index_fingerprint);
     write_seed(out, "empty", with_text(1, turn1, read_file(file)));
 
@@ -140,7 +140,7 @@ void stream_seeds(const fs::path& corpus) {
     answers[2].content = "Checking.";
     answers[2].tool_calls = {{"ls", R"({"path":"src"})", "call_1"},
                              {"read", R"({"file":"a.txt","lines":[1,20]})", "call_2"}};
-    const api::usage_info usage{.prompt_tokens = 40, .completion_tokens = 9, .cached_tokens = 32};
+    const usage_info usage{.prompt_tokens = 40, .completion_tokens = 9, .cached_tokens = 32};
     namespace ollama = api::ollama;
     for (size_t i = 0; i < answers.size(); ++i) {
         common_chat_msg empty;

@@ -9,12 +9,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto body = fuzz::request_body(data, size);
     if (!body) return 0;
     fuzz::expect_accepted_or_4xx("ollama::parse_chat_request", [&] {
-        const api::chat_request chat = api::ollama::parse_chat_request(*body);
-        api::validate_sampling(chat.sampling);
+        const chat_request chat = api::ollama::parse_chat_request(*body);
+        validate_sampling(chat.sampling);
     });
     fuzz::expect_accepted_or_4xx("ollama::parse_generate_request", [&] {
         const api::ollama::generate_request generate = api::ollama::parse_generate_request(*body);
-        api::validate_sampling(generate.chat.sampling);
+        validate_sampling(generate.chat.sampling);
     });
     fuzz::expect_accepted_or_4xx("ollama::parse_show_request", [&] { api::ollama::parse_show_request(*body); });
     return 0;

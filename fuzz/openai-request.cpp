@@ -9,12 +9,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto body = fuzz::request_body(data, size);
     if (!body) return 0;
     fuzz::expect_accepted_or_4xx("parse_chat_request", [&] {
-        const api::chat_request chat = api::parse_chat_request(*body);
-        api::validate_sampling(chat.sampling);
+        const chat_request chat = api::parse_chat_request(*body);
+        validate_sampling(chat.sampling);
     });
     fuzz::expect_accepted_or_4xx("parse_completion_request", [&] {
-        const api::completion_request completion = api::parse_completion_request(*body);
-        api::validate_sampling(completion.sampling);
+        const completion_request completion = api::parse_completion_request(*body);
+        validate_sampling(completion.sampling);
     });
     return 0;
 }

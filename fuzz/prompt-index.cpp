@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "api/prompt-tokenizer.h"
+#include "chat/prompt-tokenizer.h"
 #include "common.h"
 #include "fuzz-support.h"
 #include "llama-cpp.h"
@@ -33,7 +33,7 @@ const llama_vocab* vocab = nullptr;
 fs::path index_file, empty_index_file;
 // Built once: the constructor scans the whole vocab (151K tokens) for special tokens. Each input starts from an empty
 // index (load() replaces the whole tree), so runs stay reproducible.
-std::unique_ptr<api::prompt_tokenizer> default_budget, small_budget;
+std::unique_ptr<prompt_tokenizer> default_budget, small_budget;
 
 // Whether any node of a well-formed file marks a token as generated (then the tokens may differ from the vocab's).
 bool has_generated(std::string_view file) {
@@ -87,8 +87,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         fs::remove(index_file, ec);
         fs::remove(empty_index_file, ec);
     });
-    default_budget = std::make_unique<api::prompt_tokenizer>(vocab);
-    small_budget = std::make_unique<api::prompt_tokenizer>(vocab, api::prompt_tokenizer::options{.token_budget = 64});
+    default_budget = std::make_unique<prompt_tokenizer>(vocab);
+    small_budget = std::make_unique<prompt_tokenizer>(vocab, prompt_tokenizer::options{.token_budget = 64});
     default_budget->save(empty_index_file, fuzz::prompt_index_fingerprint);
     return 0;
 }
@@ -106,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream(index_file, std::ios::binary | std::ios::trunc)
         .write(file.data(), static_cast<std::streamsize>(file.size()));
 
-    api::prompt_tokenizer& tokenizer = (control & 2) ? *small_budget : *default_budget;
+    prompt_tokenizer& tokenizer = (control & 2) ? *small_budget : *default_budget;
     try {
         if (const std::string why = tokenizer.load(empty_index_file, fuzz::prompt_index_fingerprint); !why.empty())
             fuzz::finding("prompt_tokenizer: cannot load an empty index it saved: " + why);

@@ -102,8 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string text(bytes);
     try {
         proxy::parse_error_body(text);
-        proxy::upstream_http_error(500, text, "http://upstream");
-        proxy::upstream_http_error(400, text, "http://upstream");
+        proxy::upstream_request_error(500, text, "http://upstream");
+        proxy::upstream_request_error(400, text, "http://upstream");
         proxy::parse_listing(dialect, text);
     } catch (const std::exception& e) {
         fuzz::finding(std::string("upstream error/listing parser threw: ") + e.what());

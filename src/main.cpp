@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "bench/depth-bench.h"
-#include "model/doctor-command.h"
-#include "model/model-commands.h"
-#include "proxy/proxy-command.h"
-#include "server/serve-command.h"
+#include "commands/doctor-command.h"
+#include "commands/model-commands.h"
+#include "commands/proxy-command.h"
+#include "commands/serve-command.h"
 
 namespace {
 // llama-server's multi-letter single-dash flags, so its command lines work here too (CLI11 only knows -x and --xx).

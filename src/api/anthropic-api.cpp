@@ -8,9 +8,9 @@
 #include <limits>
 #include <set>
 
-#include "api/bounded-json.h"
-#include "api/json-fields.h"
-#include "http/http-server.h"
+#include "json/bounded-json.h"
+#include "json/json-fields.h"
+#include "base/request-error.h"
 
 namespace keepwarm::api::anthropic {
 

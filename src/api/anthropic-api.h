@@ -1,6 +1,6 @@
 // The Anthropic Messages API at the edge (POST /v1/messages, /v1/messages/count_tokens): request bodies -> the
 // chat_request every API shares, and results -> Anthropic's message, stream-event and error JSON. Pure functions: no
-// model, no engine. Bad input throws keepwarm::http::http_error(400, message naming the field).
+// model, no engine. Bad input throws keepwarm::request_error(400, message naming the field).
 //
 // Requests, as keepwarm reads them:
 // - system: a string or text blocks -> one system message (cache_control and other block fields are ignored).

@@ -10,9 +10,9 @@
 #include <limits>
 #include <set>
 
-#include "api/bounded-json.h"
-#include "api/json-fields.h"
-#include "http/http-server.h"
+#include "json/bounded-json.h"
+#include "json/json-fields.h"
+#include "base/request-error.h"
 
 namespace keepwarm::api::ollama {
 
@@ -236,7 +236,7 @@ void parse_options(const json& body, chat_request& req) {
     }
     try {
         validate_sampling(s);
-    } catch (const http::http_error& e) {
+    } catch (const request_error& e) {
         // validate_sampling names the bare field ("'temperature' must ..."); here it lives under options.
         fail("'options." + std::string(e.what()).substr(1));
     }

@@ -1,7 +1,7 @@
 // The Ollama API dialect at the edge (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version): JSON
-// bodies -> api::chat_request (every bad field named in a 400), and typed results -> response objects and the lines
+// bodies -> chat_request (every bad field named in a 400), and typed results -> response objects and the lines
 // of Ollama's newline-delimited JSON streams. Pure functions: no model, no engine. Bad input throws
-// keepwarm::http::http_error(400, message naming the field).
+// keepwarm::request_error(400, message naming the field).
 //
 // The numbers in every final response (Ollama's names; durations in nanoseconds):
 //   total_duration            request received -> this response formatted

@@ -5,7 +5,7 @@
 
 #include "api/anthropic-api.h"
 #include "api/ollama-api.h"
-#include "http/http-server.h"
+#include "base/request-error.h"
 
 namespace keepwarm::api {
 
@@ -98,7 +98,7 @@ dialect_request parse_any_chat_body(const json& body) {
         case request_dialect::ollama_generate: {
             ollama::generate_request generate = ollama::parse_generate_request(body);
             if (generate.raw) {
-                throw http::http_error(400,
+                throw request_error(400,
                                        "this is a raw Ollama generate body: its prompt is not a chat, so there is "
                                        "no template to render it with");
             }

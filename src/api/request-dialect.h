@@ -30,7 +30,7 @@ struct dialect_request {
 };
 
 // Detects the dialect and parses the body with that API's parser (an Anthropic body's max_tokens is optional here,
-// as in count_tokens). Throws http::http_error(400) naming the problem when the body is not a valid request of its
+// as in count_tokens). Throws request_error(400) naming the problem when the body is not a valid request of its
 // API, or is a raw Ollama generate body (a prompt, not a chat).
 dialect_request parse_any_chat_body(const json& body);
 

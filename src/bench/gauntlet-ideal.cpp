@@ -5,9 +5,9 @@
 #include <stdexcept>
 
 #include "api/anthropic-api.h"
-#include "api/chat-renderer.h"
+#include "chat/chat-renderer.h"
 #include "api/openai-api.h"
-#include "api/prompt-tokenizer.h"
+#include "chat/prompt-tokenizer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
@@ -40,8 +40,8 @@ ideal_prefill::ideal_prefill(const std::string& model_path) : model_(std::make_u
     params.vocab_only = true;  // the tokenizer and the chat template are all the ideal needs
     model_->model.reset(llama_model_load_from_file(model_path.c_str(), params));
     if (!model_->model) throw std::runtime_error(model_path + ": failed to load the model's vocabulary");
-    renderer_ = std::make_unique<api::chat_renderer>(model_->model.get());
-    tokenizer_ = std::make_unique<api::prompt_tokenizer>(llama_model_get_vocab(model_->model.get()));
+    renderer_ = std::make_unique<chat_renderer>(model_->model.get());
+    tokenizer_ = std::make_unique<prompt_tokenizer>(llama_model_get_vocab(model_->model.get()));
 }
 
 ideal_prefill::~ideal_prefill() = default;
@@ -54,7 +54,7 @@ ideal_count ideal_prefill::add(const json& normalized_body, wire_api api, const 
     ideal_count count;
     std::vector<llama_token> prompt;
     std::string prompt_text;
-    api::chat_request request;
+    chat_request request;
     try {
         request = api == wire_api::anthropic ? api::anthropic::parse_messages_request(normalized_body)
                                              : api::parse_chat_request(normalized_body);

@@ -1,6 +1,6 @@
 // The gauntlet's ideal prefill: how many prompt tokens a perfect prefix cache would compute for each request, from
 // the requests with the killers the bench injected taken out (see gauntlet-conversation.h), rendered and tokenized
-// the way keepwarm does (api::chat_renderer + api::prompt_tokenizer over the model's vocab).
+// the way keepwarm does (chat_renderer + prompt_tokenizer over the model's vocab).
 // Threading: one thread at a time.
 #pragma once
 
@@ -13,10 +13,10 @@
 #include "bench/gauntlet-workload.h"
 #include "llama.h"
 
-namespace keepwarm::api {
+namespace keepwarm {
 class chat_renderer;
 class prompt_tokenizer;
-}  // namespace keepwarm::api
+}  // namespace keepwarm
 
 namespace keepwarm::gauntlet {
 
@@ -56,8 +56,8 @@ public:
 private:
     struct model_handle;
     std::unique_ptr<model_handle> model_;
-    std::unique_ptr<api::chat_renderer> renderer_;
-    std::unique_ptr<api::prompt_tokenizer> tokenizer_;
+    std::unique_ptr<chat_renderer> renderer_;
+    std::unique_ptr<prompt_tokenizer> tokenizer_;
     token_history history_;
 };
 

@@ -915,7 +915,7 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     bool threw_after_start = false;
     try {
         r.fn(req, w);
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         threw_after_start = w.started();
         if (!w.started()) send_error(r.options.format_error, e.status, e.type, e.what());
     } catch (const std::exception& e) {

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/request-error.h"
+
 #include "http/api-keys.h"
 
 namespace keepwarm::http {
@@ -61,13 +63,7 @@ public:
     virtual bool started() const = 0;
 };
 
-// Thrown by handlers for a bad request; mapped to `status` with the route's error body.
-struct http_error : std::runtime_error {
-    int status;
-    std::string type;  // API-specific error type, e.g. "invalid_request_error"
-    http_error(int status, std::string message, std::string type = "invalid_request_error")
-        : std::runtime_error(std::move(message)), status(status), type(std::move(type)) {}
-};
+// A handler that throws request_error (base/request-error.h) is answered with its status and the route's error body.
 
 using handler = std::function<void(const request&, response_writer&)>;
 // Builds the JSON error body for a route's API from (status, type, message).

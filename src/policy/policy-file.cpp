@@ -10,7 +10,7 @@
 #include <set>
 
 #include "config/toml-reader.h"
-#include "http/http-server.h"
+#include "base/request-error.h"
 
 namespace keepwarm::policy {
 
@@ -117,7 +117,7 @@ private:
     void read_option(std::string_view key, const toml::node& n, forced_options& o) const {
         const std::string what(key);
         constexpr int64_t int_max = std::numeric_limits<int32_t>::max();
-        api::sampling_options& s = o.sampling;
+        sampling_options& s = o.sampling;
         if (key == "max_tokens_cap") {
             o.max_tokens_cap = static_cast<int>(integer(n, what, 1, int_max));
         } else if (key == "max_tokens_default") {
@@ -159,8 +159,8 @@ private:
             if (key == "frequency_penalty") s.frequency_penalty = v;
         }
         try {
-            api::validate_sampling(s);  // the same ranges as a request's own values
-        } catch (const http::http_error& e) {
+            validate_sampling(s);  // the same ranges as a request's own values
+        } catch (const request_error& e) {
             fail(n.source(), e.what());
         }
     }

@@ -11,7 +11,7 @@
 #include <string>
 #include <type_traits>
 
-#include "http/http-server.h"
+#include "base/request-error.h"
 
 namespace keepwarm::policy {
 
@@ -36,7 +36,7 @@ std::string reportable(const std::string& name) {
 }
 
 // The text of the last user message (content, or its text parts joined); empty when there is none.
-std::string last_user_text(const api::chat_request& chat) {
+std::string last_user_text(const chat_request& chat) {
     for (auto it = chat.messages.rbegin(); it != chat.messages.rend(); ++it) {
         if (it->role != "user") continue;
         if (it->content_parts.empty()) return it->content;
@@ -47,7 +47,7 @@ std::string last_user_text(const api::chat_request& chat) {
     return "";
 }
 
-bool matches(const request_matcher& m, const api::chat_request& chat, const std::string& asked_model,
+bool matches(const request_matcher& m, const chat_request& chat, const std::string& asked_model,
              const request_origin& origin) {
     if (!m.client.empty() && !glob_match(m.client, origin.client)) return false;
     if (!m.api.empty() && m.api != chat.api) return false;
@@ -82,7 +82,7 @@ void force(std::optional<T>& field, const std::optional<T>& forced, const char* 
     }
 }
 
-void apply_options(const forced_options& o, api::chat_request& chat, std::vector<std::string>& fired,
+void apply_options(const forced_options& o, chat_request& chat, std::vector<std::string>& fired,
                    std::vector<forced_bias>& unbound_biases) {
     if (o.max_tokens_default && !chat.max_tokens) {
         chat.max_tokens = o.max_tokens_default;
@@ -100,8 +100,8 @@ void apply_options(const forced_options& o, api::chat_request& chat, std::vector
         chat.tool_choice = *o.tool_choice;
         fired.push_back(std::string("tool-choice:") + tool_choice_name(*o.tool_choice));
     }
-    const api::sampling_options& f = o.sampling;
-    api::sampling_options& s = chat.sampling;
+    const sampling_options& f = o.sampling;
+    sampling_options& s = chat.sampling;
     force(s.temperature, f.temperature, "temperature", fired);
     force(s.top_p, f.top_p, "top-p", fired);
     force(s.min_p, f.min_p, "min-p", fired);
@@ -144,7 +144,7 @@ json options_json(const forced_options& o) {
     if (o.max_tokens_default) j["max_tokens_default"] = *o.max_tokens_default;
     if (o.thinking) j["thinking"] = *o.thinking;
     if (o.tool_choice) j["tool_choice"] = tool_choice_name(*o.tool_choice);
-    const api::sampling_options& s = o.sampling;
+    const sampling_options& s = o.sampling;
     if (s.temperature) j["temperature"] = shown(*s.temperature);
     if (s.top_p) j["top_p"] = shown(*s.top_p);
     if (s.min_p) j["min_p"] = shown(*s.min_p);
@@ -237,14 +237,14 @@ void request_policy::bind_vocab(const std::function<std::optional<llama_token>(c
     for (client_rule& rule : config_.clients) bind(rule.options);
 }
 
-policy_outcome request_policy::apply(api::chat_request& chat, const request_origin& origin, policy_use use) const {
+policy_outcome request_policy::apply(chat_request& chat, const request_origin& origin, policy_use use) const {
     policy_outcome out;
     const std::string asked = chat.model;
     if (!asked.empty() && !served_model_.empty() && asked != served_model_) {
         const bool aliased = std::any_of(config_.model.aliases.begin(), config_.model.aliases.end(),
                                          [&](const model_alias& a) { return glob_match(a.pattern, asked); });
         if (!aliased && config_.model.mode == model_mode::strict) {
-            throw http::http_error(404,
+            throw request_error(404,
                                    "model '" + reportable(asked) + "' is not served here; this server serves '" +
                                        served_model_ + "'" +
                                        (config_.model.aliases.empty() ? "" : " (and the aliases of its policy)"),

@@ -17,14 +17,14 @@
 #include <string_view>
 #include <vector>
 
-#include "api/openai-api.h"
+#include "chat/chat-request.h"
 #include "policy/span-rules.h"
 
 namespace keepwarm::policy {
 
 // Conditions on a request, as [[client]] and [[ping.match]] tables give them; all that are set must hold.
 struct request_matcher {
-    std::string client;                     // glob (fnmatch) over the client's name (see server/client-identity.h)
+    std::string client;                     // glob (fnmatch) over the client's name (see routes/client-identity.h)
     std::string api;                        // "openai", "anthropic" or "ollama"
     std::string model;                      // glob over the model name the client asked for
     std::string header;                     // a header (lowercase name) the request must carry
@@ -52,7 +52,7 @@ struct forced_options {
     std::optional<int> max_tokens_default;  // the limit when the client gives none (then capped)
     std::optional<bool> thinking;           // reasoning on or off (the template's enable_thinking)
     std::optional<common_chat_tool_choice> tool_choice;  // when the request has tools
-    api::sampling_options sampling;  // temperature, top_p, top_k, min_p, seed, repeat/presence/frequency penalties
+    sampling_options sampling;  // temperature, top_p, top_k, min_p, seed, repeat/presence/frequency penalties
     // Replaces what the client asked for these tokens. With tool_choice "required", a bias on the template's
     // tool-call opening token makes even a random-weight model start a call: common's grammar admits free text
     // before the first call.
@@ -148,9 +148,9 @@ public:
     // Every token text a forced logit bias names, globally or per client (each once).
     std::vector<std::string> bias_texts() const;
 
-    // Rewrites `chat` in place and says what it did. Throws http_error 404 ("model_not_found") in strict mode for a
+    // Rewrites `chat` in place and says what it did. Throws request_error 404 ("model_not_found") in strict mode for a
     // model name that is neither the served one nor an alias; nothing has been changed then.
-    policy_outcome apply(api::chat_request& chat, const request_origin& origin,
+    policy_outcome apply(chat_request& chat, const request_origin& origin,
                          policy_use use = policy_use::generation) const;
 
     // Adds a span rule while the server runs (the cache-buster detector's auto rules), after the others, replacing a

@@ -9,7 +9,7 @@
 
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
-#include "server/client-identity.h"
+#include "routes/client-identity.h"
 
 namespace keepwarm::proxy {
 
@@ -23,7 +23,7 @@ constexpr auto check_interval = 50ms;
 // The policy's forced options on a raw completion: what it set on a chat request that carried only the client's model
 // name and limit goes into the body. Returns the x-keepwarm-policy value ("" when nothing fired).
 std::string apply_policy(const server_context& ctx, const http::request& req, json& body) {
-    api::chat_request chat;
+    chat_request chat;
     chat.api = "openai";
     if (body.contains("model") && body["model"].is_string()) chat.model = body["model"].get<std::string>();
     if (body.contains("max_tokens") && body["max_tokens"].is_number_integer()) {
@@ -147,7 +147,7 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
         }
         if (broken.empty()) continue;
         std::fprintf(stderr, "keepwarm proxy: completion %s\n", broken.c_str());
-        if (!streaming) throw http::http_error(502, broken, "server_error");
+        if (!streaming) throw request_error(502, broken, "server_error");
         end_stream_with_error(w, broken);
         return false;
     }
@@ -159,10 +159,10 @@ generation_handler upstream_completions(upstream_pool& pool) {
     return [&pool](server_context& ctx, const http::request& req, http::response_writer& w,
                    const std::shared_ptr<generation_request>&) {
         json body = parse_json_body(req);
-        if (!body.is_object() || !body.contains("prompt")) throw http::http_error(400, "'prompt' is required");
+        if (!body.is_object() || !body.contains("prompt")) throw request_error(400, "'prompt' is required");
         const json& prompt = body["prompt"];
         if (!prompt.is_string() && !prompt.is_array()) {
-            throw http::http_error(400, "'prompt' must be a string or an array");
+            throw request_error(400, "'prompt' must be a string or an array");
         }
         http::header_list headers;
         if (const std::string fired = apply_policy(ctx, req, body); !fired.empty()) {
@@ -179,7 +179,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
         }
         if (tried.size() == pool.size()) {
             const upstream_config& u = pool.config(0);
-            throw http::http_error(501,
+            throw request_error(501,
                                    "/v1/completions: upstream " + u.origin.url() + " speaks " +
                                        dialect_name(u.dialect) +
                                        ", which has no raw-prompt completions (no OpenAI-dialect upstream is "
@@ -189,7 +189,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
         for (;;) {
             const auto route = pool.acquire(blocks, tried, asked);
             if (!route) {
-                throw http::http_error(503,
+                throw request_error(503,
                                        "no upstream can take the request (" + std::to_string(pool.size()) +
                                            " configured, " + std::to_string(pool.size() - pool.healthy_count()) +
                                            " down)",
@@ -214,7 +214,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
             } catch (const http::client_error& e) {
                 if (e.reason == http::client_error::kind::timeout) {
                     pool.mark_down(route->upstream, "it timed out");
-                    throw http::http_error(504, std::string("upstream ") + e.what(), "timeout_error");
+                    throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
                 }
                 std::fprintf(stderr, "keepwarm proxy: completion upstream %s failed (%s), trying another\n",
                              url.c_str(), e.what());
@@ -228,7 +228,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
                     error_body = conn->read_body();
                 } catch (const http::client_error&) {
                 }
-                throw upstream_http_error(head.status, error_body, url);
+                throw upstream_request_error(head.status, error_body, url);
             }
             headers.emplace_back("x-keepwarm-upstream", url);
             upstream_body_reader reader(*conn);

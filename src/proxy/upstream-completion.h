@@ -6,12 +6,12 @@
 #pragma once
 
 #include "proxy/upstream-pool.h"
-#include "server/generation-relay.h"
-#include "server/server-context.h"
+#include "routes/generation-relay.h"
+#include "routes/server-context.h"
 
 namespace keepwarm::proxy {
 
-// The route's handler. Throws http_error (in the OpenAI error shape): 400 for a body without a prompt, 501 when no
+// The route's handler. Throws request_error (in the OpenAI error shape): 400 for a body without a prompt, 501 when no
 // upstream speaks the OpenAI dialect, 503 when none of those is up, 504 on a timeout, the upstream's 4xx as is, 502 for
 // its 5xx. A client that goes away mid-answer cancels the upstream call.
 generation_handler upstream_completions(upstream_pool& pool);

@@ -66,7 +66,7 @@ json function_tools(const std::vector<common_chat_tool>& tools) {
     return out;
 }
 
-json openai_body(const api::chat_request& chat, const std::string& model) {
+json openai_body(const chat_request& chat, const std::string& model) {
     json body = {{"model", model}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
     json messages = json::array();
     for (const auto& msg : chat.messages) messages.push_back(openai_message(msg));
@@ -92,7 +92,7 @@ json openai_body(const api::chat_request& chat, const std::string& model) {
     return body;
 }
 
-json anthropic_body(const api::chat_request& chat, const std::string& model) {
+json anthropic_body(const chat_request& chat, const std::string& model) {
     json body = {
         {"model", model}, {"max_tokens", chat.max_tokens.value_or(anthropic_default_max_tokens)}, {"stream", true}};
     std::string system;
@@ -146,7 +146,7 @@ json anthropic_body(const api::chat_request& chat, const std::string& model) {
         body["tool_choice"] = std::move(choice);
     }
     if (!chat.stop.empty()) body["stop_sequences"] = chat.stop;
-    const api::sampling_options& s = chat.sampling;
+    const sampling_options& s = chat.sampling;
     if (s.temperature) body["temperature"] = *s.temperature;
     if (s.top_p) body["top_p"] = *s.top_p;
     if (s.top_k) body["top_k"] = *s.top_k;
@@ -159,7 +159,7 @@ json anthropic_body(const api::chat_request& chat, const std::string& model) {
     return body;
 }
 
-json ollama_body(const api::chat_request& chat, const std::string& model) {
+json ollama_body(const chat_request& chat, const std::string& model) {
     json body = {{"model", model}, {"stream", true}};
     json messages = json::array();
     for (const auto& msg : chat.messages) {
@@ -184,7 +184,7 @@ json ollama_body(const api::chat_request& chat, const std::string& model) {
     if (chat.enable_thinking) body["think"] = *chat.enable_thinking;
     if (!chat.json_schema.empty()) body["format"] = json::parse(chat.json_schema);
     json options = json::object();
-    const api::sampling_options& s = chat.sampling;
+    const sampling_options& s = chat.sampling;
     if (s.temperature) options["temperature"] = *s.temperature;
     if (s.top_p) options["top_p"] = *s.top_p;
     if (s.min_p) options["min_p"] = *s.min_p;
@@ -288,7 +288,7 @@ upstream_dialect parse_dialect(std::string_view name) {
     throw std::invalid_argument("dialect '" + std::string(name) + "' is not one of openai, anthropic, ollama");
 }
 
-void write_openai_sampling(json& body, const api::sampling_options& s) {
+void write_openai_sampling(json& body, const sampling_options& s) {
     if (s.temperature) body["temperature"] = *s.temperature;
     if (s.top_p) body["top_p"] = *s.top_p;
     if (s.min_p) body["min_p"] = *s.min_p;
@@ -308,13 +308,13 @@ void write_openai_sampling(json& body, const api::sampling_options& s) {
     }
 }
 
-http::http_error upstream_http_error(int status, const std::string& body, const std::string& url) {
+request_error upstream_request_error(int status, const std::string& body, const std::string& url) {
     const upstream_error_info info = parse_error_body(body);
     if (status < 500) return {status, info.message, info.type.empty() ? "invalid_request_error" : info.type};
     return {502, "upstream " + url + " answered " + std::to_string(status) + ": " + info.message, "server_error"};
 }
 
-upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat, const std::string& model,
+upstream_call build_call(upstream_dialect dialect, const chat_request& chat, const std::string& model,
                          const std::string& api_key) {
     upstream_call call;
     json body;
@@ -340,7 +340,7 @@ upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat
     return call;
 }
 
-std::optional<upstream_call> build_count_call(upstream_dialect dialect, const api::chat_request& chat,
+std::optional<upstream_call> build_count_call(upstream_dialect dialect, const chat_request& chat,
                                               const std::string& model, const std::string& api_key) {
     if (dialect == upstream_dialect::ollama) return std::nullopt;
     const json full = anthropic_body(chat, model);
@@ -754,7 +754,7 @@ void stream_decoder::on_ollama(const answer_json& line, const std::string& text)
                     }
                 }
                 std::string id = string_at(call, "id");
-                if (id.empty()) id = api::gen_tool_call_id();
+                if (id.empty()) id = gen_tool_call_id();
                 common_chat_tool_call parsed;
                 if (!set_name(parsed.name, string_at(function, "name"), false) || !set_name(parsed.id, id, false))
                     return;

@@ -1,5 +1,5 @@
 // The APIs an upstream engine may speak to `keepwarm proxy` (OpenAI chat completions, Anthropic Messages, Ollama
-// chat): an api::chat_request as that API's streamed request body, and that API's stream back as the message it
+// chat): an chat_request as that API's streamed request body, and that API's stream back as the message it
 // builds (common_chat_msg), its deltas, and the usage and reuse numbers it reports. Every client API reaches every
 // upstream through these two conversions, so there is no client-by-upstream translation matrix.
 // Pure functions and a decoder object: no sockets, no threads.
@@ -36,13 +36,13 @@ constexpr int anthropic_default_max_tokens = 32768;
 // The request as `dialect`'s streamed chat call, for the upstream's `model` (each upstream serves one pinned model,
 // whatever name the client used). `api_key` (may be empty) goes in the header that API reads. The answer is always
 // requested as a stream, with usage, so one decoder serves streamed and whole answers to the client.
-upstream_call build_call(upstream_dialect dialect, const api::chat_request& chat, const std::string& model,
+upstream_call build_call(upstream_dialect dialect, const chat_request& chat, const std::string& model,
                          const std::string& api_key = "");
 
 // Anthropic's POST /v1/messages/count_tokens for the request (what a count needs of it: model, system, messages,
 // tools, tool_choice, thinking). keepwarm and llama-server answer it too, so OpenAI-dialect upstreams get it as well
 // (with their bearer key); nullopt for Ollama, which cannot count a chat.
-std::optional<upstream_call> build_count_call(upstream_dialect dialect, const api::chat_request& chat,
+std::optional<upstream_call> build_count_call(upstream_dialect dialect, const chat_request& chat,
                                               const std::string& model, const std::string& api_key = "");
 // The count in its answer ({"input_tokens": N}); throws std::invalid_argument for another shape.
 int parse_count_answer(std::string_view body);
@@ -135,11 +135,11 @@ struct upstream_error_info {
 upstream_error_info parse_error_body(const std::string& body);
 // What the client gets for an upstream's error answer (`status` >= 400, `body` its error body): a 4xx as is, with
 // the upstream's message and type; a 5xx as 502 naming the upstream (`url`).
-http::http_error upstream_http_error(int status, const std::string& body, const std::string& url);
+request_error upstream_request_error(int status, const std::string& body, const std::string& url);
 
 // The sampling options as OpenAI-style request fields (temperature, top_p, ..., seed, ignore_eos, logit_bias with a
 // ban as -100), written into `body`; unset options are left out.
-void write_openai_sampling(nlohmann::ordered_json& body, const api::sampling_options& s);
+void write_openai_sampling(nlohmann::ordered_json& body, const sampling_options& s);
 
 // The cheap call that says whether an upstream is up, never running inference: GET /v1/models (OpenAI, Anthropic)
 // or /api/tags (Ollama).

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "server/client-identity.h"
+#include "routes/client-identity.h"
 
 namespace keepwarm::proxy {
 
@@ -20,7 +20,7 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 }  // namespace
 
 upstream_generation::upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req,
-                                         api::chat_request chat, const std::shared_ptr<generation_request>& gen,
+                                         chat_request chat, const std::shared_ptr<generation_request>& gen,
                                          http::response_writer& w, std::string id)
     : ctx_(ctx), pool_(pool), w_(w), chat_(std::move(chat)), id_(std::move(id)), received_(gen->received) {
     policy::policy_outcome outcome = apply_request_policy(*ctx_.policy, req, chat_, id_, headers_);
@@ -47,7 +47,7 @@ void upstream_generation::connect(const http::request& req) {
     for (;;) {
         route_ = pool_.acquire(blocks, tried, chat_.model);
         if (!route_) {
-            throw http::http_error(503,
+            throw request_error(503,
                                    "no upstream can take the request: " + std::to_string(pool_.size()) +
                                        " configured, " + std::to_string(pool_.size() - pool_.healthy_count()) +
                                        " down" + (tried.empty() ? "" : ", the others failed"),
@@ -70,7 +70,7 @@ void upstream_generation::connect(const http::request& req) {
                 // It may still be working on the request: not sent again elsewhere, but out of routing, so that the
                 // next requests do not wait on it too.
                 pool_.mark_down(failed, "it timed out");
-                throw http::http_error(504, std::string("upstream ") + e.what(), "timeout_error");
+                throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
             }
             // Refused, reset or not HTTP before any answer: nothing reached the client, so another upstream may try.
             std::fprintf(stderr, "keepwarm proxy: %s upstream %s failed (%s), trying another\n", id_.c_str(),
@@ -87,7 +87,7 @@ void upstream_generation::connect(const http::request& req) {
             }
             pool_.release(route_->upstream);
             route_.reset();
-            throw upstream_http_error(head.status, body, u.origin.url());
+            throw upstream_request_error(head.status, body, u.origin.url());
         }
         headers_.emplace_back("x-keepwarm-upstream", u.origin.url());
         if (!bias_rules.empty()) name_fired_rules(bias_rules);
@@ -257,24 +257,24 @@ void upstream_generation::log_end(const update& u) const {
 
 generation_opener upstream_generations(server_context& ctx, upstream_pool& pool) {
     return
-        [&ctx, &pool](const http::request& req, api::chat_request chat, const std::shared_ptr<generation_request>& gen,
+        [&ctx, &pool](const http::request& req, chat_request chat, const std::shared_ptr<generation_request>& gen,
                       http::response_writer& w, std::string id) -> generation_source_ptr {
             return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), gen, w, std::move(id));
         };
 }
 
 token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
-    return [&ctx, &pool](const http::request& req, const api::chat_request& chat) {
-        api::chat_request served = chat;
+    return [&ctx, &pool](const http::request& req, const chat_request& chat) {
+        chat_request served = chat;
         ctx.policy->apply(served, {}, policy::policy_use::counting);
         const auto route = pool.peek(
             chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant), served.model);
-        if (!route) throw http::http_error(503, "no upstream is up to count the tokens", "server_error");
+        if (!route) throw request_error(503, "no upstream is up to count the tokens", "server_error");
         const upstream_config& u = *route->config;
         const auto call =
             build_count_call(u.dialect, served, route->model, pool.credential(route->upstream, req.api_key));
         if (!call) {
-            throw http::http_error(501,
+            throw request_error(501,
                                    "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
                                        ", which cannot count a chat's tokens",
                                    "api_error");
@@ -285,16 +285,16 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
                                  {.read_timeout = std::chrono::seconds(60), .max_body_bytes = 1u << 20});
         } catch (const http::client_error& e) {
             const bool timeout = e.reason == http::client_error::kind::timeout;
-            throw http::http_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
+            throw request_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
                                    timeout ? "timeout_error" : "server_error");
         }
         if (answer.status >= 400) {
             const upstream_error_info info = parse_error_body(answer.body);
             if (answer.status < 500 && answer.status != 404) {
-                throw http::http_error(answer.status, info.message,
+                throw request_error(answer.status, info.message,
                                        info.type.empty() ? "invalid_request_error" : info.type);
             }
-            throw http::http_error(502,
+            throw request_error(502,
                                    "count_tokens: upstream " + u.origin.url() + " answered " +
                                        std::to_string(answer.status) + ": " + info.message,
                                    "server_error");
@@ -302,7 +302,7 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
         try {
             return parse_count_answer(answer.body);
         } catch (const std::invalid_argument& e) {
-            throw http::http_error(502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(), "server_error");
+            throw request_error(502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(), "server_error");
         }
     };
 }

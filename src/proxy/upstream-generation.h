@@ -16,23 +16,23 @@
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
-#include "server/anthropic-routes.h"
-#include "server/chat-generation.h"
+#include "routes/anthropic-routes.h"
+#include "local/chat-generation.h"
 
 namespace keepwarm::proxy {
 
 class upstream_generation final : public generation_source {
 public:
-    // Throws http_error when no upstream can take the request (503), one does not answer in time (504), answers an
+    // Throws request_error when no upstream can take the request (503), one does not answer in time (504), answers an
     // error before streaming (its 4xx as is, a 5xx as 502), or the policy refuses the request (4xx). An upstream that
     // cannot be reached is marked down and the next one is tried: nothing has reached the client yet.
-    upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req, api::chat_request chat,
+    upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req, chat_request chat,
                         const std::shared_ptr<generation_request>& gen, http::response_writer& w, std::string id);
     ~upstream_generation() override;  // cancels the upstream call if it has not ended, and leaves the router
 
     std::optional<update> next() override;
     const common_chat_msg& message() const override { return ping_reply_ ? *ping_reply_ : decoder_->message(); }
-    const api::chat_request& request() const override { return chat_; }
+    const chat_request& request() const override { return chat_; }
     const std::string& id() const override { return id_; }
     int prompt_tokens() const override { return 0; }  // upstreams say it at the end
     bool continuation() const override { return false; }
@@ -53,7 +53,7 @@ private:
     server_context& ctx_;
     upstream_pool& pool_;
     http::response_writer& w_;
-    api::chat_request chat_;
+    chat_request chat_;
     std::string prompt_text_;  // canonical_prompt_text(chat_): what routing and the cache-buster detector compare
     std::string id_;
     http::header_list headers_;
@@ -79,7 +79,7 @@ private:
 generation_opener upstream_generations(server_context& ctx, upstream_pool& pool);
 
 // count_tokens through the proxy: the policy as for counting, then the upstream the request would go to counts it
-// (Anthropic's count_tokens, which keepwarm and llama-server answer too). Throws http_error: 501 when that upstream
+// (Anthropic's count_tokens, which keepwarm and llama-server answer too). Throws request_error: 501 when that upstream
 // cannot count (Ollama dialect), 503 when none is up, 504 on a timeout, its 4xx as is, 502 for anything else.
 token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool);
 

@@ -21,7 +21,7 @@
 #include "http/http-client.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-router.h"
-#include "server/metrics-text.h"
+#include "routes/metrics-text.h"
 
 namespace keepwarm::proxy {
 

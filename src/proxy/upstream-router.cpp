@@ -7,7 +7,7 @@
 
 namespace keepwarm::proxy {
 
-std::string canonical_prompt_text(const api::chat_request& chat) {
+std::string canonical_prompt_text(const chat_request& chat) {
     // Control characters as delimiters: they do not occur in ordinary text, so fields cannot run into each other.
     std::string text;
     for (const auto& tool : chat.tools) {

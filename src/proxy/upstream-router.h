@@ -17,13 +17,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "api/openai-api.h"
+#include "chat/chat-request.h"
 
 namespace keepwarm::proxy {
 
 // The prompt as routing compares it: tools, then each message's role, content, reasoning and tool calls, with
 // delimiters, so that two prompts share a text prefix exactly when they share their leading messages.
-std::string canonical_prompt_text(const api::chat_request& chat);
+std::string canonical_prompt_text(const chat_request& chat);
 
 // Hashes of text's whole blocks of `block_chars` bytes; hash i covers blocks 0..i (a partial last block is left out:
 // it changes as the conversation grows). The chain starts from the tenant's root ("": 0), so two tenants' hashes

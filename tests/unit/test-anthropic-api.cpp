@@ -8,9 +8,10 @@
 #include "api/anthropic-api.h"
 #include "http/http-server.h"
 
+using namespace keepwarm;
 using namespace keepwarm::api;
 using namespace keepwarm::api::anthropic;
-using keepwarm::http::http_error;
+using keepwarm::request_error;
 
 namespace {
 
@@ -32,12 +33,12 @@ void expect_400(const json& body, const std::string& needle, endpoint kind = end
     try {
         parse_messages_request(body, kind);
         ADD_FAILURE() << "expected a 400 for " << body.dump();
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
             << "message '" << e.what() << "' lacks '" << needle << "' for " << body.dump();
     } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected http_error, got " << e.what() << " for " << body.dump();
+        ADD_FAILURE() << "expected request_error, got " << e.what() << " for " << body.dump();
     }
 }
 

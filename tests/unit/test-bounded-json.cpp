@@ -1,6 +1,6 @@
 // The bounded JSON parser: depth capped at parse time, linear time in the number of keys, nlohmann's semantics for
 // key order and duplicate keys; and the shape and $ref checks on schemas.
-#include "api/bounded-json.h"
+#include "json/bounded-json.h"
 
 #include <gtest/gtest.h>
 
@@ -207,11 +207,11 @@ template <typename Parse>
 std::string bad_request(Parse parse) {
     try {
         parse();
-    } catch (const keepwarm::http::http_error& e) {
+    } catch (const keepwarm::request_error& e) {
         EXPECT_EQ(e.status, 400);
         return e.what();
     }
-    ADD_FAILURE() << "no http_error";
+    ADD_FAILURE() << "no request_error";
     return "";
 }
 

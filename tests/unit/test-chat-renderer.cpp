@@ -12,14 +12,15 @@
 #include <sstream>
 #include <thread>
 
-#include "api/chat-output-parser.h"
-#include "api/chat-renderer.h"
+#include "chat/chat-output-parser.h"
+#include "chat/chat-renderer.h"
 #include "api/openai-api.h"
 #include "http/http-server.h"
 #include "llama.h"
 
+using namespace keepwarm;
 using namespace keepwarm::api;
-using keepwarm::http::http_error;
+using keepwarm::request_error;
 
 namespace {
 
@@ -202,13 +203,13 @@ TEST(ChatRenderer, TemplateErrorsAre400) {
     try {
         qwen35().render(request(R"([{"role":"system","content":"only system"}])"));
         FAIL() << "expected a 400";
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_NE(std::string(e.what()).find("No user query found in messages."), std::string::npos) << e.what();
     }
     EXPECT_THROW(qwen3().render(request(R"([{"role":"user","content":"q"},{"role":"assistant","content":"a"},
                                              {"role":"assistant","content":"b"}])")),
-                 http_error);
+                 request_error);
 }
 
 TEST(ChatRenderer, MultiTurnPromptIsPrefixExtension) {
@@ -668,7 +669,7 @@ void check_sessions(const template_case& tc, const session_options& o) {
             try {
                 want = common_render(templates.get(), renderer, req);
             } catch (const std::exception& e) {
-                EXPECT_THROW(renderer.render(req), http_error) << where;
+                EXPECT_THROW(renderer.render(req), request_error) << where;
                 continue;
             }
             auto got = renderer.render(req);

@@ -2,7 +2,7 @@
 // scraper can subtract.
 #include <gtest/gtest.h>
 
-#include "server/metrics-text.h"
+#include "routes/metrics-text.h"
 
 namespace keepwarm {
 namespace {

@@ -4,11 +4,12 @@
 #include <chrono>
 
 #include "api/ollama-api.h"
-#include "http/http-server.h"
+#include "base/request-error.h"
 
-using keepwarm::api::chat_request;
+using keepwarm::chat_request;
+using namespace keepwarm;
 using namespace keepwarm::api::ollama;
-using keepwarm::http::http_error;
+using keepwarm::request_error;
 using json = keepwarm::api::ollama::json;
 
 namespace {
@@ -43,12 +44,12 @@ void expect_400(F parse, const json& body, const std::string& needle) {
     try {
         parse(body);
         ADD_FAILURE() << "expected a 400 for " << body.dump();
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
             << "message '" << e.what() << "' lacks '" << needle << "' for " << body.dump();
     } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected http_error, got " << e.what() << " for " << body.dump();
+        ADD_FAILURE() << "expected request_error, got " << e.what() << " for " << body.dump();
     }
 }
 

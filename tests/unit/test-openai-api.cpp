@@ -6,8 +6,9 @@
 #include "api/openai-api.h"
 #include "http/http-server.h"
 
+using namespace keepwarm;
 using namespace keepwarm::api;
-using keepwarm::http::http_error;
+using keepwarm::request_error;
 
 namespace {
 
@@ -25,13 +26,13 @@ void expect_400(F parse, const json& body, const std::string& needle) {
     try {
         parse(body);
         ADD_FAILURE() << "expected a 400 for " << body.dump();
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_EQ(e.type, "invalid_request_error");
         EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
             << "message '" << e.what() << "' lacks '" << needle << "' for " << body.dump();
     } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected http_error, got " << e.what() << " for " << body.dump();
+        ADD_FAILURE() << "expected request_error, got " << e.what() << " for " << body.dump();
     }
 }
 
@@ -346,10 +347,10 @@ TEST(OpenAiSampling, AppliesOverridesOnDefaults) {
 
     sampling_options bad;
     bad.temperature = 2.5f;
-    EXPECT_THROW(to_sampling_params(bad, defaults), http_error);
+    EXPECT_THROW(to_sampling_params(bad, defaults), request_error);
     bad = {};
     bad.top_k = -3;
-    EXPECT_THROW(to_sampling_params(bad, defaults), http_error);
+    EXPECT_THROW(to_sampling_params(bad, defaults), request_error);
 }
 
 TEST(OpenAiFormat, ChatCompletionWithToolCalls) {

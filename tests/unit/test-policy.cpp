@@ -11,8 +11,8 @@
 #include "policy/policy.h"
 
 using namespace keepwarm::policy;
-using keepwarm::api::chat_request;
-using keepwarm::http::http_error;
+using keepwarm::chat_request;
+using keepwarm::request_error;
 
 namespace {
 
@@ -86,7 +86,7 @@ TEST(PolicyModel, StrictModeRejectsUnknownNamesWith404) {
     try {
         p.apply(unknown, {});
         ADD_FAILURE() << "expected a 404";
-    } catch (const http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 404);
         EXPECT_EQ(e.type, "model_not_found");
         EXPECT_NE(std::string(e.what()).find("'llama3:70b' is not served here"), std::string::npos) << e.what();
@@ -102,7 +102,7 @@ TEST(PolicyModel, StrictModeRejectsUnknownNamesWith404) {
     EXPECT_NO_THROW(p.apply(unnamed, {}));
     // Counting tokens is held to the same names.
     chat_request count = simple_chat("llama3:70b");
-    EXPECT_THROW(p.apply(count, {}, policy_use::counting), http_error);
+    EXPECT_THROW(p.apply(count, {}, policy_use::counting), request_error);
 }
 
 TEST(PolicyModel, RequestedContextIsReportedNeverApplied) {

@@ -14,16 +14,16 @@
 #include <random>
 #include <thread>
 
-#include "api/chat-renderer.h"
+#include "chat/chat-renderer.h"
 #include "api/openai-api.h"
-#include "api/prompt-tokenizer.h"
+#include "chat/prompt-tokenizer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "generated-models.h"
 #include "llama-cpp.h"
 
 using namespace keepwarm;
-using api::prompt_tokenizer;
+using keepwarm::prompt_tokenizer;
 
 namespace {
 
@@ -98,7 +98,7 @@ api::json conversation(int turns) {
 }
 
 std::string render(const llama_model* model, const api::json& body) {
-    const api::chat_renderer renderer(model);
+    const chat_renderer renderer(model);
     return renderer.render(api::parse_chat_request(body)).prompt;
 }
 
@@ -295,7 +295,7 @@ TEST(prompt_tokenizer, equals_full_tokenization_for_every_vocab_in_the_llama_tre
 TEST(prompt_tokenizer, generated_tokens_come_back_unchanged) {
     const llama_model* model = preset_model("tiny");
     const llama_vocab* vocab = llama_model_get_vocab(model);
-    const api::chat_renderer renderer(model);
+    const chat_renderer renderer(model);
     const std::string answer = "The weather in Copenhagen is lovely today.";
     api::json first = {{"messages", {{{"role", "user"}, {"content", "How is the weather?"}}}}};
     const std::string prompt_text = renderer.render(api::parse_chat_request(first)).prompt;
@@ -343,7 +343,7 @@ struct turn {
 };
 
 turn chat_turn(const llama_model* model, api::json messages, const std::string& delivered) {
-    const api::chat_renderer renderer(model);
+    const chat_renderer renderer(model);
     turn t;
     t.prompt_text = renderer.render(api::parse_chat_request({{"messages", messages}})).prompt;
     messages.push_back({{"role", "assistant"}, {"content", delivered}});
@@ -608,7 +608,7 @@ TEST(prompt_tokenizer, reports_the_cost_of_a_38k_token_turn) {
         return std::chrono::duration<double, std::milli>(b - a).count();
     };
     const llama_model* model = preset_model("tiny");
-    const api::chat_renderer renderer(model);
+    const chat_renderer renderer(model);
     int turns = 300;
     api::json body = conversation(turns);
     while (full_tokenize(model, renderer.render(api::parse_chat_request(body)).prompt).size() < 38000) {
@@ -632,7 +632,7 @@ TEST(prompt_tokenizer, reports_the_cost_of_a_38k_token_turn) {
         const auto t00 = clock::now();
         const api::json parsed = api::json::parse(raw);
         const auto t0 = clock::now();
-        const api::chat_request req = api::parse_chat_request(parsed);
+        const chat_request req = api::parse_chat_request(parsed);
         const auto t1 = clock::now();
         const std::string text = renderer.render(req).prompt;
         const auto t2 = clock::now();

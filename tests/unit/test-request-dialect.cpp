@@ -58,7 +58,7 @@ TEST(RequestDialect, BadOpenAIBodyIsA400NamingTheField) {
     try {
         keepwarm::api::parse_any_chat_body(json::parse(R"({"messages": [{"role": "wizard", "content": "hi"}]})"));
         FAIL() << "accepted an unknown role";
-    } catch (const keepwarm::http::http_error& e) {
+    } catch (const keepwarm::request_error& e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_NE(std::string(e.what()).find("role"), std::string::npos) << e.what();
     }
@@ -86,5 +86,5 @@ TEST(RequestDialect, AnthropicAndOllamaBodiesParseIntoTheSameChat) {
     EXPECT_EQ(generate.chat.messages[1].content, "why?");
     EXPECT_THROW(
         keepwarm::api::parse_any_chat_body(json::parse(R"({"model": "qwen3", "prompt": "raw text", "raw": true})")),
-        keepwarm::http::http_error);
+        keepwarm::request_error);
 }

@@ -9,7 +9,7 @@
 #include "api/ollama-api.h"
 #include "api/openai-api.h"
 #include "http/http-server.h"
-#include "server/generation-relay.h"
+#include "routes/generation-relay.h"
 
 using namespace keepwarm;
 using json = nlohmann::ordered_json;
@@ -31,7 +31,7 @@ template <typename Parse>
 std::string rejection(Parse parse, const json& body) {
     try {
         parse(body);
-    } catch (const http::http_error& e) {
+    } catch (const request_error& e) {
         EXPECT_EQ(e.status, 400);
         return e.what();
     }
@@ -43,25 +43,25 @@ std::string rejection(Parse parse, const json& body) {
 TEST(stop_limits, anthropic_stop_sequences_are_capped_like_openai_stop) {
     const auto parse = [](const json& b) { return api::anthropic::parse_messages_request(b); };
     json body = {{"model", "m"}, {"max_tokens", 4}, {"messages", messages()}};
-    body["stop_sequences"] = stops(api::max_stop_strings, 1);
+    body["stop_sequences"] = stops(max_stop_strings, 1);
     EXPECT_EQ(rejection(parse, body), "");
     body["stop_sequences"] = stops(10000, 1);
     EXPECT_NE(rejection(parse, body).find("'stop_sequences' has 10000 strings"), std::string::npos);
-    body["stop_sequences"] = stops(1, api::max_stop_bytes + 1);
+    body["stop_sequences"] = stops(1, max_stop_bytes + 1);
     EXPECT_NE(rejection(parse, body).find("'stop_sequences[0]' is longer than"), std::string::npos);
 }
 
 TEST(stop_limits, openai_and_ollama_cap_the_length_of_each_stop_string) {
     const auto openai = [](const json& b) { return api::parse_chat_request(b); };
-    json body = {{"messages", messages()}, {"stop", stops(1, api::max_stop_bytes + 1)}};
+    json body = {{"messages", messages()}, {"stop", stops(1, max_stop_bytes + 1)}};
     EXPECT_NE(rejection(openai, body).find("'stop[0]' is longer than"), std::string::npos);
-    body["stop"] = stops(api::max_stop_strings + 1, 1);
+    body["stop"] = stops(max_stop_strings + 1, 1);
     EXPECT_NE(rejection(openai, body).find("'stop'"), std::string::npos);
 
     const auto ollama = [](const json& b) { return api::ollama::parse_chat_request(b); };
-    json chat = {{"model", "m"}, {"messages", messages()}, {"options", {{"stop", stops(1, api::max_stop_bytes + 1)}}}};
+    json chat = {{"model", "m"}, {"messages", messages()}, {"options", {{"stop", stops(1, max_stop_bytes + 1)}}}};
     EXPECT_NE(rejection(ollama, chat).find("'options.stop[0]' is longer than"), std::string::npos);
-    chat["options"]["stop"] = stops(api::max_stop_strings + 1, 1);
+    chat["options"]["stop"] = stops(max_stop_strings + 1, 1);
     EXPECT_NE(rejection(ollama, chat).find("'options.stop'"), std::string::npos);
 }
 

@@ -24,8 +24,8 @@ common_chat_msg message(std::string role, std::string content) {
 }
 
 // A conversation with a system prompt, a tool, an assistant tool call and its result, then a user turn.
-api::chat_request agent_turn() {
-    api::chat_request chat;
+chat_request agent_turn() {
+    chat_request chat;
     chat.model = "client-name";
     chat.messages.push_back(message("system", "You are terse."));
     chat.messages.push_back(message("user", "List the files."));
@@ -45,7 +45,7 @@ api::chat_request agent_turn() {
     return chat;
 }
 
-void expect_same_conversation(const api::chat_request& sent, const api::chat_request& parsed) {
+void expect_same_conversation(const chat_request& sent, const chat_request& parsed) {
     ASSERT_EQ(parsed.messages.size(), sent.messages.size());
     for (size_t i = 0; i < sent.messages.size(); i++) {
         SCOPED_TRACE(i);
@@ -105,7 +105,7 @@ void expect_answer(const stream_decoder& decoder, const common_chat_msg& want) {
 }  // namespace
 
 TEST(UpstreamDialects, OpenAIRequestParsesBackIntoTheSameConversation) {
-    const api::chat_request sent = agent_turn();
+    const chat_request sent = agent_turn();
     const upstream_call call = build_call(upstream_dialect::openai, sent, "pinned", "secret");
     EXPECT_EQ(call.target, "/v1/chat/completions");
     const json body = json::parse(call.body);
@@ -116,18 +116,18 @@ TEST(UpstreamDialects, OpenAIRequestParsesBackIntoTheSameConversation) {
 }
 
 TEST(UpstreamDialects, LogitBiasesGoOutInTheApisRangeABanAsMinus100) {
-    api::chat_request sent = agent_turn();
+    chat_request sent = agent_turn();
     sent.sampling.logit_bias = {{11, 5.5f}, {12, -INFINITY}};
     const json body = json::parse(build_call(upstream_dialect::openai, sent, "pinned", "").body);
     EXPECT_EQ(body["logit_bias"], json::parse(R"({"11": 5.5, "12": -100.0})"));
-    const api::chat_request back = api::parse_chat_request(body);
+    const chat_request back = api::parse_chat_request(body);
     ASSERT_EQ(back.sampling.logit_bias.size(), 2u);
     EXPECT_EQ(back.sampling.logit_bias[1].first, 12);
     EXPECT_TRUE(std::isinf(back.sampling.logit_bias[1].second));
 }
 
 TEST(UpstreamDialects, AnthropicRequestParsesBackIntoTheSameConversation) {
-    const api::chat_request sent = agent_turn();
+    const chat_request sent = agent_turn();
     const upstream_call call = build_call(upstream_dialect::anthropic, sent, "pinned");
     EXPECT_EQ(call.target, "/v1/messages");
     const json body = json::parse(call.body);
@@ -137,14 +137,14 @@ TEST(UpstreamDialects, AnthropicRequestParsesBackIntoTheSameConversation) {
 }
 
 TEST(UpstreamDialects, AnthropicRequestWithoutMaxTokensGetsTheDefault) {
-    api::chat_request chat = agent_turn();
+    chat_request chat = agent_turn();
     chat.max_tokens.reset();
     const json body = json::parse(build_call(upstream_dialect::anthropic, chat, "m").body);
     EXPECT_EQ(body["max_tokens"], anthropic_default_max_tokens);
 }
 
 TEST(UpstreamDialects, OllamaRequestParsesBackIntoTheSameConversation) {
-    const api::chat_request sent = agent_turn();
+    const chat_request sent = agent_turn();
     const upstream_call call = build_call(upstream_dialect::ollama, sent, "tiny:latest");
     EXPECT_EQ(call.target, "/api/chat");
     const json body = json::parse(call.body);

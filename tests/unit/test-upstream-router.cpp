@@ -14,8 +14,8 @@ namespace {
 constexpr size_t block = 16;
 
 // A conversation's prompt after `turns` turns: a system prompt unique to `name`, then the turns.
-api::chat_request conversation(const std::string& name, int turns) {
-    api::chat_request chat;
+chat_request conversation(const std::string& name, int turns) {
+    chat_request chat;
     common_chat_msg system;
     system.role = "system";
     system.content = name + " is the name of this conversation. Answer briefly and precisely.";
@@ -32,7 +32,7 @@ api::chat_request conversation(const std::string& name, int turns) {
     return chat;
 }
 
-std::vector<uint64_t> blocks_of(const api::chat_request& chat) {
+std::vector<uint64_t> blocks_of(const chat_request& chat) {
     return chained_block_hashes(canonical_prompt_text(chat), block);
 }
 

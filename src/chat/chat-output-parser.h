@@ -1,0 +1,45 @@
+// Incrementally parses generated text into an assistant message (content, reasoning_content, tool calls) and yields
+// the OpenAI-style deltas between successive partial parses, like llama-server's task_result_state.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat.h"
+
+namespace keepwarm {
+
+class chat_output_parser {
+public:
+    explicit chat_output_parser(common_chat_parser_params params);
+
+    // Appends generated text and re-parses everything so far as partial output. Returns the new deltas (possibly none).
+    // Never throws: a partial parse that fails, or that would contradict what was already emitted, is skipped until
+    // more text arrives.
+    std::vector<common_chat_msg_diff> push(std::string_view text_delta);
+
+    // Final parse (is_partial = false). If the text does not match the template's format (e.g. cut off mid tool call),
+    // the whole raw text becomes the content. `final_diffs`, when given, receives the deltas from the last streamed
+    // state to the final message (empty when there are none, or when the raw-text fallback cannot be expressed as
+    // deltas of what was streamed). Never throws.
+    common_chat_msg finish(std::vector<common_chat_msg_diff>* final_diffs = nullptr);
+
+    // All text pushed so far.
+    const std::string& text() const { return text_; }
+    // The message as last emitted (after push) or finished.
+    const common_chat_msg& message() const { return msg_; }
+    bool has_tool_calls() const { return !msg_.tool_calls.empty(); }
+
+private:
+    common_chat_msg parse(bool is_partial) const;
+    void assign_ids(common_chat_msg& msg);
+
+    common_chat_parser_params params_;
+    std::string text_;
+    common_chat_msg msg_;
+    // Ids handed out per tool-call index, so streamed deltas and the final message agree.
+    std::vector<std::string> tool_call_ids_;
+};
+
+}  // namespace keepwarm

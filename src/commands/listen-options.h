@@ -1,0 +1,35 @@
+// Command-line pieces that `serve` and `proxy` share for the side that listens to clients: the --cors-origin check,
+// and tenants (API keys file, shared cache, what the log and responses may reveal).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "http/http-server.h"
+#include "policy/policy.h"
+#include "routes/server-context.h"
+
+namespace keepwarm {
+
+// Checks a --cors-origin value (http::parse_cors_origin) and writes it back normalized, as browsers send it.
+CLI::Validator cors_origin_check();
+
+struct tenancy_options {
+    std::string api_keys_file;
+    bool shared_cache = false;
+    bool log_prompts = false;
+    bool no_reuse_report = false;
+};
+
+// Adds --api-keys-file, --shared-cache, --log-prompts and --no-reuse-report. `kept_apart`: what each tenant gets of
+// its own, for the help text ("cache", "routing and reports").
+void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart);
+
+// Reads the keys file into `http`, sets the log and report switches of `ctx`, and with isolated tenants turns the
+// policy's auto detection into reports (an adopted rule holds a fragment of the prompt it came from and would apply
+// to every tenant). Returns the isolated tenants; empty: one shared cache. `command` names the command in messages.
+std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http, server_context& ctx,
+                                       policy::policy_config& policy, const std::string& command);
+
+}  // namespace keepwarm

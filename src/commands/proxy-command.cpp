@@ -1,0 +1,285 @@
+// See proxy-command.h. Parses options, builds the upstream pool and a server_context without an engine, registers
+// the three APIs' routes with upstream generations and the proxy's own status routes, and runs until SIGINT/SIGTERM.
+#include "commands/proxy-command.h"
+
+#include <pthread.h>
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "http/http-server.h"
+#include "policy/policy-file.h"
+#include "proxy/proxy-config.h"
+#include "proxy/upstream-completion.h"
+#include "proxy/upstream-generation.h"
+#include "proxy/upstream-pool.h"
+#include "routes/anthropic-routes.h"
+#include "routes/busters-routes.h"
+#include "commands/listen-options.h"
+#include "routes/ollama-routes.h"
+#include "routes/openai-routes.h"
+#include "routes/server-context.h"
+#include "routes/status-routes.h"
+
+namespace keepwarm {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// What the command line says; run_proxy merges it over the --config file.
+struct proxy_options {
+    proxy::proxy_settings settings;
+    std::vector<std::string> upstreams;  // --upstream specs
+    std::string config_file;
+    tenancy_options tenancy;  // command line only
+    // The options given on the command line (they win over the file).
+    std::vector<std::pair<std::string, const CLI::Option*>> given;
+    bool was_given(const std::string& name) const {
+        for (const auto& [n, opt] : given) {
+            if (n == name) return opt->count() > 0;
+        }
+        return false;
+    }
+};
+
+// The file's settings (if any) with the command line's over them; at least one upstream in all.
+proxy::proxy_settings merged_settings(const proxy_options& opts) {
+    proxy::proxy_settings s;
+    if (!opts.config_file.empty()) {
+        try {
+            s = proxy::load_proxy_config(opts.config_file);
+        } catch (const std::exception& e) {
+            throw CLI::ValidationError("--config", e.what());
+        }
+    }
+    const proxy::proxy_settings& cli = opts.settings;
+    if (opts.was_given("--host")) s.http.host = cli.http.host;
+    if (opts.was_given("--port")) s.http.port = cli.http.port;
+    if (opts.was_given("--api-key")) s.http.api_key = cli.http.api_key;
+    if (opts.was_given("--max-connections")) s.http.max_connections = cli.http.max_connections;
+    if (opts.was_given("--max-connections-per-address")) {
+        s.http.max_connections_per_address = cli.http.max_connections_per_address;
+    }
+    if (opts.was_given("--header-timeout")) s.http.header_timeout = cli.http.header_timeout;
+    if (opts.was_given("--idle-timeout")) s.http.idle_timeout = cli.http.idle_timeout;
+    if (opts.was_given("--cors-origin")) s.http.cors_origins = cli.http.cors_origins;
+    if (opts.was_given("--alias")) s.model_alias = cli.model_alias;
+    if (opts.was_given("--policy")) s.policy_file = cli.policy_file;
+    if (opts.was_given("--route-block")) s.pool.routing.block_chars = cli.pool.routing.block_chars;
+    if (opts.was_given("--route-min-blocks")) s.pool.routing.min_match_blocks = cli.pool.routing.min_match_blocks;
+    if (opts.was_given("--rebalance-margin")) s.pool.routing.rebalance_margin = cli.pool.routing.rebalance_margin;
+    if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
+    if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
+    if (opts.was_given("--upstream-idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
+    for (const std::string& spec : opts.upstreams) {
+        try {
+            s.upstreams.push_back(proxy::upstream_config::parse(spec));
+        } catch (const std::invalid_argument& e) {
+            throw CLI::ValidationError("--upstream", e.what());
+        }
+    }
+    if (s.upstreams.empty()) {
+        throw CLI::ValidationError("--upstream", "no upstream: give --upstream URL or [[upstream]] in --config");
+    }
+    return s;
+}
+
+// What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
+// the policy, the routing state, and its metrics.
+void register_proxy_status_routes(http::http_server& server, server_context& ctx, proxy::upstream_pool& pool) {
+    server.add_route("GET", "/health",
+                     [&pool](const http::request&, http::response_writer& w) {
+                         const size_t healthy = pool.healthy_count();
+                         const json body = {{"status", healthy > 0 ? "ok" : "no upstream"},
+                                            {"upstreams", pool.size()},
+                                            {"upstreams_healthy", healthy}};
+                         w.send(healthy > 0 ? 200 : 503, "application/json", body.dump());
+                     },
+                     {.requires_auth = false});
+    server.add_route("GET", "/v1/cache", [&pool](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", pool.cache_json().dump());
+    });
+    server.add_route("GET", "/metrics", [&ctx, &pool](const http::request&, http::response_writer& w) {
+        metrics_text out;
+        write_http_metrics(out, ctx.http);
+        pool.write_metrics(out);
+        w.send(200, "text/plain; version=0.0.4", out.str());
+    });
+    server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", ctx.policy->to_json().dump());
+    });
+    const auto models = [&ctx](const http::request&, http::response_writer& w) {
+        const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
+        const json model = {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "keepwarm"}};
+        w.send(200, "application/json", json{{"object", "list"}, {"data", json::array({model})}}.dump());
+    };
+    server.add_route("GET", "/v1/models", models);
+    server.add_route("GET", "/models", models);
+}
+
+int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
+    // Signals go to the thread that waits for them; every other thread starts with them blocked.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    server_context ctx;  // no engine, renderer or tokenizer: the upstreams have the model
+    ctx.model_id = opts.model_alias;
+    policy::policy_config policy_config;
+    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    const std::vector<std::string> tenants = apply_tenancy(tenancy, opts.http, ctx, policy_config, "proxy");
+    ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+
+    proxy::pool_options pool_options = opts.pool;
+    pool_options.forward_client_keys = !tenants.empty();
+    pool_options.bias_texts = ctx.policy->bias_texts();
+    proxy::upstream_pool pool(std::move(opts.upstreams), pool_options);
+    pool.start_health_checks();
+
+    http::http_server server(opts.http);
+    register_proxy_status_routes(server, ctx, pool);
+    const generation_opener open = proxy::upstream_generations(ctx, pool);
+    register_openai_routes(server, ctx, open, proxy::upstream_completions(pool));
+    register_anthropic_routes(server, ctx, open, proxy::upstream_token_counter(ctx, pool));
+    register_ollama_routes(server, ctx, open);
+    register_busters_routes(server, ctx);
+    server.start();
+
+    std::cout << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
+              << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
+    const json state = pool.cache_json();
+    for (const auto& u : state["upstreams"]) {
+        std::cout << "  " << u["url"].get<std::string>() << " (" << u["dialect"].get<std::string>() << ", model "
+                  << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
+                  << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
+    }
+    std::cout << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
+              << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
+    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cout << "keepwarm proxy: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    server.stop();
+    return 0;
+}
+
+}  // namespace
+
+void add_proxy_command(CLI::App& app) {
+    auto opts = std::make_shared<proxy_options>();
+    CLI::App* cmd = app.add_subcommand(
+        "proxy", "Serve the OpenAI, Anthropic and Ollama APIs in front of other engines, with cache-aware routing");
+    auto& h = opts->settings.http;
+    auto& r = opts->settings.pool.routing;
+    const auto option = [&](const std::string& name, CLI::Option* opt) {
+        opts->given.emplace_back(name, opt);
+        return opt;
+    };
+    cmd->add_option("--config", opts->config_file,
+                    "Settings file (TOML): [listen], [[upstream]], [routing], [health], policy (docs/proxy.md); "
+                    "options given here win over it")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--upstream", opts->upstreams,
+                    "Upstream engine: URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY] (repeatable; "
+                    "added to the --config file's)");
+    option("--alias", cmd->add_option("--alias", opts->settings.model_alias, "Model name reported to clients"))
+        ->capture_default_str();
+    option("--host", cmd->add_option("--host", h.host, "Address to listen on"))->capture_default_str();
+    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))->capture_default_str();
+    option("--api-key", cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'"))
+        ->envname("KEEPWARM_API_KEY");
+    option("--max-connections",
+           cmd->add_option("--max-connections", h.max_connections,
+                           "Open connections in all; more get 503 (GET /health is still answered)"))
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    option("--max-connections-per-address",
+           cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
+                           "Open connections from one client address (IPv6: one /64); 0: no per-address limit"))
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65536));
+    const auto seconds_option = [&](const std::string& name, std::chrono::milliseconds& target,
+                                    const std::string& help) {
+        return option(name, cmd->add_option_function<double>(
+                                name,
+                                [&target](double seconds) {
+                                    target = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+                                },
+                                help))
+            ->check(CLI::PositiveNumber);
+    };
+    seconds_option("--header-timeout", h.header_timeout,
+                   "Seconds a request head may take, counted from a new connection's opening (default 10)");
+    seconds_option("--idle-timeout", h.idle_timeout,
+                   "Close connections that send no request for this many seconds (default 120)");
+    option("--cors-origin", cmd->add_option("--cors-origin", h.cors_origins,
+                                            "Web origin whose pages may call the API from a browser, e.g. "
+                                            "https://app.example.com (repeatable; * allows every origin; default: "
+                                            "none)"))
+        ->check(cors_origin_check());
+    add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
+    option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
+                                       "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
+                                       "spans, cache-buster detection (docs/policy.md)"))
+        ->check(CLI::ExistingFile);
+    option("--route-block",
+           cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block"))
+        ->capture_default_str()
+        ->check(CLI::Range(16, 1 << 20));
+    option("--route-min-blocks", cmd->add_option("--route-min-blocks", r.min_match_blocks,
+                                                 "Blocks a prefix must match to pull a request to an upstream"))
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    option("--rebalance-margin",
+           cmd->add_option("--rebalance-margin", r.rebalance_margin,
+                           "In-flight requests by which a matching upstream may exceed the least loaded one"))
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    option("--health-interval", cmd->add_option_function<double>(
+                                    "--health-interval",
+                                    [opts](double seconds) {
+                                        opts->settings.pool.health_interval =
+                                            std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+                                    },
+                                    "Seconds between health checks of each upstream (default 1)"))
+        ->check(CLI::PositiveNumber);
+    const auto timeout = [&](const std::string& name, std::chrono::milliseconds proxy::pool_options::*field,
+                             const std::string& help) {
+        option(name, cmd->add_option_function<double>(
+                         name,
+                         [opts, field](double seconds) {
+                             opts->settings.pool.*field =
+                                 std::max(std::chrono::milliseconds(1),
+                                          std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+                         },
+                         help))
+            ->check(CLI::Range(0.001, 86400.0));
+    };
+    timeout(
+        "--first-byte-timeout", &proxy::pool_options::first_byte_timeout,
+        "Seconds an upstream may take to start its answer (its prefill) before the request fails with 504 and the "
+        "upstream is out of routing until its health check answers (default 600: a cold 30K-token prompt on a CPU)");
+    timeout("--upstream-idle-timeout", &proxy::pool_options::idle_timeout,
+            "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
+            "upstream is out of routing (default 120)");
+    cmd->callback([opts] {
+        try {
+            const int rc = run_proxy(merged_settings(*opts), opts->tenancy);
+            if (rc != 0) throw CLI::RuntimeError(rc);
+        } catch (const CLI::Error&) {
+            throw;
+        } catch (const std::exception& ex) {
+            std::cerr << "keepwarm proxy: " << ex.what() << std::endl;
+            throw CLI::RuntimeError(1);
+        }
+    });
+}
+
+}  // namespace keepwarm

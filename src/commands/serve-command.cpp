@@ -1,0 +1,297 @@
+// See serve-command.h. Parses options, builds the server_context, registers the routes, and runs until
+// SIGINT/SIGTERM.
+#include "commands/serve-command.h"
+
+#include <pthread.h>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <thread>
+
+#include "cache/block-key.h"
+#include "common.h"
+#include "engine/llama-runtime.h"
+#include "http/http-server.h"
+#include "model/demo-model.h"
+#include "policy/policy-file.h"
+#include "routes/anthropic-routes.h"
+#include "routes/busters-routes.h"
+#include "commands/listen-options.h"
+#include "routes/ollama-routes.h"
+#include "routes/openai-routes.h"
+#include "local/prompt-index-keeper.h"
+#include "routes/server-context.h"
+#include "routes/status-routes.h"
+#include "routes/tokenizer-routes.h"
+
+namespace keepwarm {
+
+namespace {
+
+struct serve_options {
+    engine_options engine;
+    http::server_options http;
+    std::string cache_type_k = "f16";
+    std::string cache_type_v = "f16";
+    std::string model_alias;
+    std::string chat_template_file;
+    std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
+    std::string policy_file;
+    tenancy_options tenancy;
+    double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
+};
+
+ggml_type parse_cache_type(const std::string& name) {
+    static const std::map<std::string, ggml_type> types = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0},
+    };
+    auto it = types.find(name);
+    if (it == types.end())
+        throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
+    return it->second;
+}
+
+std::string read_file(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw std::runtime_error("cannot read '" + path + "'");
+    std::string data;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+    std::fclose(f);
+    return data;
+}
+
+// One line for the start-up banner: what the policy will do to requests.
+std::string describe_policy(const policy::request_policy& p) {
+    const policy::policy_config& c = p.config();
+    if (c.source.empty()) return "none (any model name is served; nothing else is changed)";
+    std::string spans;
+    for (const auto& rule : p.span_rules()->rules()) spans += (spans.empty() ? "" : ", ") + rule.name();
+    return c.source + " (model " + (c.model.mode == policy::model_mode::strict ? "strict" : "any") + ", " +
+           std::to_string(c.model.aliases.size()) + " aliases; " + std::to_string(c.clients.size()) +
+           " client rules; pings " + (c.ping.enabled ? "absorbed" : "served") +
+           "; spans: " + (spans.empty() ? "none" : spans) + ")";
+}
+
+int run_serve(serve_options opts) {
+    // Signals go to the thread that waits for them; every other thread starts with them blocked.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    init_llama_runtime(opts.engine.verbose);
+    server_context ctx;
+    if (opts.engine.model_path.empty()) {
+        opts.engine.model_path = ensure_demo_model();
+    }
+    ctx.model_path = opts.engine.model_path;
+    ctx.random_weights = model_has_random_weights(ctx.model_path);
+    ctx.model_id = !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(ctx.model_path).stem().string();
+    // Before the model loads: a mistake in the file stops start-up at once, naming its line.
+    policy::policy_config policy_config;
+    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
+    ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+    opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
+    opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
+    if (opts.engine.cache_disk_bytes > 0) {
+        opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
+    }
+
+    ctx.llm = std::make_unique<engine>(opts.engine);
+    ctx.policy->bind_vocab([vocab = ctx.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
+        const auto ids = common_tokenize(vocab, text, /*add_special=*/false, /*parse_special=*/true);
+        return ids.size() == 1 ? std::optional(ids[0]) : std::nullopt;
+    });
+    const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
+    ctx.renderer = std::make_unique<chat_renderer>(ctx.llm->model(), template_override);
+    ctx.tokenizer = std::make_unique<prompt_tokenizer>(ctx.llm->vocab());
+    // Each tenant's index shares the default budget, so many tenants do not multiply the memory it may take.
+    prompt_tokenizer::options tenant_index;
+    tenant_index.token_budget =
+        std::max<size_t>(tenant_index.token_budget / std::max<size_t>(tenants.size(), 1), 1 << 18);
+    for (const std::string& tenant : tenants) {
+        ctx.tenant_tokenizers.emplace(tenant, std::make_unique<prompt_tokenizer>(ctx.llm->vocab(), tenant_index));
+    }
+    std::vector<std::unique_ptr<prompt_index_keeper>> index_keepers;  // destroyed (saving the indexes) before ctx
+    if (!opts.engine.cache_dir.empty() && ctx.tokenizer->indexed()) {
+        // The index depends on the vocab only, but a model file is what a fingerprint names. A tenant's index is
+        // saved under a fingerprint of its own, so it is only ever loaded for that tenant.
+        const std::string fingerprint = model_fingerprint(ctx.model_path, "prompt-index v1");
+        std::vector<std::string> all = tenants;
+        all.insert(all.begin(), std::string());
+        for (const std::string& tenant : all) {
+            const std::string named = tenant.empty() ? fingerprint : tenant_root_block_key(fingerprint, tenant).hex();
+            index_keepers.push_back(std::make_unique<prompt_index_keeper>(
+                ctx.tokenizer_for(tenant), prompt_index_keeper::file_in(opts.engine.cache_dir, named), named));
+        }
+    }
+
+    http::http_server server(opts.http);
+    register_status_routes(server, ctx);
+    register_openai_routes(server, ctx);
+    register_anthropic_routes(server, ctx);
+    register_ollama_routes(server, ctx);
+    register_tokenizer_routes(server, ctx);
+    register_busters_routes(server, ctx);
+    ctx.llm->start();
+    server.start();
+
+    const auto& eo = ctx.llm->options();
+    std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << ctx.model_path << ")\n"
+              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
+              << ctx.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
+              << ", " << eo.threads << " threads\n"
+              << "  compute: " << compute_features() << "\n"
+              << "  policy: " << describe_policy(*ctx.policy) << "\n"
+              << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
+    if (ctx.random_weights) {
+        std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
+                  << "        Pass --model PATH.gguf to serve a real model.\n";
+    }
+    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cout << "keepwarm: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    // A clean stop waits for the engine's current step, which one request's grammar can hold for long: past the
+    // limit, the process exits anyway (the disk tier's files are written whole or not at all).
+    std::thread([seconds = opts.shutdown_seconds] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        std::fprintf(stderr, "keepwarm: a clean shutdown did not finish in %.0f s (--shutdown-timeout); exiting now\n",
+                     seconds);
+        std::_Exit(1);
+    }).detach();
+    server.stop();
+    ctx.llm->stop();
+    return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+    auto opts = std::make_shared<serve_options>();
+    CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+    auto& e = opts->engine;
+    auto& h = opts->http;
+    cmd->add_option("-m,--model", e.model_path, "GGUF model file (default: a generated demo model with random weights)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--alias", opts->model_alias, "Model name reported to clients (default: the file name)");
+    cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
+    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
+    cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
+    add_tenancy_options(*cmd, opts->tenancy, "cache");
+    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
+    cmd->add_option_function<double>(
+           "--idle-timeout",
+           [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
+           "Close connections that send no request for this many seconds (default 120)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-connections", h.max_connections,
+                    "Open connections in all; more get 503 (GET /health is still answered)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
+                    "Open connections from one client address (IPv6: one /64); 0: no per-address limit")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65536));
+    cmd->add_option_function<double>(
+           "--header-timeout",
+           [&h](double seconds) { h.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
+           "Seconds a request head may take, counted from a new connection's opening (default 10)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--cors-origin", h.cors_origins,
+                    "Web origin whose pages may call the API from a browser, e.g. https://app.example.com "
+                    "(repeatable; * allows every origin; default: none)")
+        ->check(cors_origin_check());
+    cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 256));
+    cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--ubatch-size", e.ubatch_size, "Physical batch size")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
+    cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
+    cmd->add_option("--gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1: all)")->capture_default_str();
+    cmd->add_option("--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("--chat-template-file", opts->chat_template_file,
+                    "Jinja chat template to use instead of the model's")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--cache-ram", e.cache_ram_bytes,
+                    "Host RAM for cached KV blocks and checkpoints, e.g. 8GiB (0: no RAM tier)")
+        ->transform(CLI::AsSizeValue(false))
+        ->capture_default_str();
+    cmd->add_option("--cache-disk", e.cache_disk_bytes, "Disk space for cached KV blocks, e.g. 64GiB (0: no disk tier)")
+        ->transform(CLI::AsSizeValue(false))
+        ->capture_default_str();
+    cmd->add_option("--cache-dir", opts->cache_dir,
+                    "Folder of the disk tier (default: $KEEPWARM_CACHE_DIR or ~/.cache/keepwarm, + /prefix-cache)");
+    cmd->add_option("--cache-parked", e.cache_parked_sequences,
+                    "Idle conversations kept on the device, sharing cells, besides the slots")
+        ->check(CLI::Range(0, 240))
+        ->capture_default_str();
+    cmd->add_option("--cache-block", e.cache_block_tokens,
+                    "Tokens per RAM/disk block; also the checkpoint interval of hybrid models")
+        ->check(CLI::Range(16, 65536))
+        ->capture_default_str();
+    cmd->add_option("--policy", opts->policy_file,
+                    "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
+                    "(docs/policy.md)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("-n,--n-predict", e.default_max_tokens,
+                    "Tokens generated for a request that sets no limit (-1: until end of generation or full context)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
+    cmd->add_option("--max-sample-ms", e.sample_ms_limit,
+                    "A request whose one token takes longer than this to sample (a costly grammar) ends with an error")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-grammar-bytes", e.grammar_max_bytes,
+                    "Largest grammar a response format or tools may make, in bytes")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-grammar-alternatives", e.grammar_max_alternatives,
+                    "Most alternatives one grammar rule may offer (e.g. an enum's values)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--stall-timeout", e.stall_seconds,
+                    "/health answers 503 when the engine makes no progress within one step for this many seconds")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--shutdown-timeout", opts->shutdown_seconds,
+                    "After SIGINT/SIGTERM, exit within this many seconds even if a clean stop has not finished")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
+    cmd->callback([opts] {
+        try {
+            const int rc = run_serve(*opts);
+            if (rc != 0) throw CLI::RuntimeError(rc);
+        } catch (const CLI::Error&) {
+            throw;
+        } catch (const std::exception& ex) {
+            std::cerr << "keepwarm serve: " << ex.what() << std::endl;
+            throw CLI::RuntimeError(1);
+        }
+    });
+}
+
+}  // namespace keepwarm

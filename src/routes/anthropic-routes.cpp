@@ -1,0 +1,162 @@
+// See anthropic-routes.h. Each handler runs on its connection's thread: the body becomes a chat_request
+// (anthropic-api), chat_generation renders, tokenizes, submits and parses, and this file only shapes what comes back
+// as Anthropic's message or event sequence.
+#include "routes/anthropic-routes.h"
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "api/anthropic-api.h"
+#include "local/chat-generation.h"
+#include "routes/generation-relay.h"
+
+namespace keepwarm {
+
+namespace {
+using json = nlohmann::ordered_json;
+namespace anthropic = api::anthropic;
+
+// Anthropic sends `event: ping` to keep idle connections (and the proxies between) open; keepwarm does the same when
+// a generation has produced nothing to send for this long (e.g. while a tool call is being parsed).
+constexpr auto ping_interval = std::chrono::seconds(10);
+
+cache_detail cache_detail_of(const generation_stats& st) {
+    return {
+        .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
+}
+
+// The client's stop sequence that ended the answer, or "": a stop the template adds (its end-of-turn text) is an
+// end_turn for Anthropic, not a stop_sequence.
+std::string client_stop_sequence(const generation_source& chat, const generation_stats& st) {
+    const auto& asked = chat.request().stop;
+    if (st.stop_sequence.empty() || std::find(asked.begin(), asked.end(), st.stop_sequence) == asked.end()) return {};
+    return st.stop_sequence;
+}
+
+usage_info usage_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
+    return {.prompt_tokens = st.prompt_tokens,
+            .completion_tokens = st.generated_tokens,
+            .cached_tokens = st.reused_tokens,
+            .cache = cache_detail_of(st)};
+}
+
+timings_info timings_of(const generation_stats& actual) {
+    const generation_stats st = reported_stats(actual);
+    return {.prompt_n = st.computed_tokens,
+            .cache_n = st.reused_tokens,
+            .prompt_ms = st.prompt_ms,
+            .predicted_n = st.generated_tokens,
+            .predicted_ms = st.generation_ms,
+            .cache = cache_detail_of(st),
+            .setup_ms = st.setup_ms,
+            .queued_ms = st.queued_ms,
+            .prepare_ms = st.prepare_ms};
+}
+
+void handle_messages(const generation_opener& open, server_context& ctx, const http::request& req,
+                     http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
+    ctx.http.messages++;
+    chat_request request = anthropic::parse_messages_request(parse_json_body(req));
+    const std::string model = request.model;  // echoed as the client asked, whatever model serves it
+    const bool stream = request.stream;
+    const generation_source_ptr source = open(req, std::move(request), gen, w, anthropic::gen_message_id());
+    generation_source& chat = *source;
+    http::header_list headers = chat.response_headers();
+    headers.emplace_back("request-id", chat.id());  // the SDK reports it as the response's _request_id
+
+    if (!stream) {
+        for (;;) {
+            auto u = chat.next();
+            if (!u) return;
+            if (!u->done) continue;
+            if (u->reason == finish_reason::error) {
+                throw request_error(500, u->error.empty() ? "generation failed" : u->error, "api_error");
+            }
+            const std::string sequence = client_stop_sequence(chat, u->stats);
+            const std::string reason =
+                anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
+            w.send(200, "application/json",
+                   anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
+                                           timings_of(u->stats), sequence)
+                       .dump(-1, ' ', false, json::error_handler_t::replace),
+                   headers);
+            return;
+        }
+    }
+
+    if (!w.begin_stream(200, "text/event-stream", headers)) return;
+    anthropic::message_stream message(chat.id(), model);
+    auto last_write = std::chrono::steady_clock::now();
+    const auto send = [&](const std::vector<anthropic::stream_event>& events) {
+        for (const auto& event : events) {
+            if (!w.write_chunk(anthropic::to_sse(event))) {
+                ctx.http.disconnects++;
+                return false;
+            }
+        }
+        last_write = std::chrono::steady_clock::now();
+        return true;
+    };
+    if (!send({message.start(chat.prompt_tokens()), anthropic::ping_event()})) return;
+    for (;;) {
+        auto u = chat.next();
+        if (!u) return;
+        std::vector<anthropic::stream_event> events;
+        if (u->done && u->reason == finish_reason::error) {
+            events.push_back(anthropic::error_event("api_error", u->error.empty() ? "generation failed" : u->error));
+        } else {
+            events = message.push(u->diffs);
+            if (u->done) {
+                const std::string sequence = client_stop_sequence(chat, u->stats);
+                const std::string reason =
+                    anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
+                for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats), sequence)) {
+                    events.push_back(std::move(event));
+                }
+            } else if (events.empty() && std::chrono::steady_clock::now() - last_write >= ping_interval) {
+                events.push_back(anthropic::ping_event());
+            }
+        }
+        if (!send(events)) return;
+        if (u->done) {
+            w.end_stream();
+            return;
+        }
+    }
+}
+
+// Counts like a real request, without generating.
+void handle_count_tokens(const token_counter& count, const http::request& req, http::response_writer& w) {
+    const chat_request request =
+        anthropic::parse_messages_request(parse_json_body(req), anthropic::endpoint::count_tokens);
+    w.send(200, "application/json", anthropic::count_tokens_json(count(req, request)).dump());
+}
+
+}  // namespace
+
+void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open,
+                               token_counter count) {
+    if (!open) open = local_generation(ctx);
+    const http::route_options options{.requires_auth = true, .format_error = anthropic::error_body};
+    const auto messages = [open](server_context& c, const http::request& req, http::response_writer& w,
+                                 const std::shared_ptr<generation_request>& gen) {
+        handle_messages(open, c, req, w, gen);
+    };
+    server.add_route("POST", "/v1/messages", generation_route(ctx, messages), options);
+    // Renders and tokenizes like a real request (the policy applied as for counting: never a ping).
+    if (!count) {
+        count = [&ctx](const http::request& req, const chat_request& chat) {
+            return chat_generation::count_prompt_tokens(ctx, chat, req.tenant);
+        };
+    }
+    // generation_route for its 4xx accounting; count_tokens never reaches the engine.
+    const generation_handler count_tokens = [count](server_context&, const http::request& req, http::response_writer& w,
+                                                    const std::shared_ptr<generation_request>&) {
+        handle_count_tokens(count, req, w);
+    };
+    server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, count_tokens), options);
+}
+
+}  // namespace keepwarm

@@ -1,0 +1,91 @@
+// See metrics-text.h.
+#include "routes/metrics-text.h"
+
+#include <algorithm>
+
+namespace keepwarm {
+
+namespace {
+
+// A label value as the format wants it: backslash, double quote and newline escaped.
+void write_label_value(std::ostringstream& out, std::string_view value) {
+    for (const char c : value) {
+        if (c == '\\' || c == '"') {
+            out << '\\' << c;
+        } else if (c == '\n') {
+            out << "\\n";
+        } else {
+            out << c;
+        }
+    }
+}
+
+void write_labels(std::ostringstream& out, const metrics_text::labels& l, std::string_view le = {}) {
+    if (l.empty() && le.empty()) return;
+    out << '{';
+    bool first = true;
+    for (const auto& [name, value] : l) {
+        out << (first ? "" : ",") << name << "=\"";
+        write_label_value(out, value);
+        out << '"';
+        first = false;
+    }
+    if (!le.empty()) out << (first ? "" : ",") << "le=\"" << le << '"';
+    out << '}';
+}
+
+}  // namespace
+
+void latency_histogram::record(double seconds) {
+    const auto it = std::lower_bound(bounds_seconds.begin(), bounds_seconds.end(), seconds);
+    buckets_[static_cast<size_t>(it - bounds_seconds.begin())]++;
+    count_++;
+    sum_ += seconds;
+}
+
+std::array<uint64_t, latency_histogram::bounds_seconds.size() + 1> latency_histogram::cumulative() const {
+    std::array<uint64_t, bounds_seconds.size() + 1> out{};
+    uint64_t running = 0;
+    for (size_t i = 0; i < out.size(); i++) out[i] = running += buckets_[i];
+    return out;
+}
+
+void metrics_text::family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ << "# HELP " << name << ' ' << help << '\n' << "# TYPE " << name << ' ' << type << '\n';
+}
+
+void metrics_text::sample(std::string_view name, double value, const labels& l) {
+    out_ << name;
+    write_labels(out_, l);
+    out_ << ' ' << value << '\n';
+}
+
+void metrics_text::counter(std::string_view name, std::string_view help, double value) {
+    family(name, "counter", help);
+    sample(name, value);
+}
+
+void metrics_text::gauge(std::string_view name, std::string_view help, double value) {
+    family(name, "gauge", help);
+    sample(name, value);
+}
+
+void metrics_text::histogram(std::string_view name, const latency_histogram& h, const labels& l) {
+    const auto counts = h.cumulative();
+    const std::string bucket = std::string(name) + "_bucket";
+    for (size_t i = 0; i < counts.size(); i++) {
+        std::ostringstream le;
+        if (i < latency_histogram::bounds_seconds.size()) {
+            le << latency_histogram::bounds_seconds[i];
+        } else {
+            le << "+Inf";
+        }
+        out_ << bucket;
+        write_labels(out_, l, le.str());
+        out_ << ' ' << counts[i] << '\n';
+    }
+    sample(std::string(name) + "_sum", h.sum_seconds(), l);
+    sample(std::string(name) + "_count", static_cast<double>(h.count()), l);
+}
+
+}  // namespace keepwarm

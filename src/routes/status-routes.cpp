@@ -1,0 +1,164 @@
+// See status-routes.h.
+#include "routes/status-routes.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace keepwarm {
+
+namespace {
+using json = nlohmann::ordered_json;
+}  // namespace
+
+void write_http_metrics(metrics_text& out, const http_counters& c) {
+    out.counter("keepwarm_chat_completion_requests_total", "POST /v1/chat/completions requests (OpenAI)",
+                c.chat_completions.load());
+    out.counter("keepwarm_completion_requests_total", "POST /v1/completions requests (OpenAI, raw prompt)",
+                c.completions.load());
+    out.counter("keepwarm_messages_requests_total", "POST /v1/messages requests (Anthropic)", c.messages.load());
+    out.counter("keepwarm_ollama_chat_requests_total", "POST /api/chat requests (Ollama)", c.ollama_chats.load());
+    out.counter("keepwarm_ollama_generate_requests_total", "POST /api/generate requests (Ollama)",
+                c.ollama_generates.load());
+    out.counter("keepwarm_client_errors_total", "Requests answered with a 4xx", c.client_errors.load());
+    out.counter("keepwarm_client_disconnects_total", "Clients gone before their answer was complete",
+                c.disconnects.load());
+}
+
+std::string render_metrics(const server_context& ctx) {
+    const engine_counters& c = ctx.llm->counters();
+    const auto slots = ctx.llm->slots();
+    int busy = 0;
+    for (const auto& s : slots) busy += s.busy ? 1 : 0;
+    metrics_text out;
+    out.counter("keepwarm_requests_total", "Generation requests admitted to a slot", c.requests.load());
+    write_http_metrics(out, ctx.http);
+    out.counter("keepwarm_prompt_tokens_total", "Prompt tokens received", c.prompt_tokens.load());
+    out.counter("keepwarm_reused_tokens_total", "Prompt tokens whose KV was reused from the cache",
+                c.reused_tokens.load());
+    out.counter("keepwarm_computed_prompt_tokens_total", "Prompt tokens computed (prefill)", c.computed_tokens.load());
+    out.counter("keepwarm_generated_tokens_total", "Tokens generated", c.generated_tokens.load());
+    out.counter("keepwarm_prefill_seconds_total", "Time spent computing prompts, summed over requests",
+                c.prefill_us.load() / 1e6);
+    out.counter("keepwarm_decode_seconds_total", "Time spent generating, summed over requests",
+                c.decode_us.load() / 1e6);
+    out.counter("keepwarm_decode_steps_total", "llama_decode calls", c.decode_steps.load());
+    out.counter("keepwarm_shared_decode_steps_total",
+                "llama_decode calls that carried tokens of several slots (continuous batching)",
+                c.shared_decode_steps.load());
+    out.counter("keepwarm_requests_cancelled_total", "Generations stopped because the client went away",
+                c.cancelled.load());
+    out.counter("keepwarm_request_errors_total", "Generations that ended with an error", c.errors.load());
+    out.gauge("keepwarm_slots", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
+    out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
+    out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", ctx.llm->queued());
+    const cache_snapshot cache = ctx.llm->cache_stats();
+    out.counter("keepwarm_cache_hits_total", "Requests that reused cached KV", cache.hits);
+    out.counter("keepwarm_cache_misses_total", "Requests that reused nothing", cache.misses);
+    out.gauge("keepwarm_cache_device_tokens", "Tokens whose KV cells the context holds", cache.device.tokens);
+    out.gauge("keepwarm_cache_ram_bytes", "Bytes of KV blocks and checkpoints in RAM", cache.ram.bytes);
+    out.gauge("keepwarm_cache_disk_bytes", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
+    out.counter("keepwarm_cache_evictions_total", "Entries evicted from any tier",
+                cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
+    const prompt_tokenizer::counters index = ctx.tokenizer->snapshot();
+    out.gauge("keepwarm_prompt_index_tokens", "Tokens the prompt tokenizer's index holds",
+              static_cast<double>(index.tokens_held));
+    out.counter("keepwarm_prompt_index_matched_tokens_total",
+                "Prompt tokens taken from the index instead of tokenizing", index.tokens_matched);
+    out.counter("keepwarm_prompt_index_tokenized_tokens_total", "Prompt tokens produced by the tokenizer",
+                index.tokens_tokenized);
+    out.counter("keepwarm_answers_delivered_differently_total",
+                "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
+                index.answers_delivered_differently);
+    return out.str();
+}
+
+static json cache_json(const cache_snapshot& c) {
+    const auto tier = [](const cache_tier_stats& t, const char* what) {
+        return json{{"entries", t.entries},     {"entry_kind", what}, {"tokens", t.tokens},      {"bytes", t.bytes},
+                    {"budget_bytes", t.budget}, {"hits", t.hits},     {"evictions", t.evictions}};
+    };
+    return {{"tiers",
+             {{"device", tier(c.device, "sequence")}, {"ram", tier(c.ram, "block")}, {"disk", tier(c.disk, "file")}}},
+            {"lookups", c.lookups},
+            {"hits", c.hits},
+            {"misses", c.misses},
+            {"tree_nodes", c.tree_nodes},
+            {"block_tokens", c.block_tokens},
+            {"checkpoints",
+             {{"enabled", c.checkpoints_enabled}, {"in_ram", c.checkpoints}, {"ram_bytes", c.checkpoint_bytes}}},
+            {"disk_rejected", c.disk_rejected},
+            {"disk_read_failures", c.disk_read_failures},
+            {"restore_failures", c.restore_failures}};
+}
+
+void register_status_routes(http::http_server& server, server_context& ctx) {
+    const http::route_options public_route{.requires_auth = false};
+
+    server.add_route(
+        "GET", "/health",
+        [&ctx](const http::request&, http::response_writer& w) {
+            int busy = 0;
+            const auto slots = ctx.llm->slots();
+            for (const auto& s : slots) busy += s.busy ? 1 : 0;
+            const engine_health health = ctx.llm->health();
+            json body = {{"status", health.stalled ? "stalled" : "ok"},
+                         {"slots_idle", static_cast<int>(slots.size()) - busy},
+                         {"slots_processing", busy},
+                         {"queued", ctx.llm->queued()}};
+            if (!health.stalled) {
+                w.send(200, "application/json", body.dump());
+                return;
+            }
+            // The engine thread is inside one step that has not moved (e.g. a costly grammar): every client waits.
+            char reason[160];
+            std::snprintf(reason, sizeof reason,
+                          "the engine has made no progress for %.1f s (one step running for %.1f s)",
+                          health.seconds_since_progress, health.seconds_in_step);
+            body["reason"] = reason;
+            w.send(503, "application/json", body.dump());
+        },
+        public_route);
+
+    server.add_route("GET", "/metrics", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "text/plain; version=0.0.4", render_metrics(ctx));
+    });
+
+    server.add_route("GET", "/v1/cache", [&ctx](const http::request&, http::response_writer& w) {
+        json body = cache_json(ctx.llm->cache_stats());
+        const prompt_tokenizer::counters t = ctx.tokenizer->snapshot();
+        body["prompt_index"] = {{"indexed", ctx.tokenizer->indexed()},
+                                {"lookups", t.lookups},
+                                {"tokens_matched", t.tokens_matched},
+                                {"tokens_tokenized", t.tokens_tokenized},
+                                {"tokens_held", t.tokens_held},
+                                {"tokens_evicted", t.tokens_evicted},
+                                {"answers_delivered_differently", t.answers_delivered_differently}};
+        w.send(200, "application/json", body.dump());
+    });
+
+    server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", ctx.policy->to_json().dump());
+    });
+
+    const auto models = [&ctx](const http::request&, http::response_writer& w) {
+        const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
+        const auto& eo = ctx.llm->options();
+        json model = {{"id", ctx.model_id},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "keepwarm"},
+                      {"meta",
+                       {{"path", ctx.model_path},
+                        {"n_ctx", eo.context_size},
+                        {"n_ctx_slot", ctx.llm->slot_context_size()},
+                        {"slots", eo.slots},
+                        {"random_weights", ctx.random_weights}}}};
+        json body = {{"object", "list"}, {"data", json::array({model})}};
+        w.send(200, "application/json", body.dump());
+    };
+    server.add_route("GET", "/v1/models", models);
+    server.add_route("GET", "/models", models);
+}
+
+}  // namespace keepwarm
