@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
-#include "json/bounded-json.h"
 #include "http/http-server.h"
+#include "json/bounded-json.h"
 
 namespace keepwarm::fuzz {
 

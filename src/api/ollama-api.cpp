@@ -10,9 +10,9 @@
 #include <limits>
 #include <set>
 
+#include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
-#include "base/request-error.h"
 
 namespace keepwarm::api::ollama {
 

@@ -9,9 +9,9 @@
 #include <random>
 #include <set>
 
+#include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
-#include "base/request-error.h"
 
 namespace keepwarm::api {
 

@@ -99,8 +99,8 @@ dialect_request parse_any_chat_body(const json& body) {
             ollama::generate_request generate = ollama::parse_generate_request(body);
             if (generate.raw) {
                 throw request_error(400,
-                                       "this is a raw Ollama generate body: its prompt is not a chat, so there is "
-                                       "no template to render it with");
+                                    "this is a raw Ollama generate body: its prompt is not a chat, so there is "
+                                    "no template to render it with");
             }
             out.chat = std::move(generate.chat);
             out.chat.api = "ollama";

@@ -5,8 +5,8 @@
 #include <stdexcept>
 
 #include "api/anthropic-api.h"
-#include "chat/chat-renderer.h"
 #include "api/openai-api.h"
+#include "chat/chat-renderer.h"
 #include "chat/prompt-tokenizer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"

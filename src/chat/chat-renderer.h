@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "chat.h"
 #include "chat/chat-render-cache.h"
 #include "chat/chat-request.h"
-#include "chat.h"
 #include "common.h"
 
 struct llama_model;
@@ -44,8 +44,8 @@ public:
     // like llama-server's default prefill. A required tool call (tool_choice required/any/a named tool) with thinking
     // off starts the answer with the template's tool-call marker, as Anthropic documents for tool_choice any/tool:
     // the template grammars allow free text before the marker, and a model may never reach it. Template/render errors
-    // throw request_error 400 with the message. The result is always common_chat_templates_apply's; a chat that extends a
-    // recently rendered one is spliced from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms
+    // throw request_error 400 with the message. The result is always common_chat_templates_apply's; a chat that extends
+    // a recently rendered one is spliced from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms
     // instead of ~150 ms. Thread-safe.
     rendered render(const chat_request& request) const;
 

@@ -253,6 +253,16 @@ uint32_t piece_size(const auto& n, size_t k) {
 
 }  // namespace
 
+bool prompt_tokenizer::prompt_pieces_spell_text(const node& n) const {
+    for (size_t k = 0; k < n.tokens.size(); ++k) {
+        if (n.generated[k]) continue;  // a generated token's text may be what the client got (record_delivered)
+        const std::string p = piece(n.tokens[k]);
+        const uint32_t from = k ? n.ends[k - 1] : 0;
+        if (p.size() != n.ends[k] - from || n.text.compare(from, p.size(), p) != 0) return false;
+    }
+    return true;
+}
+
 bool prompt_tokenizer::in_vocab(std::span<const llama_token> tokens) const {
     return std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < n_vocab_; });
 }
@@ -610,7 +620,8 @@ std::string prompt_tokenizer::load(const std::filesystem::path& file, std::strin
             return "node " + std::to_string(i) + " is cut short";
         }
         const bool consistent = parent < numbered.size() && size > 0 && in_vocab(n->tokens) &&
-                                std::is_sorted(n->ends.begin(), n->ends.end()) && n->ends.back() == text_size;
+                                std::is_sorted(n->ends.begin(), n->ends.end()) && n->ends.back() == text_size &&
+                                prompt_pieces_spell_text(*n);
         if (!consistent) return "node " + std::to_string(i) + " is inconsistent";
         n->parent = numbered[parent];
         numbered.push_back(n.get());

@@ -115,6 +115,9 @@ private:
     bool resume_after(const node& n, size_t i) const;
     walk_result walk_text(std::string_view text) const;  // caller holds mu_ (shared)
     bool in_vocab(std::span<const llama_token> tokens) const;
+    // Whether each token of `n` the model did not generate has its vocab piece as its text: a loaded index must not
+    // change what a prompt tokenizes to (a generated token's text may be what the client got instead).
+    bool prompt_pieces_spell_text(const node& n) const;
     path prompt_path(std::string_view prompt_text, std::span<const llama_token> prompt) const;  // no generated yet
     void insert(const path& p);                                                                 // takes mu_
     // Tokens of `p` the index holds as one path (by id and text), and the text they cover. Caller holds mu_.

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "chat/chat-renderer.h"
 #include "api/request-dialect.h"
+#include "base/request-error.h"
+#include "chat/chat-renderer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
-#include "base/request-error.h"
 #include "llama-cpp.h"
 #include "model/demo-model.h"
 #include "policy/policy-file.h"

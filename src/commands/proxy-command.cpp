@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "commands/listen-options.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
 #include "proxy/proxy-config.h"
@@ -17,7 +18,6 @@
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
-#include "commands/listen-options.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
 #include "routes/server-context.h"

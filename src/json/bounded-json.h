@@ -69,8 +69,8 @@ inline constexpr size_t max_schema_ref_copies = 2'000'000;
 // that takes. Throws limit_error.
 void check_schema(const json& schema);
 
-// The checks above for a field of a client's request: request_error 400 naming the field ("'tools[0].input_schema' nests
-// deeper than 64 levels").
+// The checks above for a field of a client's request: request_error 400 naming the field ("'tools[0].input_schema'
+// nests deeper than 64 levels").
 void require_schema(const json& schema, const std::string& field);
 void require_shape(const json& value, const std::string& field, const shape_limits& limits = {});
 // A JSON text inside a string field (tool call arguments), parsed and held to check_shape.

@@ -4,8 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 namespace keepwarm::json_fields {

@@ -65,8 +65,7 @@ generation_opener local_generation(server_context& ctx) {
 }
 
 policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
-                                            chat_request& chat, const std::string& id,
-                                            http::header_list& headers) {
+                                            chat_request& chat, const std::string& id, http::header_list& headers) {
     const std::string client = client_name(req);
     policy::policy_outcome outcome = policy.apply(chat, {.client = client, .headers = &req.headers});
     if (!outcome.fired.empty()) {
@@ -138,8 +137,7 @@ std::optional<generation_source::update> chat_generation::next() {
     return u;
 }
 
-int chat_generation::count_prompt_tokens(server_context& ctx, const chat_request& chat,
-                                         const std::string& tenant) {
+int chat_generation::count_prompt_tokens(server_context& ctx, const chat_request& chat, const std::string& tenant) {
     chat_request served = chat;
     ctx.policy->apply(served, {}, policy::policy_use::counting);
     refuse_chat_that_cannot_fit(ctx, served);

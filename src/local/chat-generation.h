@@ -72,8 +72,8 @@ void confirm_cache_buster(server_context& ctx, policy::cache_buster_report repor
 // The local engine's generation_source.
 class chat_generation final : public generation_source {
 public:
-    // Applies the policy (see policy/policy.h), then renders, tokenizes and submits. Throws request_error (4xx) when the
-    // request cannot be served; nothing has been sent to the client then. `id` names the request in the log. A
+    // Applies the policy (see policy/policy.h), then renders, tokenizes and submits. Throws request_error (4xx) when
+    // the request cannot be served; nothing has been sent to the client then. `id` names the request in the log. A
     // health ping the policy absorbs is answered by next() without rendering, the engine, a slot or the cache.
     chat_generation(server_context& ctx, const http::request& req, chat_request chat,
                     std::shared_ptr<generation_request> gen, http::response_writer& w, std::string id);

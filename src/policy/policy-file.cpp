@@ -9,8 +9,8 @@
 #include <limits>
 #include <set>
 
-#include "config/toml-reader.h"
 #include "base/request-error.h"
+#include "config/toml-reader.h"
 
 namespace keepwarm::policy {
 

@@ -245,10 +245,10 @@ policy_outcome request_policy::apply(chat_request& chat, const request_origin& o
                                          [&](const model_alias& a) { return glob_match(a.pattern, asked); });
         if (!aliased && config_.model.mode == model_mode::strict) {
             throw request_error(404,
-                                   "model '" + reportable(asked) + "' is not served here; this server serves '" +
-                                       served_model_ + "'" +
-                                       (config_.model.aliases.empty() ? "" : " (and the aliases of its policy)"),
-                                   "model_not_found");
+                                "model '" + reportable(asked) + "' is not served here; this server serves '" +
+                                    served_model_ + "'" +
+                                    (config_.model.aliases.empty() ? "" : " (and the aliases of its policy)"),
+                                "model_not_found");
         }
         // Responses name the served model for an alias; in `any` mode they keep the name the client asked for.
         if (aliased) chat.model = served_model_;

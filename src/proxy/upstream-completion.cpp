@@ -180,20 +180,18 @@ generation_handler upstream_completions(upstream_pool& pool) {
         if (tried.size() == pool.size()) {
             const upstream_config& u = pool.config(0);
             throw request_error(501,
-                                   "/v1/completions: upstream " + u.origin.url() + " speaks " +
-                                       dialect_name(u.dialect) +
-                                       ", which has no raw-prompt completions (no OpenAI-dialect upstream is "
-                                       "configured); use /v1/chat/completions",
-                                   "not_implemented_error");
+                                "/v1/completions: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
+                                    ", which has no raw-prompt completions (no OpenAI-dialect upstream is "
+                                    "configured); use /v1/chat/completions",
+                                "not_implemented_error");
         }
         for (;;) {
             const auto route = pool.acquire(blocks, tried, asked);
             if (!route) {
                 throw request_error(503,
-                                       "no upstream can take the request (" + std::to_string(pool.size()) +
-                                           " configured, " + std::to_string(pool.size() - pool.healthy_count()) +
-                                           " down)",
-                                       "server_error");
+                                    "no upstream can take the request (" + std::to_string(pool.size()) +
+                                        " configured, " + std::to_string(pool.size() - pool.healthy_count()) + " down)",
+                                    "server_error");
             }
             struct in_flight {
                 upstream_pool& pool;

@@ -48,10 +48,10 @@ void upstream_generation::connect(const http::request& req) {
         route_ = pool_.acquire(blocks, tried, chat_.model);
         if (!route_) {
             throw request_error(503,
-                                   "no upstream can take the request: " + std::to_string(pool_.size()) +
-                                       " configured, " + std::to_string(pool_.size() - pool_.healthy_count()) +
-                                       " down" + (tried.empty() ? "" : ", the others failed"),
-                                   "server_error");
+                                "no upstream can take the request: " + std::to_string(pool_.size()) + " configured, " +
+                                    std::to_string(pool_.size() - pool_.healthy_count()) + " down" +
+                                    (tried.empty() ? "" : ", the others failed"),
+                                "server_error");
         }
         const upstream_config& u = *route_->config;
         const std::vector<std::string> bias_rules = bind_biases(route_->upstream);
@@ -256,11 +256,10 @@ void upstream_generation::log_end(const update& u) const {
 }
 
 generation_opener upstream_generations(server_context& ctx, upstream_pool& pool) {
-    return
-        [&ctx, &pool](const http::request& req, chat_request chat, const std::shared_ptr<generation_request>& gen,
-                      http::response_writer& w, std::string id) -> generation_source_ptr {
-            return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), gen, w, std::move(id));
-        };
+    return [&ctx, &pool](const http::request& req, chat_request chat, const std::shared_ptr<generation_request>& gen,
+                         http::response_writer& w, std::string id) -> generation_source_ptr {
+        return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), gen, w, std::move(id));
+    };
 }
 
 token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
@@ -275,9 +274,9 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
             build_count_call(u.dialect, served, route->model, pool.credential(route->upstream, req.api_key));
         if (!call) {
             throw request_error(501,
-                                   "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
-                                       ", which cannot count a chat's tokens",
-                                   "api_error");
+                                "count_tokens: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
+                                    ", which cannot count a chat's tokens",
+                                "api_error");
         }
         http::fetched answer;
         try {
@@ -286,18 +285,18 @@ token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
         } catch (const http::client_error& e) {
             const bool timeout = e.reason == http::client_error::kind::timeout;
             throw request_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
-                                   timeout ? "timeout_error" : "server_error");
+                                timeout ? "timeout_error" : "server_error");
         }
         if (answer.status >= 400) {
             const upstream_error_info info = parse_error_body(answer.body);
             if (answer.status < 500 && answer.status != 404) {
                 throw request_error(answer.status, info.message,
-                                       info.type.empty() ? "invalid_request_error" : info.type);
+                                    info.type.empty() ? "invalid_request_error" : info.type);
             }
             throw request_error(502,
-                                   "count_tokens: upstream " + u.origin.url() + " answered " +
-                                       std::to_string(answer.status) + ": " + info.message,
-                                   "server_error");
+                                "count_tokens: upstream " + u.origin.url() + " answered " +
+                                    std::to_string(answer.status) + ": " + info.message,
+                                "server_error");
         }
         try {
             return parse_count_answer(answer.body);

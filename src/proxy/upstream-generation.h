@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "http/http-client.h"
+#include "local/chat-generation.h"
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
-#include "local/chat-generation.h"
 
 namespace keepwarm::proxy {
 

@@ -39,18 +39,18 @@ void set_prompt(const server_context& ctx, generation_request& gen, std::string 
 }
 
 namespace {
-// request_error 400 when `bytes` of text (`what`: " bytes" or " bytes of message text") already make more tokens than one
-// slot holds, whatever they say: tokenizing takes about 2 s per MB, rendering a chat seconds for tens of MB.
+// request_error 400 when `bytes` of text (`what`: " bytes" or " bytes of message text") already make more tokens than
+// one slot holds, whatever they say: tokenizing takes about 2 s per MB, rendering a chat seconds for tens of MB.
 void refuse_text_that_cannot_fit(const server_context& ctx, size_t bytes, const char* what) {
     const int limit = ctx.llm->slot_context_size();
     if (const size_t at_least = ctx.llm->min_tokens_for_text(bytes); at_least >= static_cast<size_t>(limit)) {
         // Token counts first: the Anthropic API reads the first two numbers as "N tokens > M maximum".
-        throw request_error(
-            400,
-            "the prompt has at least " + std::to_string(at_least) + " tokens but the context holds " +
-                std::to_string(limit) + " tokens per request (it has " + std::to_string(bytes) + what +
-                ", and no token stands for more than " + std::to_string(ctx.llm->longest_piece_bytes()) + ")",
-            "exceed_context_size_error");
+        throw request_error(400,
+                            "the prompt has at least " + std::to_string(at_least) + " tokens but the context holds " +
+                                std::to_string(limit) + " tokens per request (it has " + std::to_string(bytes) + what +
+                                ", and no token stands for more than " +
+                                std::to_string(ctx.llm->longest_piece_bytes()) + ")",
+                            "exceed_context_size_error");
     }
 }
 }  // namespace
@@ -63,9 +63,9 @@ std::vector<llama_token> tokenize_prompt(const server_context& ctx, const std::s
     const int limit = ctx.llm->slot_context_size();
     if (static_cast<int>(tokens.size()) >= limit) {
         throw request_error(400,
-                               "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
-                                   std::to_string(limit) + " tokens per request",
-                               "exceed_context_size_error");
+                            "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                                std::to_string(limit) + " tokens per request",
+                            "exceed_context_size_error");
     }
     return tokens;
 }
@@ -86,7 +86,7 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
     for (const auto& bias : sampling.logit_bias) {
         if (bias.token >= n_vocab) {
             throw request_error(400, "'logit_bias' names token " + std::to_string(bias.token) +
-                                            " but the vocabulary has " + std::to_string(n_vocab) + " tokens");
+                                         " but the vocabulary has " + std::to_string(n_vocab) + " tokens");
         }
     }
     if (!sampling.ignore_eos) return;
@@ -137,8 +137,8 @@ void prepare_sampling(const server_context& ctx, generation_request& gen, const 
     const std::string field = "'" + grammar_field + "'";
     if (grammar.size() > limits.grammar_max_bytes) {
         throw request_error(400, "the grammar made from " + field + " has " + std::to_string(grammar.size()) +
-                                        " bytes; the server allows " + std::to_string(limits.grammar_max_bytes) +
-                                        " (--max-grammar-bytes)");
+                                     " bytes; the server allows " + std::to_string(limits.grammar_max_bytes) +
+                                     " (--max-grammar-bytes)");
     }
     const auto cannot_build = [&](const std::string& why) {
         return request_error(400, "the grammar made from " + field + " cannot be used: " + why);

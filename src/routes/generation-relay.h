@@ -18,8 +18,8 @@
 
 namespace keepwarm {
 
-// The body as a JSON object, parsed by bounded_json (linear time, at most bounded_json::max_depth levels); request_error
-// 400 when it is empty, not JSON, too deep, or not an object.
+// The body as a JSON object, parsed by bounded_json (linear time, at most bounded_json::max_depth levels);
+// request_error 400 when it is empty, not JSON, too deep, or not an object.
 nlohmann::ordered_json parse_json_body(const http::request& req);
 
 // Tokenizes a rendered prompt (through the prompt tokenizer, which reuses the token ids of what the model saw and

@@ -21,8 +21,8 @@
 #include "ggml-cpp.h"
 #include "gguf.h"
 #include "json-schema-to-grammar.h"
-#include "model/model-inspect.h"
 #include "local/chat-generation.h"
+#include "model/model-inspect.h"
 #include "routes/generation-relay.h"
 
 namespace keepwarm {
@@ -146,7 +146,7 @@ void check_thinking(const server_context& ctx, const chat_request& request) {
 
 [[noreturn]] void throw_not_in_proxy(const std::string& what) {
     throw request_error(501, what + " is not available through keepwarm proxy: it needs the local model",
-                           "not_implemented_error");
+                        "not_implemented_error");
 }
 
 void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,

@@ -5,9 +5,9 @@
 
 #include <optional>
 
-#include "json/bounded-json.h"
 #include "common.h"
 #include "engine/text-stream.h"
+#include "json/bounded-json.h"
 #include "routes/generation-relay.h"
 
 namespace keepwarm {
@@ -20,7 +20,7 @@ json parse_object(const http::request& req) {
     std::optional<json> body = bounded_json::try_parse(req.body);
     if (!body || !body->is_object()) {
         throw request_error(400, "request body must be a JSON object of at most " +
-                                        std::to_string(bounded_json::max_depth) + " levels");
+                                     std::to_string(bounded_json::max_depth) + " levels");
     }
     return std::move(*body);
 }
@@ -48,8 +48,8 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         if (const size_t at_least = ctx.llm->min_tokens_for_text(text.size());
             at_least > static_cast<size_t>(context)) {
             throw request_error(400, "'content' has " + std::to_string(text.size()) + " bytes, at least " +
-                                            std::to_string(at_least) + " tokens, more than the context's " +
-                                            std::to_string(context));
+                                         std::to_string(at_least) + " tokens, more than the context's " +
+                                         std::to_string(context));
         }
         const auto tokens = common_tokenize(ctx.llm->vocab(), text, add_special, parse_special);
         json out = json::array();
@@ -71,8 +71,7 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         std::vector<llama_token> ids;
         for (const auto& t : *tokens) {
             if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
-                throw request_error(400,
-                                       "'tokens' must hold token ids between 0 and " + std::to_string(n_vocab - 1));
+                throw request_error(400, "'tokens' must hold token ids between 0 and " + std::to_string(n_vocab - 1));
             }
             ids.push_back(t.get<llama_token>());
         }

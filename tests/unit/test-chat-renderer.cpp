@@ -12,9 +12,9 @@
 #include <sstream>
 #include <thread>
 
+#include "api/openai-api.h"
 #include "chat/chat-output-parser.h"
 #include "chat/chat-renderer.h"
-#include "api/openai-api.h"
 #include "http/http-server.h"
 #include "llama.h"
 

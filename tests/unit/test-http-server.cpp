@@ -402,7 +402,8 @@ TEST(HttpServer, HandlerErrorsMapToRouteErrorBodies) {
         return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}, {"status", status}}}}.dump();
     };
     s.add_route(
-        "POST", "/bad", [](const request&, response_writer&) { throw keepwarm::request_error(422, "nope", "custom_type"); },
+        "POST", "/bad",
+        [](const request&, response_writer&) { throw keepwarm::request_error(422, "nope", "custom_type"); },
         route_options{.format_error = custom});
     s.add_route("POST", "/boom", [](const request&, response_writer&) { throw std::runtime_error("kaboom"); });
     s.add_route("POST", "/silent", [](const request&, response_writer&) {});

@@ -3,9 +3,11 @@
 // the model's own token ids surviving a round trip through text, the token budget, and concurrent use.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -14,8 +16,8 @@
 #include <random>
 #include <thread>
 
-#include "chat/chat-renderer.h"
 #include "api/openai-api.h"
+#include "chat/chat-renderer.h"
 #include "chat/prompt-tokenizer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
@@ -538,6 +540,43 @@ TEST(prompt_tokenizer, the_index_survives_save_and_load) {
     EXPECT_EQ(small.load(file, "vocab-a"), "");
     EXPECT_LE(small.snapshot().tokens_held, held / 2);
     std::filesystem::remove_all(dir);
+}
+
+// A file whose checksum holds but whose prompt text no longer spells its tokens (written by hand, or by a bug) would
+// change what prompts tokenize to: it is refused whole, found by the fuzzer (fuzz/crashes/prompt-index/).
+TEST(prompt_tokenizer, refuses_an_index_whose_prompt_text_does_not_spell_its_tokens) {
+    const llama_model* model = preset_model("tiny");
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    const turn t = chat_turn(model, {{{"role", "user"}, {"content", "How is the weather?"}}}, "Sunny.");
+    const std::filesystem::path file =
+        std::filesystem::temp_directory_path() / ("keepwarm-test-index-text-" + std::to_string(::getpid()));
+    {
+        prompt_tokenizer before(vocab);
+        before.record(t.prompt_text, before.tokenize(t.prompt_text), split_one_word(vocab, "Sunny."));
+        before.save(file, "vocab-a");
+    }
+    std::string bytes;
+    {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    prompt_tokenizer intact(vocab);
+    ASSERT_EQ(intact.load(file, "vocab-a"), "");
+
+    const size_t at = bytes.find("weather");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 1] = 'E';  // same length, same token ends: only the text lies
+    const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size() - 8);
+    std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
+    {
+        std::ofstream out(file, std::ios::binary | std::ios::trunc);
+        out << bytes;
+    }
+    prompt_tokenizer loaded(vocab);
+    EXPECT_NE(loaded.load(file, "vocab-a").find("inconsistent"), std::string::npos);
+    EXPECT_EQ(loaded.snapshot().tokens_held, 0u);
+    EXPECT_EQ(loaded.tokenize("How is the wEather?"), full_tokenize(model, "How is the wEather?"));
+    std::filesystem::remove(file);
 }
 
 TEST(prompt_tokenizer, evicts_least_recently_used_paths_beyond_the_budget) {
