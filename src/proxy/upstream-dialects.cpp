@@ -793,7 +793,7 @@ upstream_error_info parse_error_body(const std::string& body) {
                 info.type = string_at(error, "type");
             }
         }
-    } catch (const answer_json::parse_error&) {
+    } catch (const answer_json::exception&) {  // not JSON, or a number out of range (1e999)
     }
     if (info.message.empty()) info.message = body.substr(0, 500);
     if (info.message.size() > max_message) info.message = info.message.substr(0, max_message) + "...";
@@ -819,7 +819,7 @@ upstream_listing parse_listing(upstream_dialect dialect, const std::string& body
                 listing.instance = first["created"].dump();
             }
         }
-    } catch (const answer_json::parse_error&) {
+    } catch (const answer_json::exception&) {  // not JSON, or a number out of range (1e999)
     }
     return listing;
 }

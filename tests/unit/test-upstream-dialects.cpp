@@ -244,6 +244,14 @@ TEST(UpstreamDialects, ErrorBodiesOfEveryShape) {
     EXPECT_EQ(parse_error_body("Bad Gateway").message, "Bad Gateway");
 }
 
+// nlohmann throws out_of_range, not parse_error, for a number past double's range: the fuzzer's find (openai-stream).
+TEST(UpstreamDialects, ANumberOutOfRangeInAnErrorOrListingIsNotAnException) {
+    const std::string body = R"({"error":{"message":"m","code":2e999}})";
+    EXPECT_EQ(parse_error_body(body).message, body);
+    EXPECT_EQ(upstream_request_error(500, body, "http://upstream").status, 502);
+    EXPECT_EQ(parse_listing(upstream_dialect::openai, R"({"data":[{"id":"q","created":1e999}]})").model, "");
+}
+
 TEST(UpstreamDialects, HealthListings) {
     EXPECT_EQ(health_target(upstream_dialect::ollama), "/api/tags");
     EXPECT_EQ(health_target(upstream_dialect::openai), "/v1/models");
