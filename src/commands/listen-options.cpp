@@ -34,8 +34,9 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
                  "Responses do not say how many prompt tokens were reused (timing still shows it)");
 }
 
-std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http, server_context& ctx,
-                                       policy::policy_config& policy, const std::string& command) {
+std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http,
+                                       frontend_context& ctx, policy::policy_config& policy,
+                                       const std::string& command) {
     std::vector<std::string> tenants =
         http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file, tenancy.shared_cache);
     ctx.log_prompts = tenancy.log_prompts;

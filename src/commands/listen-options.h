@@ -8,7 +8,7 @@
 
 #include "http/http-server.h"
 #include "policy/policy.h"
-#include "routes/server-context.h"
+#include "routes/frontend-context.h"
 
 namespace keepwarm {
 
@@ -29,7 +29,8 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
 // Reads the keys file into `http`, sets the log and report switches of `ctx`, and with isolated tenants turns the
 // policy's auto detection into reports (an adopted rule holds a fragment of the prompt it came from and would apply
 // to every tenant). Returns the isolated tenants; empty: one shared cache. `command` names the command in messages.
-std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http, server_context& ctx,
-                                       policy::policy_config& policy, const std::string& command);
+std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http,
+                                       frontend_context& ctx, policy::policy_config& policy,
+                                       const std::string& command);
 
 }  // namespace keepwarm

@@ -1,5 +1,6 @@
-// See proxy-command.h. Parses options, builds the upstream pool and a server_context without an engine, registers
-// the three APIs' routes with upstream generations and the proxy's own status routes, and runs until SIGINT/SIGTERM.
+// See proxy-command.h. Parses options, builds the upstream pool and a frontend_context (the upstreams have the
+// model), registers the three APIs' routes with upstream generations and the proxy's own status routes, and runs until
+// SIGINT/SIGTERM.
 #include "commands/proxy-command.h"
 
 #include <pthread.h>
@@ -18,10 +19,10 @@
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
+#include "routes/frontend-context.h"
+#include "routes/http-counters.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
-#include "routes/server-context.h"
-#include "routes/status-routes.h"
 
 namespace keepwarm {
 
@@ -89,7 +90,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
 
 // What the proxy answers itself: its health (from its upstreams' health, without asking them now), the model name,
 // the policy, the routing state, and its metrics.
-void register_proxy_status_routes(http::http_server& server, server_context& ctx, proxy::upstream_pool& pool) {
+void register_proxy_status_routes(http::http_server& server, frontend_context& ctx, proxy::upstream_pool& pool) {
     server.add_route("GET", "/health",
                      [&pool](const http::request&, http::response_writer& w) {
                          const size_t healthy = pool.healthy_count();
@@ -129,12 +130,13 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
 
-    server_context ctx;  // no engine, renderer or tokenizer: the upstreams have the model
+    frontend_context ctx;  // the upstreams have the model
     ctx.model_id = opts.model_alias;
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
     const std::vector<std::string> tenants = apply_tenancy(tenancy, opts.http, ctx, policy_config, "proxy");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+    ctx.busters = make_busters_detector(ctx);
 
     proxy::pool_options pool_options = opts.pool;
     pool_options.forward_client_keys = !tenants.empty();
@@ -147,7 +149,8 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
     const generation_opener open = proxy::upstream_generations(ctx, pool);
     register_openai_routes(server, ctx, open, proxy::upstream_completions(pool));
     register_anthropic_routes(server, ctx, open, proxy::upstream_token_counter(ctx, pool));
-    register_ollama_routes(server, ctx, open);
+    register_ollama_routes(server, ctx, open, proxy::upstream_raw_generations(ctx), std::nullopt);
+    register_ollama_proxy_model_routes(server, ctx.model_id);
     register_busters_routes(server, ctx);
     server.start();
 

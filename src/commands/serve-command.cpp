@@ -1,5 +1,5 @@
-// See serve-command.h. Parses options, builds the server_context, registers the routes, and runs until
-// SIGINT/SIGTERM.
+// See serve-command.h. Parses options, builds the frontend_context and the local_model, registers the routes, and
+// runs until SIGINT/SIGTERM.
 #include "commands/serve-command.h"
 
 #include <pthread.h>
@@ -17,16 +17,19 @@
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
+#include "local/chat-generation.h"
+#include "local/local-model.h"
+#include "local/local-status-routes.h"
 #include "local/prompt-index-keeper.h"
+#include "local/raw-generation.h"
+#include "local/tokenizer-routes.h"
 #include "model/demo-model.h"
 #include "policy/policy-file.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
+#include "routes/frontend-context.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
-#include "routes/server-context.h"
-#include "routes/status-routes.h"
-#include "routes/tokenizer-routes.h"
 
 namespace keepwarm {
 
@@ -89,72 +92,78 @@ int run_serve(serve_options opts) {
     std::signal(SIGPIPE, SIG_IGN);
 
     init_llama_runtime(opts.engine.verbose);
-    server_context ctx;
+    frontend_context ctx;
+    local_model model;
     if (opts.engine.model_path.empty()) {
         opts.engine.model_path = ensure_demo_model();
     }
-    ctx.model_path = opts.engine.model_path;
-    ctx.random_weights = model_has_random_weights(ctx.model_path);
-    ctx.model_id = !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(ctx.model_path).stem().string();
+    model.model_path = opts.engine.model_path;
+    model.random_weights = model_has_random_weights(model.model_path);
+    ctx.model_id =
+        !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(model.model_path).stem().string();
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
     policy::policy_config policy_config;
     if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
     const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+    ctx.busters = make_busters_detector(ctx);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     if (opts.engine.cache_disk_bytes > 0) {
         opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
     }
 
-    ctx.llm = std::make_unique<engine>(opts.engine);
-    ctx.policy->bind_vocab([vocab = ctx.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
+    model.llm = std::make_unique<engine>(opts.engine);
+    ctx.policy->bind_vocab([vocab = model.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
         const auto ids = common_tokenize(vocab, text, /*add_special=*/false, /*parse_special=*/true);
         return ids.size() == 1 ? std::optional(ids[0]) : std::nullopt;
     });
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
-    ctx.renderer = std::make_unique<chat_renderer>(ctx.llm->model(), template_override);
-    ctx.tokenizer = std::make_unique<prompt_tokenizer>(ctx.llm->vocab());
+    model.renderer = std::make_unique<chat_renderer>(model.llm->model(), template_override);
+    model.tokenizer = std::make_unique<prompt_tokenizer>(model.llm->vocab());
     // Each tenant's index shares the default budget, so many tenants do not multiply the memory it may take.
     prompt_tokenizer::options tenant_index;
     tenant_index.token_budget =
         std::max<size_t>(tenant_index.token_budget / std::max<size_t>(tenants.size(), 1), 1 << 18);
     for (const std::string& tenant : tenants) {
-        ctx.tenant_tokenizers.emplace(tenant, std::make_unique<prompt_tokenizer>(ctx.llm->vocab(), tenant_index));
+        model.tenant_tokenizers.emplace(tenant, std::make_unique<prompt_tokenizer>(model.llm->vocab(), tenant_index));
     }
-    std::vector<std::unique_ptr<prompt_index_keeper>> index_keepers;  // destroyed (saving the indexes) before ctx
-    if (!opts.engine.cache_dir.empty() && ctx.tokenizer->indexed()) {
+    std::vector<std::unique_ptr<prompt_index_keeper>> index_keepers;  // destroyed (saving the indexes) before model
+    if (!opts.engine.cache_dir.empty() && model.tokenizer->indexed()) {
         // The index depends on the vocab only, but a model file is what a fingerprint names. A tenant's index is
         // saved under a fingerprint of its own, so it is only ever loaded for that tenant.
-        const std::string fingerprint = model_fingerprint(ctx.model_path, "prompt-index v1");
+        const std::string fingerprint = model_fingerprint(model.model_path, "prompt-index v1");
         std::vector<std::string> all = tenants;
         all.insert(all.begin(), std::string());
         for (const std::string& tenant : all) {
             const std::string named = tenant.empty() ? fingerprint : tenant_root_block_key(fingerprint, tenant).hex();
             index_keepers.push_back(std::make_unique<prompt_index_keeper>(
-                ctx.tokenizer_for(tenant), prompt_index_keeper::file_in(opts.engine.cache_dir, named), named));
+                model.tokenizer_for(tenant), prompt_index_keeper::file_in(opts.engine.cache_dir, named), named));
         }
     }
 
     http::http_server server(opts.http);
-    register_status_routes(server, ctx);
-    register_openai_routes(server, ctx);
-    register_anthropic_routes(server, ctx);
-    register_ollama_routes(server, ctx);
-    register_tokenizer_routes(server, ctx);
+    register_local_status_routes(server, ctx, model);
+    const generation_opener open = local_generation(ctx, model);
+    const raw_generation_opener open_raw = local_raw_generation(ctx, model);
+    register_openai_routes(server, ctx, open, openai_completions(open_raw));
+    register_anthropic_routes(server, ctx, open, local_token_counter(ctx, model));
+    register_ollama_routes(server, ctx, open, open_raw, model.renderer->supports_thinking());
+    register_ollama_model_routes(server, make_model_card(*model.llm, *model.renderer, model.model_path, ctx.model_id));
+    register_tokenizer_routes(server, model);
     register_busters_routes(server, ctx);
-    ctx.llm->start();
+    model.llm->start();
     server.start();
 
-    const auto& eo = ctx.llm->options();
-    std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << ctx.model_path << ")\n"
+    const auto& eo = model.llm->options();
+    std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
               << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
-              << ctx.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
+              << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
               << "  compute: " << compute_features() << "\n"
               << "  policy: " << describe_policy(*ctx.policy) << "\n"
               << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
-    if (ctx.random_weights) {
+    if (model.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
     }
@@ -172,7 +181,7 @@ int run_serve(serve_options opts) {
         std::_Exit(1);
     }).detach();
     server.stop();
-    ctx.llm->stop();
+    model.llm->stop();
     return 0;
 }
 

@@ -9,32 +9,25 @@
 
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
-#include "routes/client-identity.h"
 
 namespace keepwarm::proxy {
 
 namespace {
 
 using json = nlohmann::ordered_json;
-using namespace std::chrono_literals;
 
-constexpr auto check_interval = 50ms;
-
-// The policy's forced options on a raw completion: what it set on a chat request that carried only the client's model
-// name and limit goes into the body. Returns the x-keepwarm-policy value ("" when nothing fired).
-std::string apply_policy(const server_context& ctx, const http::request& req, json& body) {
-    chat_request chat;
-    chat.api = "openai";
-    if (body.contains("model") && body["model"].is_string()) chat.model = body["model"].get<std::string>();
+// The policy's forced options on a raw completion, through the raw-completion path's one policy call: what it set on
+// parameters that carried only the client's model name and limit goes into the body. Names what fired in `headers`.
+void apply_policy(const frontend_context& ctx, const http::request& req, json& body, http::header_list& headers) {
+    chat_request params;
+    params.api = "openai";
+    if (body.contains("model") && body["model"].is_string()) params.model = body["model"].get<std::string>();
     if (body.contains("max_tokens") && body["max_tokens"].is_number_integer()) {
-        chat.max_tokens = body["max_tokens"].get<int>();
+        params.max_tokens = body["max_tokens"].get<int>();
     }
-    // Counting: a raw prompt is never answered as a ping (there is no chat reply to give it).
-    const policy::policy_outcome outcome =
-        ctx.policy->apply(chat, {.client = client_name(req), .headers = &req.headers}, policy::policy_use::counting);
-    if (chat.max_tokens) body["max_tokens"] = *chat.max_tokens;
-    write_openai_sampling(body, chat.sampling);  // only what the policy forced: the request set none
-    return outcome.header_value();
+    apply_raw_completion_policy(*ctx.policy, req, params, random_id("cmpl-"), headers);
+    if (params.max_tokens) body["max_tokens"] = *params.max_tokens;
+    write_openai_sampling(body, params.sampling);  // only what the policy forced: the request set none
 }
 
 constexpr size_t max_whole_answer = 64u << 20;   // a whole (unstreamed) answer, held before it is sent on
@@ -109,18 +102,14 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
     std::string whole;
     sse_relay events;
     if (streaming) w.begin_stream(head.status, content_type, headers);
-    auto last_check = std::chrono::steady_clock::now();
+    client_watch client(w);
     for (;;) {
-        if (const auto now = std::chrono::steady_clock::now(); now - last_check >= check_interval) {
-            last_check = now;
-            if (w.client_gone()) {
-                std::fprintf(stderr, "keepwarm proxy: completion client went away, upstream %s call cancelled\n",
-                             url.c_str());
-                return false;  // finish(false) cancels the call
-            }
+        const auto piece = client.next([&reader](auto timeout) { return reader.next(timeout); });
+        if (!piece) {
+            std::fprintf(stderr, "keepwarm proxy: completion client went away, upstream %s call cancelled\n",
+                         url.c_str());
+            return false;  // finish(false) cancels the call
         }
-        const auto piece = reader.next(check_interval);
-        if (!piece) continue;
         std::string broken;  // why the answer cannot be passed on whole
         if (!piece->error.empty()) {
             pool.mark_down(upstream, "its answer broke off");
@@ -156,8 +145,7 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
 }  // namespace
 
 generation_handler upstream_completions(upstream_pool& pool) {
-    return [&pool](server_context& ctx, const http::request& req, http::response_writer& w,
-                   const std::shared_ptr<generation_request>&) {
+    return [&pool](frontend_context& ctx, const http::request& req, http::response_writer& w, const request_clock&) {
         json body = parse_json_body(req);
         if (!body.is_object() || !body.contains("prompt")) throw request_error(400, "'prompt' is required");
         const json& prompt = body["prompt"];
@@ -165,9 +153,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
             throw request_error(400, "'prompt' must be a string or an array");
         }
         http::header_list headers;
-        if (const std::string fired = apply_policy(ctx, req, body); !fired.empty()) {
-            headers.emplace_back("x-keepwarm-policy", fired);
-        }
+        apply_policy(ctx, req, body, headers);
         // Routed like a chat: by chained hashes of the prompt's blocks.
         const std::string text = "\x06prompt\x02" + (prompt.is_string() ? prompt.get<std::string>() : prompt.dump());
         const std::vector<uint64_t> blocks = chained_block_hashes(text, pool.routing().block_chars, req.tenant);
@@ -234,6 +220,18 @@ generation_handler upstream_completions(upstream_pool& pool) {
             if (reader.finish(whole) && whole) pool.keep_alive(route->upstream, std::move(conn));
             return;
         }
+    };
+}
+
+raw_generation_opener upstream_raw_generations(frontend_context& ctx) {
+    return [&ctx](const http::request& req, raw_completion raw, const request_clock&, http::response_writer&,
+                  std::string id) -> generation_source_ptr {
+        http::header_list headers;
+        apply_raw_completion_policy(*ctx.policy, req, raw.params, id, headers);
+        throw request_error(501,
+                            "/api/generate with raw=true is not available through keepwarm proxy: it needs the local "
+                            "model",
+                            "not_implemented_error");
     };
 }
 

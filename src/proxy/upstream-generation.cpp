@@ -5,30 +5,24 @@
 #include <cstdio>
 #include <utility>
 
+#include "routes/busters-routes.h"
 #include "routes/client-identity.h"
 
 namespace keepwarm::proxy {
 
-using namespace std::chrono_literals;
-
 namespace {
-constexpr auto check_interval = 50ms;
-
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
 }  // namespace
 
-upstream_generation::upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req,
-                                         chat_request chat, const std::shared_ptr<generation_request>& gen,
-                                         http::response_writer& w, std::string id)
-    : ctx_(ctx), pool_(pool), w_(w), chat_(std::move(chat)), id_(std::move(id)), received_(gen->received) {
+upstream_generation::upstream_generation(frontend_context& ctx, upstream_pool& pool, const http::request& req,
+                                         chat_request chat, const request_clock& clock, http::response_writer& w,
+                                         std::string id)
+    : ctx_(ctx), pool_(pool), client_(w), chat_(std::move(chat)), id_(std::move(id)), received_(clock.received) {
     policy::policy_outcome outcome = apply_request_policy(*ctx_.policy, req, chat_, id_, headers_);
     if (outcome.ping) {
-        common_chat_msg reply;
-        reply.role = "assistant";
-        reply.content = std::move(outcome.ping_reply);
-        ping_reply_ = std::move(reply);
+        ping_.emplace(std::move(outcome.ping_reply));
         return;
     }
     unbound_biases_ = std::move(outcome.unbound_biases);
@@ -144,31 +138,18 @@ void upstream_generation::leave_upstream() {
 }
 
 std::optional<generation_source::update> upstream_generation::next() {
-    if (ping_reply_) {
-        update u;
-        u.done = true;
-        if (!ping_answered_) {
-            common_chat_msg_diff diff;
-            diff.content_delta = ping_reply_->content;
-            u.diffs.push_back(std::move(diff));
-            ping_answered_ = true;
-        }
-        return u;
-    }
+    if (ping_) return ping_->next();
     const std::string upstream = route_->config->origin.url();
     for (;;) {
-        if (const auto now = std::chrono::steady_clock::now(); now - last_check_ >= check_interval) {
-            last_check_ = now;
-            if (w_.client_gone()) {
-                conn_->cancel();
-                ctx_.http.disconnects++;
-                std::fprintf(stderr, "keepwarm proxy: %s client went away, upstream %s call cancelled\n", id_.c_str(),
-                             upstream.c_str());
-                return std::nullopt;
-            }
+        const std::optional<upstream_body_reader::piece> next_piece =
+            client_.next([this](auto timeout) { return body_->next(timeout); });
+        if (!next_piece) {
+            conn_->cancel();
+            ctx_.http.disconnects++;
+            std::fprintf(stderr, "keepwarm proxy: %s client went away, upstream %s call cancelled\n", id_.c_str(),
+                         upstream.c_str());
+            return std::nullopt;
         }
-        const std::optional<upstream_body_reader::piece> next_piece = body_->next(check_interval);
-        if (!next_piece) continue;
         const upstream_body_reader::piece& p = *next_piece;
         update u;
         if (!p.error.empty()) {
@@ -255,14 +236,14 @@ void upstream_generation::log_end(const update& u) const {
                  u.error.c_str());
 }
 
-generation_opener upstream_generations(server_context& ctx, upstream_pool& pool) {
-    return [&ctx, &pool](const http::request& req, chat_request chat, const std::shared_ptr<generation_request>& gen,
+generation_opener upstream_generations(frontend_context& ctx, upstream_pool& pool) {
+    return [&ctx, &pool](const http::request& req, chat_request chat, const request_clock& clock,
                          http::response_writer& w, std::string id) -> generation_source_ptr {
-        return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), gen, w, std::move(id));
+        return std::make_unique<upstream_generation>(ctx, pool, req, std::move(chat), clock, w, std::move(id));
     };
 }
 
-token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool) {
+token_counter upstream_token_counter(frontend_context& ctx, upstream_pool& pool) {
     return [&ctx, &pool](const http::request& req, const chat_request& chat) {
         chat_request served = chat;
         ctx.policy->apply(served, {}, policy::policy_use::counting);

@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "http/http-client.h"
-#include "local/chat-generation.h"
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
+#include "routes/frontend-context.h"
+#include "routes/generation-source.h"
 
 namespace keepwarm::proxy {
 
@@ -26,12 +27,12 @@ public:
     // Throws request_error when no upstream can take the request (503), one does not answer in time (504), answers an
     // error before streaming (its 4xx as is, a 5xx as 502), or the policy refuses the request (4xx). An upstream that
     // cannot be reached is marked down and the next one is tried: nothing has reached the client yet.
-    upstream_generation(server_context& ctx, upstream_pool& pool, const http::request& req, chat_request chat,
-                        const std::shared_ptr<generation_request>& gen, http::response_writer& w, std::string id);
+    upstream_generation(frontend_context& ctx, upstream_pool& pool, const http::request& req, chat_request chat,
+                        const request_clock& clock, http::response_writer& w, std::string id);
     ~upstream_generation() override;  // cancels the upstream call if it has not ended, and leaves the router
 
     std::optional<update> next() override;
-    const common_chat_msg& message() const override { return ping_reply_ ? *ping_reply_ : decoder_->message(); }
+    const common_chat_msg& message() const override { return ping_ ? ping_->message() : decoder_->message(); }
     const chat_request& request() const override { return chat_; }
     const std::string& id() const override { return id_; }
     int prompt_tokens() const override { return 0; }  // upstreams say it at the end
@@ -50,25 +51,23 @@ private:
     // stops counting this request against the upstream.
     void leave_upstream();
 
-    server_context& ctx_;
+    frontend_context& ctx_;
     upstream_pool& pool_;
-    http::response_writer& w_;
+    client_watch client_;
     chat_request chat_;
     std::string prompt_text_;  // canonical_prompt_text(chat_): what routing and the cache-buster detector compare
     std::string id_;
     http::header_list headers_;
-    std::optional<common_chat_msg> ping_reply_;
+    std::optional<ping_answer> ping_;                           // set for an absorbed ping: the whole answer
     std::vector<policy::forced_bias> unbound_biases_;           // what the policy forces, by token text
     std::vector<std::pair<llama_token, float>> client_biases_;  // the client's own logit_bias
     std::optional<policy::cache_buster_report> buster_;  // a span that may have cost this prompt its cached prefix
-    bool ping_answered_ = false;
 
     std::optional<upstream_pool::route> route_;
     std::unique_ptr<http::client_connection> conn_;
     std::optional<stream_decoder> decoder_;
     std::chrono::steady_clock::time_point received_, sent_, first_delta_;
     std::chrono::steady_clock::time_point first_delta_read_;  // when the bytes of the first delta came off the socket
-    std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
     bool seen_delta_ = false;
 
     std::optional<upstream_body_reader> body_;  // the upstream's answer, read on a thread of its own
@@ -76,11 +75,11 @@ private:
 };
 
 // Opens upstream_generations from `pool` for the API routes.
-generation_opener upstream_generations(server_context& ctx, upstream_pool& pool);
+generation_opener upstream_generations(frontend_context& ctx, upstream_pool& pool);
 
 // count_tokens through the proxy: the policy as for counting, then the upstream the request would go to counts it
 // (Anthropic's count_tokens, which keepwarm and llama-server answer too). Throws request_error: 501 when that upstream
 // cannot count (Ollama dialect), 503 when none is up, 504 on a timeout, its 4xx as is, 502 for anything else.
-token_counter upstream_token_counter(server_context& ctx, upstream_pool& pool);
+token_counter upstream_token_counter(frontend_context& ctx, upstream_pool& pool);
 
 }  // namespace keepwarm::proxy

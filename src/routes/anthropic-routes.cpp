@@ -1,6 +1,6 @@
 // See anthropic-routes.h. Each handler runs on its connection's thread: the body becomes a chat_request
-// (anthropic-api), chat_generation renders, tokenizes, submits and parses, and this file only shapes what comes back
-// as Anthropic's message or event sequence.
+// (anthropic-api), the backend's generation_source serves it, and this file only shapes what comes back as
+// Anthropic's message or event sequence.
 #include "routes/anthropic-routes.h"
 
 #include <algorithm>
@@ -8,8 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "api/anthropic-api.h"
-#include "local/chat-generation.h"
-#include "routes/generation-relay.h"
 
 namespace keepwarm {
 
@@ -55,13 +53,13 @@ timings_info timings_of(const generation_stats& actual) {
             .prepare_ms = st.prepare_ms};
 }
 
-void handle_messages(const generation_opener& open, server_context& ctx, const http::request& req,
-                     http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
+void handle_messages(const generation_opener& open, frontend_context& ctx, const http::request& req,
+                     http::response_writer& w, const request_clock& clock) {
     ctx.http.messages++;
     chat_request request = anthropic::parse_messages_request(parse_json_body(req));
     const std::string model = request.model;  // echoed as the client asked, whatever model serves it
     const bool stream = request.stream;
-    const generation_source_ptr source = open(req, std::move(request), gen, w, anthropic::gen_message_id());
+    const generation_source_ptr source = open(req, std::move(request), clock, w, anthropic::gen_message_id());
     generation_source& chat = *source;
     http::header_list headers = chat.response_headers();
     headers.emplace_back("request-id", chat.id());  // the SDK reports it as the response's _request_id
@@ -136,24 +134,17 @@ void handle_count_tokens(const token_counter& count, const http::request& req, h
 
 }  // namespace
 
-void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open,
+void register_anthropic_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                                token_counter count) {
-    if (!open) open = local_generation(ctx);
     const http::route_options options{.requires_auth = true, .format_error = anthropic::error_body};
-    const auto messages = [open](server_context& c, const http::request& req, http::response_writer& w,
-                                 const std::shared_ptr<generation_request>& gen) {
-        handle_messages(open, c, req, w, gen);
+    const auto messages = [open = std::move(open)](frontend_context& c, const http::request& req,
+                                                   http::response_writer& w, const request_clock& clock) {
+        handle_messages(open, c, req, w, clock);
     };
     server.add_route("POST", "/v1/messages", generation_route(ctx, messages), options);
-    // Renders and tokenizes like a real request (the policy applied as for counting: never a ping).
-    if (!count) {
-        count = [&ctx](const http::request& req, const chat_request& chat) {
-            return chat_generation::count_prompt_tokens(ctx, chat, req.tenant);
-        };
-    }
     // generation_route for its 4xx accounting; count_tokens never reaches the engine.
-    const generation_handler count_tokens = [count](server_context&, const http::request& req, http::response_writer& w,
-                                                    const std::shared_ptr<generation_request>&) {
+    const generation_handler count_tokens = [count = std::move(count)](frontend_context&, const http::request& req,
+                                                                       http::response_writer& w, const request_clock&) {
         handle_count_tokens(count, req, w);
     };
     server.add_route("POST", "/v1/messages/count_tokens", generation_route(ctx, count_tokens), options);

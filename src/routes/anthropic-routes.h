@@ -5,17 +5,18 @@
 #include <functional>
 
 #include "http/http-server.h"
-#include "local/chat-generation.h"
-#include "routes/server-context.h"
+#include "routes/frontend-context.h"
+#include "routes/generation-route.h"
+#include "routes/generation-source.h"
 
 namespace keepwarm {
 
 // Counts a parsed count_tokens request's prompt tokens (the policy applied as for counting). Throws request_error.
 using token_counter = std::function<int(const http::request&, const chat_request&)>;
 
-// Messages go to `open` (default: this server's engine); count_tokens to `count` (default: this server's template and
-// tokenizer).
-void register_anthropic_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr,
-                               token_counter count = nullptr);
+// Messages go to `open` (the backend's chat generations); count_tokens to `count` (the local model's template and
+// tokenizer, or the upstream the request would go to).
+void register_anthropic_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                               token_counter count);
 
 }  // namespace keepwarm

@@ -1,6 +1,9 @@
 // See busters-routes.h.
 #include "routes/busters-routes.h"
 
+#include <cstdio>
+#include <optional>
+
 namespace keepwarm {
 
 namespace {
@@ -75,18 +78,47 @@ json busters_json(const policy::cache_buster_detector* detector, policy::detect_
             {"settings", std::move(settings)}};
 }
 
-void register_busters_routes(http::http_server& server, server_context& ctx) {
+std::unique_ptr<policy::cache_buster_detector> make_busters_detector(const frontend_context& ctx) {
+    if (ctx.policy->config().detect.mode == policy::detect_mode::off) return nullptr;
+    policy::cache_buster_detector::options options;
+    options.log_prompts = ctx.log_prompts;
+    return std::make_unique<policy::cache_buster_detector>(options);
+}
+
+void register_busters_routes(http::http_server& server, frontend_context& ctx) {
     const policy::detect_mode mode = ctx.policy->config().detect.mode;
-    if (!ctx.busters && mode != policy::detect_mode::off) {
-        policy::cache_buster_detector::options options;
-        options.log_prompts = ctx.log_prompts;
-        ctx.busters = std::make_unique<policy::cache_buster_detector>(options);
-    }
     // A tenant sees its own clients' reports only (the text they quote is its own).
     server.add_route("GET", "/v1/cache/busters", [&ctx, mode](const http::request& req, http::response_writer& w) {
         w.send(200, "application/json",
                busters_json(ctx.busters.get(), mode, req.tenant).dump(-1, ' ', false, json::error_handler_t::replace));
     });
+}
+
+void confirm_cache_buster(frontend_context& ctx, policy::cache_buster_report report, const generation_stats& stats,
+                          const std::vector<common_chat_msg>& messages) {
+    const policy::detect_policy& detect = ctx.policy->config().detect;
+    std::optional<policy::span_rule> rule;
+    if (detect.mode == policy::detect_mode::automatic) rule = policy::auto_span_rule(report, messages);
+    if (rule) {
+        const auto in_force = ctx.policy->span_rules();
+        size_t automatic = 0;
+        bool known = false;
+        for (const policy::span_rule& r : in_force->rules()) {
+            automatic += r.origin() == policy::span_origin::automatic;
+            known = known || r.name() == rule->name();
+        }
+        if (known || automatic >= detect.max_auto_rules) rule.reset();
+    }
+    if (rule) report.adopted_rule = rule->name();
+    if (!ctx.busters->confirm(std::move(report), stats) || !rule) return;
+    ctx.policy->add_span_rule(*rule);
+    // The pattern holds the prompt's literal text around the span: logged only when the operator asked.
+    std::fprintf(stderr,
+                 "keepwarm: detect auto: span rule %s (pattern '%s', replace with '%s', roles %s) in force from "
+                 "the next request\n",
+                 rule->name().c_str(), ctx.log_prompts ? rule->pattern().c_str() : "(not logged)",
+                 ctx.log_prompts ? rule->replacement().c_str() : "(not logged)",
+                 policy::role_names(rule->roles()).front().c_str());
 }
 
 }  // namespace keepwarm

@@ -1,7 +1,7 @@
 // See ollama-routes.h. The generation routes run like the OpenAI ones (openai-routes.cpp): parse into a
-// chat_request, hand it to chat_generation (render, tokenize, submit, parse the output), and write what comes back
-// in Ollama's shape, whole or as newline-delimited JSON. /api/generate with raw=true skips the template and feeds the
-// prompt text to the model as is, like /v1/completions.
+// chat_request, hand it to the backend's generation_source, and write what comes back in Ollama's shape, whole or as
+// newline-delimited JSON. /api/generate with raw=true skips the template and goes through the raw-completion path,
+// like /v1/completions.
 #include "routes/ollama-routes.h"
 
 #include <algorithm>
@@ -20,10 +20,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
 #include "gguf.h"
-#include "json-schema-to-grammar.h"
-#include "local/chat-generation.h"
 #include "model/model-inspect.h"
-#include "routes/generation-relay.h"
 
 namespace keepwarm {
 
@@ -45,11 +42,11 @@ std::string dump(const json& body) {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ollama::metrics metrics_of(const generation_stats& actual, const generation_request& gen) {
+ollama::metrics metrics_of(const generation_stats& actual, const request_clock& clock) {
     using namespace std::chrono;
     const generation_stats st = reported_stats(actual);
     const auto ns = [](double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); };
-    return {.total_ns = duration_cast<nanoseconds>(steady_clock::now() - gen.received).count(),
+    return {.total_ns = duration_cast<nanoseconds>(steady_clock::now() - clock.received).count(),
             .load_ns = ns(st.setup_ms),
             .prompt_eval_ns = ns(st.prompt_ms),
             .eval_ns = ns(st.generation_ms),
@@ -81,7 +78,7 @@ enum class answer_shape { chat, generate };
 
 // Relays a running chat_generation to the client, whole or as NDJSON: text and thinking as they come, tool calls
 // once whole (Ollama sends calls, not fragments), then a last line with done, done_reason and the numbers.
-void relay_answer(server_context& ctx, generation_source& chat, const generation_request& gen, http::response_writer& w,
+void relay_answer(frontend_context& ctx, generation_source& chat, const request_clock& clock, http::response_writer& w,
                   const std::string& model, bool stream, answer_shape shape) {
     if (!stream) {
         for (;;) {
@@ -90,7 +87,7 @@ void relay_answer(server_context& ctx, generation_source& chat, const generation
             if (!u->done) continue;
             if (u->reason == finish_reason::error) throw_generation_error(u->error);
             const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
-            const ollama::metrics m = metrics_of(u->stats, gen);
+            const ollama::metrics m = metrics_of(u->stats, clock);
             const common_chat_msg& msg = chat.message();
             const json body =
                 shape == answer_shape::chat
@@ -129,7 +126,7 @@ void relay_answer(server_context& ctx, generation_source& chat, const generation
         }
         if (!u->done) continue;
         const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
-        const ollama::metrics m = metrics_of(u->stats, gen);
+        const ollama::metrics m = metrics_of(u->stats, clock);
         write_line(w, shape == answer_shape::chat ? ollama::chat_final_chunk_json(model, now(), reason, m)
                                                   : ollama::generate_final_chunk_json(model, now(), reason, m));
         w.end_stream();
@@ -137,20 +134,16 @@ void relay_answer(server_context& ctx, generation_source& chat, const generation
     }
 }
 
-// Ollama refuses `think` for a model without a thinking mode; so does keepwarm, rather than drop it unsaid.
-void check_thinking(const server_context& ctx, const chat_request& request) {
-    if (request.enable_thinking.value_or(false) && ctx.renderer && !ctx.renderer->supports_thinking()) {
+// Ollama refuses `think` for a model without a thinking mode; so does keepwarm where it knows the model's template
+// (`thinking_mode` unset: through the proxy, the upstream decides), rather than drop it unsaid.
+void check_thinking(std::optional<bool> thinking_mode, const chat_request& request) {
+    if (request.enable_thinking.value_or(false) && thinking_mode == false) {
         throw request_error(400, "'think': the model's chat template has no thinking mode");
     }
 }
 
-[[noreturn]] void throw_not_in_proxy(const std::string& what) {
-    throw request_error(501, what + " is not available through keepwarm proxy: it needs the local model",
-                        "not_implemented_error");
-}
-
-void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,
-                 const std::shared_ptr<generation_request>& gen) {
+void handle_chat(const generation_opener& open, std::optional<bool> thinking_mode, frontend_context& ctx,
+                 const http::request& req, http::response_writer& w, const request_clock& clock) {
     ctx.http.ollama_chats++;
     chat_request request = ollama::parse_chat_request(parse_json_body(req));
     // Whatever model a request names is served by the loaded one, and the name is echoed back as asked (the policy
@@ -160,68 +153,15 @@ void handle_chat(const generation_opener& open, server_context& ctx, const http:
         w.send(200, "application/json", dump(ollama::chat_load_json(model, now())));
         return;
     }
-    check_thinking(ctx, request);
+    check_thinking(thinking_mode, request);
     const bool stream = request.stream;
-    const generation_source_ptr chat = open(req, std::move(request), gen, w, random_id("ollama-chat-"));
-    relay_answer(ctx, *chat, *gen, w, model, stream, answer_shape::chat);
+    const generation_source_ptr chat = open(req, std::move(request), clock, w, random_id("ollama-chat-"));
+    relay_answer(ctx, *chat, clock, w, model, stream, answer_shape::chat);
 }
 
-// raw=true: the prompt text goes to the model as is (tokenize + generate, as /v1/completions does).
-void generate_raw(server_context& ctx, const ollama::generate_request& request, http::response_writer& w,
-                  const std::shared_ptr<generation_request>& gen) {
-    const chat_request& params = request.chat;
-    set_prompt(ctx, *gen, request.prompt);
-    gen->sampling = to_sampling_params(params.sampling, common_params_sampling{});
-    if (!params.json_schema.empty()) {
-        try {
-            gen->sampling.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER,
-                                                   json_schema_to_grammar(common_json::parse(params.json_schema)));
-        } catch (const std::exception& e) {
-            throw request_error(400, std::string("'format' schema cannot be used: ") + e.what());
-        }
-    }
-    prepare_sampling(ctx, *gen, "format");
-    gen->max_tokens = params.max_tokens.value_or(-1);
-    gen->stop = params.stop;
-    ctx.llm->submit(gen);
-    generation_relay events(*gen, w, ctx, random_id("ollama-generate-"));
-
-    std::string text;
-    if (!params.stream) {
-        for (;;) {
-            auto ev = events.next();
-            if (!ev) return;
-            text += ev->text;
-            if (!ev->done) continue;
-            if (ev->reason == finish_reason::error) throw_generation_error(ev->error);
-            w.send(200, "application/json",
-                   dump(ollama::generate_response_json(params.model, now(), text, "",
-                                                       ollama::done_reason(ev->reason == finish_reason::length),
-                                                       metrics_of(ev->stats, *gen))));
-            return;
-        }
-    }
-
-    if (!w.begin_stream(200, "application/x-ndjson")) return;
-    for (;;) {
-        auto ev = events.next();
-        if (!ev) return;
-        if (ev->done && ev->reason == finish_reason::error) return end_with_error(w, ev->error);
-        if (!ev->text.empty() && !write_line(w, ollama::generate_chunk_json(params.model, now(), ev->text, ""))) {
-            ctx.http.disconnects++;
-            return;
-        }
-        if (!ev->done) continue;
-        write_line(w, ollama::generate_final_chunk_json(params.model, now(),
-                                                        ollama::done_reason(ev->reason == finish_reason::length),
-                                                        metrics_of(ev->stats, *gen)));
-        w.end_stream();
-        return;
-    }
-}
-
-void handle_generate(const generation_opener& open, server_context& ctx, const http::request& req,
-                     http::response_writer& w, const std::shared_ptr<generation_request>& gen) {
+void handle_generate(const generation_opener& open, const raw_generation_opener& open_raw,
+                     std::optional<bool> thinking_mode, frontend_context& ctx, const http::request& req,
+                     http::response_writer& w, const request_clock& clock) {
     ctx.http.ollama_generates++;
     ollama::generate_request request = ollama::parse_generate_request(parse_json_body(req));
     const std::string model = request.chat.model;  // echoed as asked, as in handle_chat
@@ -229,14 +169,18 @@ void handle_generate(const generation_opener& open, server_context& ctx, const h
         w.send(200, "application/json", dump(ollama::generate_load_json(model, now())));
         return;
     }
-    if (request.raw) {
-        if (!ctx.llm) throw_not_in_proxy("/api/generate with raw=true");
-        return generate_raw(ctx, request, w, gen);
-    }
-    check_thinking(ctx, request.chat);
     const bool stream = request.chat.stream;
-    const generation_source_ptr chat = open(req, std::move(request.chat), gen, w, random_id("ollama-generate-"));
-    relay_answer(ctx, *chat, *gen, w, model, stream, answer_shape::generate);
+    if (request.raw) {
+        // The prompt text goes to the model as is: the raw-completion path, as /v1/completions takes.
+        raw_completion raw{
+            .params = std::move(request.chat), .prompt = std::move(request.prompt), .grammar_field = "format"};
+        const generation_source_ptr source = open_raw(req, std::move(raw), clock, w, random_id("ollama-generate-"));
+        relay_answer(ctx, *source, clock, w, model, stream, answer_shape::generate);
+        return;
+    }
+    check_thinking(thinking_mode, request.chat);
+    const generation_source_ptr chat = open(req, std::move(request.chat), clock, w, random_id("ollama-generate-"));
+    relay_answer(ctx, *chat, clock, w, model, stream, answer_shape::generate);
 }
 
 // As Go prints a float32: the fewest digits that read back as the same float32 ("1e-06", not 9.99999997e-07).
@@ -346,15 +290,15 @@ double bytes_per_value(ggml_type type) {
 
 // Memory of the loaded model, as Ollama's /api/ps estimates its own: weights, the KV cells of the whole context, and
 // one recurrent state per sequence (slots, parked conversations, scratch). On a GPU: the offloaded layers' share.
-void estimate_memory(const server_context& ctx, const model_report& report, ollama::model_card& card) {
-    const engine_options& eo = ctx.llm->options();
+void estimate_memory(const engine& llm, const model_report& report, ollama::model_card& card) {
+    const engine_options& eo = llm.options();
     double kv_per_token = 0;
     for (size_t l = 0; l < report.layers.size(); l++) {
         kv_per_token += report.k_per_token[l] * bytes_per_value(eo.cache_type_k) +
                         report.v_per_token[l] * bytes_per_value(eo.cache_type_v);
     }
     const uint64_t sequences = uint64_t(eo.slots + eo.cache_parked_sequences + 1);
-    card.memory_bytes = llama_model_size(ctx.llm->model()) + uint64_t(kv_per_token * eo.context_size) +
+    card.memory_bytes = llama_model_size(llm.model()) + uint64_t(kv_per_token * eo.context_size) +
                         report.recurrent_state_bytes * sequences;
     const bool gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) ||
                      ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
@@ -363,96 +307,71 @@ void estimate_memory(const server_context& ctx, const model_report& report, olla
     card.vram_bytes = uint64_t(double(card.memory_bytes) * offloaded / layers);
 }
 
-ollama::model_card make_model_card(const server_context& ctx) {
-    const llama_model* model = ctx.llm->model();
-    const model_report report = inspect_model(ctx.model_path);
+// GET /api/tags: the one model `card` describes.
+void add_tags_route(http::http_server& server, std::shared_ptr<const ollama::model_card> card) {
+    server.add_route("GET", "/api/tags",
+                     [card](const http::request&, http::response_writer& w) {
+                         w.send(200, "application/json", dump(ollama::tags_json(*card)));
+                     },
+                     {.format_error = ollama::error_body});
+}
+
+[[noreturn]] void throw_not_in_proxy(const std::string& what) {
+    throw request_error(501, what + " is not available through keepwarm proxy: it needs the local model",
+                        "not_implemented_error");
+}
+
+}  // namespace
+
+ollama::model_card make_model_card(const engine& llm, const chat_renderer& renderer, const std::string& model_path,
+                                   const std::string& model_id) {
+    const llama_model* model = llm.model();
+    const model_report report = inspect_model(model_path);
     ollama::model_card card;
-    card.name = ollama::tagged_name(ctx.model_id);
+    card.name = ollama::tagged_name(model_id);
     card.architecture = report.architecture;
     card.parameter_size = ollama::parameter_size(llama_model_n_params(model));
     card.quantization_level = ollama::quantization_level(llama_model_ftype(model));
     card.file_bytes = report.file_size;
     // Not Ollama's sha256 of a manifest (there is none): keepwarm's cheap fingerprint of the file, which also keys
     // its disk cache.
-    card.digest = model_fingerprint(ctx.model_path, "");
-    card.modified_at = std::chrono::file_clock::to_sys(std::filesystem::last_write_time(ctx.model_path));
-    card.path = ctx.model_path;
-    card.chat_template = ctx.renderer->source();
-    card.model_info = gguf_model_info(ctx.model_path);
+    card.digest = model_fingerprint(model_path, "");
+    card.modified_at = std::chrono::file_clock::to_sys(std::filesystem::last_write_time(model_path));
+    card.path = model_path;
+    card.chat_template = renderer.source();
+    card.model_info = gguf_model_info(model_path);
     if (!card.model_info.contains("general.parameter_count")) {
         card.model_info["general.parameter_count"] = llama_model_n_params(model);
     }
     card.capabilities = {"completion"};
-    const auto caps = ctx.renderer->caps();
+    const auto caps = renderer.caps();
     if (auto it = caps.find("supports_tools"); it != caps.end() && it->second) card.capabilities.push_back("tools");
-    if (ctx.renderer->supports_thinking()) card.capabilities.push_back("thinking");
-    card.context_length = ctx.llm->slot_context_size();
-    estimate_memory(ctx, report, card);
+    if (renderer.supports_thinking()) card.capabilities.push_back("thinking");
+    card.context_length = llm.slot_context_size();
+    estimate_memory(llm, report, card);
     return card;
 }
 
-}  // namespace
-
-void register_ollama_routes(http::http_server& server, server_context& ctx, generation_opener open) {
+void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                            raw_generation_opener open_raw, std::optional<bool> thinking_mode) {
     const http::route_options route{.format_error = ollama::error_body};
     // What clients probe before anything else stays open without an API key, like /health.
     const http::route_options probe{.requires_auth = false, .format_error = ollama::error_body};
-    const bool local = ctx.llm != nullptr;
-    if (!open) open = local_generation(ctx);
 
     server.add_route(
         "POST", "/api/chat",
-        generation_route(ctx,
-                         [open](server_context& c, const http::request& req, http::response_writer& w,
-                                const std::shared_ptr<generation_request>& gen) { handle_chat(open, c, req, w, gen); }),
+        generation_route(ctx, [open, thinking_mode](
+                                  frontend_context& c, const http::request& req, http::response_writer& w,
+                                  const request_clock& clock) { handle_chat(open, thinking_mode, c, req, w, clock); }),
         route);
     server.add_route(
         "POST", "/api/generate",
-        generation_route(
-            ctx, [open](server_context& c, const http::request& req, http::response_writer& w,
-                        const std::shared_ptr<generation_request>& gen) { handle_generate(open, c, req, w, gen); }),
+        generation_route(ctx,
+                         [open, open_raw, thinking_mode](frontend_context& c, const http::request& req,
+                                                         http::response_writer& w, const request_clock& clock) {
+                             handle_generate(open, open_raw, thinking_mode, c, req, w, clock);
+                         }),
         route);
-
-    if (!local) {
-        // Only the name is known here: the upstreams hold the models.
-        auto card = std::make_shared<ollama::model_card>();
-        card->name = ollama::tagged_name(ctx.model_id);
-        server.add_route(
-            "GET", "/api/tags",
-            [card](const http::request&, http::response_writer& w) {
-                w.send(200, "application/json", dump(ollama::tags_json(*card)));
-            },
-            route);
-        server.add_route(
-            "POST", "/api/show", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/show"); },
-            route);
-        server.add_route(
-            "GET", "/api/ps", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/ps"); },
-            route);
-    }
-
-    if (local) {
-        auto card = std::make_shared<const ollama::model_card>(make_model_card(ctx));
-        server.add_route(
-            "GET", "/api/tags",
-            [card](const http::request&, http::response_writer& w) {
-                w.send(200, "application/json", dump(ollama::tags_json(*card)));
-            },
-            route);
-        server.add_route(
-            "POST", "/api/show",
-            [card](const http::request& req, http::response_writer& w) {
-                ollama::parse_show_request(parse_json_body(req));  // any name: the loaded model answers
-                w.send(200, "application/json", dump(ollama::show_json(*card)));
-            },
-            route);
-        server.add_route(
-            "GET", "/api/ps",
-            [card](const http::request&, http::response_writer& w) {
-                w.send(200, "application/json", dump(ollama::ps_json(*card, never_expires)));
-            },
-            route);
-    }
 
     const auto version = [](const http::request& req, http::response_writer& w) {
         w.send(200, "application/json", req.method == "HEAD" ? "" : dump(ollama::version_json(KEEPWARM_VERSION)));
@@ -465,6 +384,38 @@ void register_ollama_routes(http::http_server& server, server_context& ctx, gene
     };
     server.add_route("GET", "/", running, probe);
     server.add_route("HEAD", "/", running, probe);
+}
+
+void register_ollama_model_routes(http::http_server& server, ollama::model_card model_card) {
+    const http::route_options route{.format_error = ollama::error_body};
+    auto card = std::make_shared<const ollama::model_card>(std::move(model_card));
+    add_tags_route(server, card);
+    server.add_route(
+        "POST", "/api/show",
+        [card](const http::request& req, http::response_writer& w) {
+            ollama::parse_show_request(parse_json_body(req));  // any name: the loaded model answers
+            w.send(200, "application/json", dump(ollama::show_json(*card)));
+        },
+        route);
+    server.add_route(
+        "GET", "/api/ps",
+        [card](const http::request&, http::response_writer& w) {
+            w.send(200, "application/json", dump(ollama::ps_json(*card, never_expires)));
+        },
+        route);
+}
+
+void register_ollama_proxy_model_routes(http::http_server& server, const std::string& model_id) {
+    const http::route_options route{.format_error = ollama::error_body};
+    // Only the name is known here: the upstreams hold the models.
+    auto card = std::make_shared<ollama::model_card>();
+    card->name = ollama::tagged_name(model_id);
+    add_tags_route(server, card);
+    server.add_route(
+        "POST", "/api/show", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/show"); },
+        route);
+    server.add_route(
+        "GET", "/api/ps", [](const http::request&, http::response_writer&) { throw_not_in_proxy("/api/ps"); }, route);
 }
 
 }  // namespace keepwarm

@@ -2,17 +2,33 @@
 // HEAD / ("Ollama is running", which clients probe). Errors in Ollama's shape, {"error": "..."}.
 #pragma once
 
+#include <optional>
+#include <string>
+
+#include "api/ollama-api.h"
+#include "chat/chat-renderer.h"
+#include "engine/engine.h"
 #include "http/http-server.h"
-#include "local/chat-generation.h"
-#include "routes/server-context.h"
+#include "routes/frontend-context.h"
+#include "routes/generation-route.h"
+#include "routes/generation-source.h"
 
 namespace keepwarm {
 
-// Reads what /api/tags, /api/show and /api/ps report about the model once, here: the loaded model's own numbers and
+// The generation routes, /api/version and the probes. Chat and templated generate requests go to `open`, raw ones
+// (raw=true) to `open_raw`. `thinking_mode`: whether the model's chat template has one (a request asking for `think`
+// without it is refused, as Ollama does); nullopt where it is not known here (`keepwarm proxy`: the upstream decides).
+void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                            raw_generation_opener open_raw, std::optional<bool> thinking_mode);
+
+// What /api/tags, /api/show and /api/ps report about a local model, read once: the loaded model's own numbers and
 // the GGUF file's metadata (its header only; the model is not loaded again).
-// Chat and generate requests go to `open` (default: this server's engine). Without a local engine (ctx.llm null:
-// `keepwarm proxy`) /api/tags lists ctx.model_id alone, and what needs the local model (raw /api/generate, /api/show,
-// /api/ps) answers 501.
-void register_ollama_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr);
+api::ollama::model_card make_model_card(const engine& llm, const chat_renderer& renderer, const std::string& model_path,
+                                        const std::string& model_id);
+// /api/tags, /api/show and /api/ps from a local model's card.
+void register_ollama_model_routes(http::http_server& server, api::ollama::model_card card);
+// The same routes through `keepwarm proxy`: /api/tags lists `model_id` alone; /api/show and /api/ps, which need the
+// local model, answer 501.
+void register_ollama_proxy_model_routes(http::http_server& server, const std::string& model_id);
 
 }  // namespace keepwarm

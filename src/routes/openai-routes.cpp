@@ -1,14 +1,12 @@
-// See openai-routes.h. Each handler runs on its connection's thread: parse and validate the body, render the
-// chat template, tokenize, hand a generation_request to the engine, then relay its events to the client
-// (whole or as server-sent events), cancelling the generation if the client goes away. What the model read and
-// wrote goes back to the prompt tokenizer, so the next turn's prompt reuses those exact token ids.
+// See openai-routes.h. Each handler runs on its connection's thread: parse and validate the body into the neutral
+// request model, open a generation_source on the backend, then write what comes back in OpenAI's shape (whole or as
+// server-sent events). The source cancels its generation if the client goes away.
 #include "routes/openai-routes.h"
 
 #include <nlohmann/json.hpp>
 
 #include "api/openai-api.h"
-#include "local/chat-generation.h"
-#include "routes/generation-relay.h"
+#include "base/unix-time.h"
 
 namespace keepwarm {
 
@@ -50,12 +48,12 @@ bool write_sse(http::response_writer& w, const json& data) {
     throw request_error(500, error.empty() ? "generation failed" : error, "server_error");
 }
 
-void handle_chat(const generation_opener& open, server_context& ctx, const http::request& req, http::response_writer& w,
-                 const std::shared_ptr<generation_request>& gen) {
+void handle_chat(const generation_opener& open, frontend_context& ctx, const http::request& req,
+                 http::response_writer& w, const request_clock& clock) {
     ctx.http.chat_completions++;
     chat_request request = api::parse_chat_request(parse_json_body(req));
     const bool stream = request.stream, include_usage = request.include_usage;
-    const generation_source_ptr source = open(req, std::move(request), gen, w, api::gen_chat_completion_id());
+    const generation_source_ptr source = open(req, std::move(request), clock, w, api::gen_chat_completion_id());
     generation_source& chat = *source;
     const std::string& id = chat.id();
     const int64_t created = unix_now();
@@ -108,63 +106,63 @@ void handle_chat(const generation_opener& open, server_context& ctx, const http:
     }
 }
 
-void handle_completion(server_context& ctx, const http::request& req, http::response_writer& w,
-                       const std::shared_ptr<generation_request>& gen) {
+// A raw prompt, through the same raw-completion path (and policy call) as Ollama's raw /api/generate.
+void handle_completion(const raw_generation_opener& open, frontend_context& ctx, const http::request& req,
+                       http::response_writer& w, const request_clock& clock) {
     ctx.http.completions++;
-    const completion_request comp = api::parse_completion_request(parse_json_body(req));
-
-    set_prompt(ctx, *gen, comp.prompt);
-    gen->sampling = to_sampling_params(comp.sampling, common_params_sampling{});
-    prepare_sampling(ctx, *gen, "grammar");
-    gen->max_tokens = comp.max_tokens.value_or(-1);
-    gen->stop = comp.stop;
-    const std::string id = api::gen_completion_id();
+    completion_request comp = api::parse_completion_request(parse_json_body(req));
+    raw_completion raw{.prompt = std::move(comp.prompt), .grammar_field = "grammar"};
+    raw.params.api = "openai";
+    raw.params.model = std::move(comp.model);
+    raw.params.stream = comp.stream;
+    raw.params.include_usage = comp.include_usage;
+    raw.params.max_tokens = comp.max_tokens;
+    raw.params.stop = std::move(comp.stop);
+    raw.params.sampling = std::move(comp.sampling);
+    const generation_source_ptr source = open(req, std::move(raw), clock, w, api::gen_completion_id());
+    generation_source& completion = *source;
+    const std::string& id = completion.id();
     const int64_t created = unix_now();
-    ctx.llm->submit(gen);
-    generation_relay events(*gen, w, ctx, id);
 
-    std::string text;
     if (!comp.stream) {
         for (;;) {
-            auto ev = events.next();
-            if (!ev) return;
-            text += ev->text;
-            if (!ev->done) continue;
-            if (ev->reason == finish_reason::error) throw_generation_error(ev->error);
+            auto u = completion.next();
+            if (!u) return;
+            if (!u->done) continue;
+            if (u->reason == finish_reason::error) throw_generation_error(u->error);
             w.send(200, "application/json",
-                   api::completion_json(id, ctx.model_id, created, text, finish_reason_name(ev->reason),
-                                        usage_of(ev->stats), timings_of(ev->stats))
-                       .dump(-1, ' ', false, json::error_handler_t::replace));
+                   api::completion_json(id, ctx.model_id, created, completion.message().content,
+                                        finish_reason_name(u->reason), usage_of(u->stats), timings_of(u->stats))
+                       .dump(-1, ' ', false, json::error_handler_t::replace),
+                   completion.response_headers());
             return;
         }
     }
 
-    if (!w.begin_stream(200, "text/event-stream")) {
-        gen->cancelled = true;
-        return;
-    }
+    if (!w.begin_stream(200, "text/event-stream", completion.response_headers())) return;
     for (;;) {
-        auto ev = events.next();
-        if (!ev) return;
-        if (!ev->text.empty() || ev->done) {
+        auto u = completion.next();
+        if (!u) return;
+        std::string text;
+        for (const auto& diff : u->diffs) text += diff.content_delta;
+        if (!text.empty() || u->done) {
             std::optional<std::string> reason;
             std::optional<timings_info> timings;
-            if (ev->done && ev->reason != finish_reason::error) {
-                reason = finish_reason_name(ev->reason);
-                timings = timings_of(ev->stats);
+            if (u->done && u->reason != finish_reason::error) {
+                reason = finish_reason_name(u->reason);
+                timings = timings_of(u->stats);
             }
-            if (!write_sse(w, api::completion_chunk_json(id, ctx.model_id, created, ev->text, reason, timings))) {
-                gen->cancelled = true;
+            if (!write_sse(w, api::completion_chunk_json(id, ctx.model_id, created, text, reason, timings))) {
                 ctx.http.disconnects++;
                 return;
             }
         }
-        if (!ev->done) continue;
-        if (ev->reason == finish_reason::error) {
-            write_sse(w, json::parse(http::openai_error_body(500, "server_error", ev->error)));
+        if (!u->done) continue;
+        if (u->reason == finish_reason::error) {
+            write_sse(w, json::parse(http::openai_error_body(500, "server_error", u->error)));
         } else if (comp.include_usage) {
-            write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(ev->stats),
-                                                          timings_of(ev->stats)));
+            write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(u->stats),
+                                                          timings_of(u->stats)));
         }
         w.write_chunk("data: [DONE]\n\n");
         w.end_stream();
@@ -174,14 +172,17 @@ void handle_completion(server_context& ctx, const http::request& req, http::resp
 
 }  // namespace
 
-void register_openai_routes(http::http_server& server, server_context& ctx, generation_opener open,
+generation_handler openai_completions(raw_generation_opener open) {
+    return [open = std::move(open)](frontend_context& ctx, const http::request& req, http::response_writer& w,
+                                    const request_clock& clock) { handle_completion(open, ctx, req, w, clock); };
+}
+
+void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             generation_handler completion) {
-    if (!open) open = local_generation(ctx);
-    const auto chat = [open](server_context& c, const http::request& req, http::response_writer& w,
-                             const std::shared_ptr<generation_request>& gen) { handle_chat(open, c, req, w, gen); };
+    const auto chat = [open = std::move(open)](frontend_context& c, const http::request& req, http::response_writer& w,
+                                               const request_clock& clock) { handle_chat(open, c, req, w, clock); };
     server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));
     server.add_route("POST", "/chat/completions", generation_route(ctx, chat));
-    if (!completion) completion = handle_completion;
     server.add_route("POST", "/v1/completions", generation_route(ctx, completion));
     server.add_route("POST", "/completions", generation_route(ctx, completion));
 }

@@ -2,15 +2,19 @@
 #pragma once
 
 #include "http/http-server.h"
-#include "local/chat-generation.h"
-#include "routes/generation-relay.h"
-#include "routes/server-context.h"
+#include "routes/frontend-context.h"
+#include "routes/generation-route.h"
+#include "routes/generation-source.h"
 
 namespace keepwarm {
 
-// Chat requests go to `open` (default: this server's engine), raw-prompt completions to `completion` (default: this
-// server's engine; `keepwarm proxy` forwards them).
-void register_openai_routes(http::http_server& server, server_context& ctx, generation_opener open = nullptr,
-                            generation_handler completion = nullptr);
+// Chat requests go to `open` (the backend's chat generations), raw-prompt completions to `completion`: on a local
+// model openai_completions(), while `keepwarm proxy` forwards them (proxy/upstream-completion.h).
+void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                            generation_handler completion);
+
+// /v1/completions through the raw-completion path: the body becomes a raw_completion, `open` applies the policy
+// and generates, and the text comes back as OpenAI's completion (whole or streamed).
+generation_handler openai_completions(raw_generation_opener open);
 
 }  // namespace keepwarm

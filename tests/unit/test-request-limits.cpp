@@ -9,7 +9,7 @@
 #include "api/ollama-api.h"
 #include "api/openai-api.h"
 #include "http/http-server.h"
-#include "routes/generation-relay.h"
+#include "local/prompt-preparation.h"
 
 using namespace keepwarm;
 using json = nlohmann::ordered_json;

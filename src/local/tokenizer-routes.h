@@ -2,10 +2,10 @@
 #pragma once
 
 #include "http/http-server.h"
-#include "routes/server-context.h"
+#include "local/local-model.h"
 
 namespace keepwarm {
 
-void register_tokenizer_routes(http::http_server& server, server_context& ctx);
+void register_tokenizer_routes(http::http_server& server, local_model& model);
 
 }  // namespace keepwarm

@@ -1,14 +1,14 @@
 // See tokenizer-routes.h. Same request and response fields as llama-server.
-#include "routes/tokenizer-routes.h"
+#include "local/tokenizer-routes.h"
 
 #include <nlohmann/json.hpp>
 
 #include <optional>
 
+#include "base/request-error.h"
 #include "common.h"
 #include "engine/text-stream.h"
 #include "json/bounded-json.h"
-#include "routes/generation-relay.h"
 
 namespace keepwarm {
 
@@ -33,8 +33,8 @@ bool optional_bool(const json& body, const char* key, bool fallback) {
 }
 }  // namespace
 
-void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
-    server.add_route("POST", "/tokenize", [&ctx](const http::request& req, http::response_writer& w) {
+void register_tokenizer_routes(http::http_server& server, local_model& model) {
+    server.add_route("POST", "/tokenize", [&model](const http::request& req, http::response_writer& w) {
         const json body = parse_object(req);
         const auto content = body.find("content");
         if (content == body.end() || !content->is_string()) throw request_error(400, "'content' must be a string");
@@ -44,30 +44,30 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
         const std::string& text = content->get_ref<const std::string&>();
         // No prompt holds more tokens than the whole context; a text that is longer than that whatever it says is
         // refused before the tokenizer spends seconds per MB on it.
-        const int context = ctx.llm->options().context_size;
-        if (const size_t at_least = ctx.llm->min_tokens_for_text(text.size());
+        const int context = model.llm->options().context_size;
+        if (const size_t at_least = model.llm->min_tokens_for_text(text.size());
             at_least > static_cast<size_t>(context)) {
             throw request_error(400, "'content' has " + std::to_string(text.size()) + " bytes, at least " +
                                          std::to_string(at_least) + " tokens, more than the context's " +
                                          std::to_string(context));
         }
-        const auto tokens = common_tokenize(ctx.llm->vocab(), text, add_special, parse_special);
+        const auto tokens = common_tokenize(model.llm->vocab(), text, add_special, parse_special);
         json out = json::array();
         for (const llama_token t : tokens) {
             if (!with_pieces) {
                 out.push_back(t);
                 continue;
             }
-            out.push_back({{"id", t}, {"piece", sanitize_utf8(common_token_to_piece(ctx.llm->vocab(), t, true))}});
+            out.push_back({{"id", t}, {"piece", sanitize_utf8(common_token_to_piece(model.llm->vocab(), t, true))}});
         }
         w.send(200, "application/json", json{{"tokens", out}}.dump());
     });
 
-    server.add_route("POST", "/detokenize", [&ctx](const http::request& req, http::response_writer& w) {
+    server.add_route("POST", "/detokenize", [&model](const http::request& req, http::response_writer& w) {
         const json body = parse_object(req);
         const auto tokens = body.find("tokens");
         if (tokens == body.end() || !tokens->is_array()) throw request_error(400, "'tokens' must be an array");
-        const int n_vocab = llama_vocab_n_tokens(ctx.llm->vocab());
+        const int n_vocab = llama_vocab_n_tokens(model.llm->vocab());
         std::vector<llama_token> ids;
         for (const auto& t : *tokens) {
             if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
@@ -75,7 +75,7 @@ void register_tokenizer_routes(http::http_server& server, server_context& ctx) {
             }
             ids.push_back(t.get<llama_token>());
         }
-        const std::string text = common_detokenize(ctx.llm->vocab(), ids, /*special=*/true);
+        const std::string text = common_detokenize(model.llm->vocab(), ids, /*special=*/true);
         w.send(200, "application/json", json{{"content", sanitize_utf8(text)}}.dump());
     });
 }

@@ -1,5 +1,5 @@
-// See status-routes.h.
-#include "routes/status-routes.h"
+// See local-status-routes.h.
+#include "local/local-status-routes.h"
 
 #include <cstdio>
 
@@ -11,28 +11,14 @@ namespace {
 using json = nlohmann::ordered_json;
 }  // namespace
 
-void write_http_metrics(metrics_text& out, const http_counters& c) {
-    out.counter("keepwarm_chat_completion_requests_total", "POST /v1/chat/completions requests (OpenAI)",
-                c.chat_completions.load());
-    out.counter("keepwarm_completion_requests_total", "POST /v1/completions requests (OpenAI, raw prompt)",
-                c.completions.load());
-    out.counter("keepwarm_messages_requests_total", "POST /v1/messages requests (Anthropic)", c.messages.load());
-    out.counter("keepwarm_ollama_chat_requests_total", "POST /api/chat requests (Ollama)", c.ollama_chats.load());
-    out.counter("keepwarm_ollama_generate_requests_total", "POST /api/generate requests (Ollama)",
-                c.ollama_generates.load());
-    out.counter("keepwarm_client_errors_total", "Requests answered with a 4xx", c.client_errors.load());
-    out.counter("keepwarm_client_disconnects_total", "Clients gone before their answer was complete",
-                c.disconnects.load());
-}
-
-std::string render_metrics(const server_context& ctx) {
-    const engine_counters& c = ctx.llm->counters();
-    const auto slots = ctx.llm->slots();
+std::string render_metrics(const frontend_context& front, const local_model& model) {
+    const engine_counters& c = model.llm->counters();
+    const auto slots = model.llm->slots();
     int busy = 0;
     for (const auto& s : slots) busy += s.busy ? 1 : 0;
     metrics_text out;
     out.counter("keepwarm_requests_total", "Generation requests admitted to a slot", c.requests.load());
-    write_http_metrics(out, ctx.http);
+    write_http_metrics(out, front.http);
     out.counter("keepwarm_prompt_tokens_total", "Prompt tokens received", c.prompt_tokens.load());
     out.counter("keepwarm_reused_tokens_total", "Prompt tokens whose KV was reused from the cache",
                 c.reused_tokens.load());
@@ -51,8 +37,8 @@ std::string render_metrics(const server_context& ctx) {
     out.counter("keepwarm_request_errors_total", "Generations that ended with an error", c.errors.load());
     out.gauge("keepwarm_slots", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
     out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
-    out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", ctx.llm->queued());
-    const cache_snapshot cache = ctx.llm->cache_stats();
+    out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", model.llm->queued());
+    const cache_snapshot cache = model.llm->cache_stats();
     out.counter("keepwarm_cache_hits_total", "Requests that reused cached KV", cache.hits);
     out.counter("keepwarm_cache_misses_total", "Requests that reused nothing", cache.misses);
     out.gauge("keepwarm_cache_device_tokens", "Tokens whose KV cells the context holds", cache.device.tokens);
@@ -60,7 +46,7 @@ std::string render_metrics(const server_context& ctx) {
     out.gauge("keepwarm_cache_disk_bytes", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
     out.counter("keepwarm_cache_evictions_total", "Entries evicted from any tier",
                 cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
-    const prompt_tokenizer::counters index = ctx.tokenizer->snapshot();
+    const prompt_tokenizer::counters index = model.tokenizer->snapshot();
     out.gauge("keepwarm_prompt_index_tokens", "Tokens the prompt tokenizer's index holds",
               static_cast<double>(index.tokens_held));
     out.counter("keepwarm_prompt_index_matched_tokens_total",
@@ -92,20 +78,20 @@ static json cache_json(const cache_snapshot& c) {
             {"restore_failures", c.restore_failures}};
 }
 
-void register_status_routes(http::http_server& server, server_context& ctx) {
+void register_local_status_routes(http::http_server& server, frontend_context& front, local_model& model) {
     const http::route_options public_route{.requires_auth = false};
 
     server.add_route(
         "GET", "/health",
-        [&ctx](const http::request&, http::response_writer& w) {
+        [&model](const http::request&, http::response_writer& w) {
             int busy = 0;
-            const auto slots = ctx.llm->slots();
+            const auto slots = model.llm->slots();
             for (const auto& s : slots) busy += s.busy ? 1 : 0;
-            const engine_health health = ctx.llm->health();
+            const engine_health health = model.llm->health();
             json body = {{"status", health.stalled ? "stalled" : "ok"},
                          {"slots_idle", static_cast<int>(slots.size()) - busy},
                          {"slots_processing", busy},
-                         {"queued", ctx.llm->queued()}};
+                         {"queued", model.llm->queued()}};
             if (!health.stalled) {
                 w.send(200, "application/json", body.dump());
                 return;
@@ -120,14 +106,14 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
         },
         public_route);
 
-    server.add_route("GET", "/metrics", [&ctx](const http::request&, http::response_writer& w) {
-        w.send(200, "text/plain; version=0.0.4", render_metrics(ctx));
+    server.add_route("GET", "/metrics", [&front, &model](const http::request&, http::response_writer& w) {
+        w.send(200, "text/plain; version=0.0.4", render_metrics(front, model));
     });
 
-    server.add_route("GET", "/v1/cache", [&ctx](const http::request&, http::response_writer& w) {
-        json body = cache_json(ctx.llm->cache_stats());
-        const prompt_tokenizer::counters t = ctx.tokenizer->snapshot();
-        body["prompt_index"] = {{"indexed", ctx.tokenizer->indexed()},
+    server.add_route("GET", "/v1/cache", [&model](const http::request&, http::response_writer& w) {
+        json body = cache_json(model.llm->cache_stats());
+        const prompt_tokenizer::counters t = model.tokenizer->snapshot();
+        body["prompt_index"] = {{"indexed", model.tokenizer->indexed()},
                                 {"lookups", t.lookups},
                                 {"tokens_matched", t.tokens_matched},
                                 {"tokens_tokenized", t.tokens_tokenized},
@@ -137,24 +123,24 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
         w.send(200, "application/json", body.dump());
     });
 
-    server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
-        w.send(200, "application/json", ctx.policy->to_json().dump());
+    server.add_route("GET", "/v1/policy", [&front](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", front.policy->to_json().dump());
     });
 
-    const auto models = [&ctx](const http::request&, http::response_writer& w) {
-        const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
-        const auto& eo = ctx.llm->options();
-        json model = {{"id", ctx.model_id},
+    const auto models = [&front, &model](const http::request&, http::response_writer& w) {
+        const auto created = std::chrono::duration_cast<std::chrono::seconds>(front.started.time_since_epoch()).count();
+        const auto& eo = model.llm->options();
+        json entry = {{"id", front.model_id},
                       {"object", "model"},
                       {"created", created},
                       {"owned_by", "keepwarm"},
                       {"meta",
-                       {{"path", ctx.model_path},
+                       {{"path", model.model_path},
                         {"n_ctx", eo.context_size},
-                        {"n_ctx_slot", ctx.llm->slot_context_size()},
+                        {"n_ctx_slot", model.llm->slot_context_size()},
                         {"slots", eo.slots},
-                        {"random_weights", ctx.random_weights}}}};
-        json body = {{"object", "list"}, {"data", json::array({model})}};
+                        {"random_weights", model.random_weights}}}};
+        json body = {{"object", "list"}, {"data", json::array({entry})}};
         w.send(200, "application/json", body.dump());
     };
     server.add_route("GET", "/v1/models", models);

@@ -1,0 +1,66 @@
+// See generation-source.h.
+#include "routes/generation-source.h"
+
+#include <cstdio>
+
+#include "routes/client-identity.h"
+
+namespace keepwarm {
+
+policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
+                                            chat_request& chat, const std::string& id, http::header_list& headers,
+                                            policy::policy_use use) {
+    const std::string client = client_name(req);
+    policy::policy_outcome outcome = policy.apply(chat, {.client = client, .headers = &req.headers}, use);
+    if (!outcome.fired.empty()) {
+        const std::string rules = outcome.header_value();
+        headers.emplace_back("x-keepwarm-policy", rules);
+        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id.c_str(), client.c_str(), chat.api.c_str(),
+                     rules.c_str());
+    }
+    return outcome;
+}
+
+policy::policy_outcome apply_raw_completion_policy(const policy::request_policy& policy, const http::request& req,
+                                                   chat_request& params, const std::string& id,
+                                                   http::header_list& headers) {
+    // Counting: a raw prompt is never answered as a ping (there is no chat reply to give it).
+    return apply_request_policy(policy, req, params, id, headers, policy::policy_use::counting);
+}
+
+ping_answer::ping_answer(std::string reply) {
+    reply_.role = "assistant";
+    reply_.content = std::move(reply);
+}
+
+generation_source::update ping_answer::next() {
+    generation_source::update u;
+    u.done = true;
+    if (!answered_) {
+        common_chat_msg_diff diff;
+        diff.content_delta = reply_.content;
+        u.diffs.push_back(std::move(diff));
+        answered_ = true;
+    }
+    return u;
+}
+
+bool client_watch::gone() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ < client_check_interval) return false;
+    last_check_ = now;
+    return w_.client_gone();
+}
+
+generation_stats reported_stats(const generation_stats& st) {
+    if (!st.reuse_hidden) return st;
+    generation_stats shown = st;
+    shown.reused_tokens = shown.reused_device = shown.reused_ram = shown.reused_disk = 0;
+    shown.checkpoint_pos = -1;
+    shown.matched_tokens = 0;
+    shown.divergence.clear();
+    shown.computed_tokens = shown.prompt_tokens;
+    return shown;
+}
+
+}  // namespace keepwarm
