@@ -1,39 +1,40 @@
-// The upstream engines behind `keepwarm proxy`: their configuration, their health (polled with a call that never runs
-// inference), the model each one serves, and the cache-aware router that picks one per request.
-// Threading: every member function may be called from any thread; one mutex guards the router and what the health
-// checks learned.
+// The upstream engines behind `keepwarm proxy`, as the request path sees them: one object that composes the parts,
+// each with one job, its own lock and its own tests:
+//   upstream_router       where a request goes (cache-aware, pure; upstream-router.h)
+//   upstream_health       the checker thread and each upstream's up/down state (upstream-health.h)
+//   upstream_connections  the kept-alive idle connections per upstream (upstream-connections.h)
+//   bias_tokens           the policy's bias texts as each upstream's token ids (upstream-bias-tokens.h)
+//   added_latency         the proxy's own share of time to first token (upstream-stats.h, with the /v1/cache and
+//                         /metrics text)
+// The health checks drive the others: an upstream found down is taken out of routing and loses its idle connections
+// and its bias tokens; one found up is routed to again (its prefix tree starts empty) and asked for its bias tokens.
+// Threading: every member function may be called from any thread. router_mu_ guards the router; the other parts
+// guard themselves. Lock order: the health lock, then any other (the health hook takes them under it); the pool
+// never calls into upstream_health while it holds router_mu_.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "http/http-client.h"
+#include "proxy/upstream-bias-tokens.h"
+#include "proxy/upstream-config.h"
+#include "proxy/upstream-connections.h"
 #include "proxy/upstream-dialects.h"
+#include "proxy/upstream-health.h"
 #include "proxy/upstream-router.h"
+#include "proxy/upstream-stats.h"
 #include "routes/metrics-text.h"
 
 namespace keepwarm::proxy {
-
-struct upstream_config {
-    http::endpoint origin;
-    upstream_dialect dialect = upstream_dialect::openai;
-    std::string model;    // the one model sent to it; empty: the first one its health answer lists
-    std::string api_key;  // sent in the header its API reads; empty: none
-
-    // "URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY]". Throws std::invalid_argument naming the part.
-    static upstream_config parse(const std::string& spec);
-};
 
 struct pool_options {
     router_options routing;
@@ -118,39 +119,23 @@ public:
     void write_metrics(metrics_text& out) const;
 
 private:
-    void check_all();
-    void health_loop();
-    route route_for(const upstream_router::decision& d, const std::string& fallback_model) const;  // holds mu_
-    // Asks upstream `i` for the token of each bias text; -1 for a text that is not one token. Empty when it cannot say.
-    // The bias texts' token ids at upstream i (an empty map: they cannot be bound there); nullopt after a failure
-    // that may pass, to be asked again. Health-check thread only.
-    std::optional<std::map<std::string, int32_t>> resolve_bias_tokens(size_t i, const http::client_options& client);
+    // The route for a decision; takes the health lock (for the listed model), so never called under router_mu_.
+    route route_for(const upstream_router::decision& d, const std::string& fallback_model) const;
+    // What each part knows of every upstream now (taken part by part, not as one instant).
+    std::vector<upstream_snapshot> snapshot() const;
+    // What a health check or a failed call said, passed on to routing, connections and bias tokens (under the
+    // health lock).
+    void on_health(const health_event& e);
 
     const std::vector<upstream_config> upstreams_;
     const pool_options options_;
 
-    mutable std::mutex mu_;
-    upstream_router router_;                  // guarded by mu_
-    std::vector<std::string> listed_models_;  // guarded by mu_: what each health answer listed first
-    struct connection_pool {
-        std::vector<std::unique_ptr<http::client_connection>> idle;
-        uint64_t opened = 0;  // connections made for requests (not counting health checks)
-        uint64_t reused = 0;  // requests sent on a kept-alive connection
-    };
-    std::vector<connection_pool> connections_;  // guarded by mu_
-    struct overhead_samples {
-        std::vector<float> forward, first_delta;  // ring buffers
-        size_t next = 0;
-        latency_histogram forward_hist, first_delta_hist,
-            total_hist;  // every request since the start (and their count)
-    };
-    overhead_samples overhead_;  // guarded by mu_
-    // guarded by mu_: per upstream, bias text -> token (-1: not one token); nullopt until asked while it was up
-    std::vector<std::optional<std::map<std::string, int32_t>>> bias_tokens_;
-    std::vector<int> bias_retries_;  // health-check thread only: failed attempts in a row, per upstream
-    bool stopping_ = false;          // guarded by mu_
-    std::condition_variable stop_cv_;
-    std::thread health_thread_;
+    mutable std::mutex router_mu_;
+    upstream_router router_;  // guarded by router_mu_
+    upstream_connections connections_;
+    bias_tokens bias_tokens_;
+    added_latency latency_;
+    upstream_health health_;  // last: destroyed first, so its thread stops before the parts its hooks reach go
 };
 
 }  // namespace keepwarm::proxy

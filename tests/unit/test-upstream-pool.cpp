@@ -1,6 +1,8 @@
-// upstream_pool's health checks against keepwarm's own http_server on 127.0.0.1 standing in for an upstream: the
-// policy's forced logit biases are bound to the upstream's token ids through its POST /tokenize, asked again after a
-// failure that may pass (5xx, 429, no answer) and not after a definite one (the upstream has no /tokenize).
+// upstream_pool, the parts put together, against keepwarm's own http_server on 127.0.0.1 standing in for an upstream:
+// what a health check learns reaches routing (an upstream found down gets no request, one that restarted loses its
+// prefix tree), the idle connections and the bias tokens; a failed call takes an upstream out of routing without
+// forgetting its bias tokens; the model sent is the configured one, else the listed one, else the client's; /v1/cache
+// and /metrics show every part; the key sent upstream.
 #include "proxy/upstream-pool.h"
 
 #include <gtest/gtest.h>
@@ -8,8 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "http/http-server.h"
 
@@ -18,38 +22,52 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// An OpenAI-dialect upstream whose /tokenize answers `failures` times with `failure_status`, then with token 42.
+// An OpenAI-dialect upstream: its health answer (status and listing) can change; /tokenize answers
+// `tokenize_failures` times 503, then token 42; POST /echo answers its body.
 class fake_upstream {
 public:
-    fake_upstream(int failures, int failure_status) : failures_(failures), failure_status_(failure_status) {
+    explicit fake_upstream(int tokenize_failures = 0) : tokenize_failures_(tokenize_failures) {
         http::server_options options;
         options.port = 0;
         server_ = std::make_unique<http::http_server>(options);
-        server_->add_route("GET", "/v1/models", [](const http::request&, http::response_writer& w) {
-            w.send(200, "application/json", R"({"object":"list","data":[{"id":"m"}]})");
+        server_->add_route("GET", "/v1/models", [this](const http::request&, http::response_writer& w) {
+            std::lock_guard lock(mu_);
+            w.send(status_, "application/json", listing_);
         });
         server_->add_route("POST", "/tokenize", [this](const http::request&, http::response_writer& w) {
-            if (calls++ < failures_) {
-                w.send(failure_status_, "application/json", R"({"error":"not now"})");
+            if (tokenize_calls++ < tokenize_failures_) {
+                w.send(503, "application/json", R"({"error":"not now"})");
             } else {
                 w.send(200, "application/json", R"({"tokens":[42]})");
             }
         });
+        server_->add_route("POST", "/echo", [](const http::request& req, http::response_writer& w) {
+            w.send(200, "text/plain", req.body);
+        });
         server_->start();
     }
     std::string url() const { return "http://127.0.0.1:" + std::to_string(server_->port()); }
+    void answer(int status, std::string listing = R"({"object":"list","data":[{"id":"m"}]})") {
+        std::lock_guard lock(mu_);
+        status_ = status;
+        listing_ = std::move(listing);
+    }
 
-    std::atomic<int> calls{0};
+    std::atomic<int> tokenize_calls{0};
 
 private:
-    int failures_, failure_status_;
+    int tokenize_failures_;
+    std::mutex mu_;
+    int status_ = 200;
+    std::string listing_ = R"({"object":"list","data":[{"id":"m"}]})";
     std::unique_ptr<http::http_server> server_;
 };
 
-proxy::pool_options biases_for(const std::string& text) {
+proxy::pool_options checking_every(std::chrono::milliseconds interval, std::vector<std::string> bias_texts = {}) {
     proxy::pool_options options;
-    options.health_interval = 20ms;
-    options.bias_texts = {text};
+    options.health_interval = interval;
+    options.health_timeout = 1s;
+    options.bias_texts = std::move(bias_texts);
     return options;
 }
 
@@ -61,26 +79,138 @@ bool eventually(const auto& condition) {
     return condition();
 }
 
-}  // namespace
-
-TEST(upstream_pool, a_bias_token_is_asked_for_again_after_a_failure_that_may_pass) {
-    fake_upstream upstream(/*failures=*/2, /*failure_status=*/503);
-    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, biases_for("<think>"));
-    pool.start_health_checks();
-    ASSERT_TRUE(eventually([&] { return pool.bias_token(0, "<think>").has_value(); }))
-        << "tokenize calls: " << upstream.calls.load();
-    EXPECT_EQ(*pool.bias_token(0, "<think>"), 42);
-    EXPECT_EQ(upstream.calls.load(), 3);
+// Gives a connection that carried one whole request back to the pool.
+void keep_one_alive(proxy::upstream_pool& pool, size_t upstream) {
+    auto conn = pool.connection(upstream);
+    conn->send("POST", "/echo", "hi", "text/plain");
+    ASSERT_EQ(conn->read_body(), "hi");
+    pool.keep_alive(upstream, std::move(conn));
 }
 
-TEST(upstream_pool, a_bias_token_is_not_asked_for_again_where_there_is_no_tokenize) {
-    fake_upstream upstream(/*failures=*/1000, /*failure_status=*/404);
-    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, biases_for("<think>"));
+const std::vector<uint64_t> blocks = {1, 2, 3};
+
+}  // namespace
+
+TEST(upstream_pool, a_bias_token_is_asked_for_again_at_the_health_checks_after_a_failure_that_may_pass) {
+    fake_upstream upstream(/*tokenize_failures=*/2);
+    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, checking_every(20ms, {"<think>"}));
     pool.start_health_checks();
-    ASSERT_TRUE(eventually([&] { return upstream.calls.load() >= 1; }));
-    std::this_thread::sleep_for(200ms);  // ten more health checks
-    EXPECT_EQ(upstream.calls.load(), 1);
-    EXPECT_FALSE(pool.bias_token(0, "<think>").has_value());
+    ASSERT_TRUE(eventually([&] { return pool.bias_token(0, "<think>").has_value(); }))
+        << "tokenize calls: " << upstream.tokenize_calls.load();
+    EXPECT_EQ(*pool.bias_token(0, "<think>"), 42);
+    EXPECT_EQ(upstream.tokenize_calls.load(), 3);
+}
+
+TEST(upstream_pool, an_upstream_a_check_finds_down_gets_no_request_and_loses_its_idle_connections_and_bias_tokens) {
+    fake_upstream upstream;
+    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, checking_every(20ms, {"<think>"}));
+    pool.start_health_checks();
+    EXPECT_EQ(pool.bias_token(0, "<think>"), 42);  // the first check, in start_health_checks(), bound it
+    keep_one_alive(pool, 0);
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["connections"]["idle"], 1);
+
+    upstream.answer(503);
+    ASSERT_TRUE(eventually([&] { return pool.healthy_count() == 0; }));
+    EXPECT_FALSE(pool.acquire(blocks, {}, "client-model"));
+    EXPECT_FALSE(pool.peek(blocks, "client-model"));
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["connections"]["idle"], 0);
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["healthy"], false);
+    EXPECT_FALSE(pool.bias_token(0, "<think>"));
+
+    upstream.answer(200);
+    ASSERT_TRUE(eventually([&] { return pool.bias_token(0, "<think>").has_value(); }));
+    EXPECT_EQ(upstream.tokenize_calls.load(), 2);  // asked again: it may have come back with another model
+    EXPECT_EQ(pool.healthy_count(), 1u);
+    EXPECT_TRUE(pool.acquire(blocks, {}, "client-model"));
+}
+
+TEST(upstream_pool, a_failed_call_takes_an_upstream_out_of_routing_and_keeps_its_bias_tokens) {
+    fake_upstream upstream;
+    proxy::upstream_pool pool(
+        {proxy::upstream_config::parse(upstream.url()), proxy::upstream_config::parse(upstream.url())},
+        checking_every(std::chrono::hours(1), {"<think>"}));
+    pool.start_health_checks();
+    keep_one_alive(pool, 0);
+    pool.mark_down(0, "it timed out");
+    EXPECT_EQ(pool.healthy_count(), 1u);
+    for (int i = 0; i < 5; ++i) {
+        const auto route = pool.acquire(blocks, {}, "client-model");
+        ASSERT_TRUE(route);
+        EXPECT_EQ(route->upstream, 1u);
+        pool.release(route->upstream);
+    }
+    EXPECT_FALSE(pool.acquire(blocks, {1}, "client-model"));
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["connections"]["idle"], 0);
+    keep_one_alive(pool, 0);  // a request that was under way: its connection is not kept
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["connections"]["idle"], 0);
+    EXPECT_EQ(pool.bias_token(0, "<think>"), 42);  // a timeout says nothing of its model
+}
+
+TEST(upstream_pool, a_restarted_keepwarm_upstream_loses_its_prefix_tree) {
+    fake_upstream upstream;
+    upstream.answer(200, R"({"object":"list","data":[{"id":"q","owned_by":"keepwarm","created":1}]})");
+    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, checking_every(20ms));
+    pool.start_health_checks();
+    const auto route = pool.acquire(blocks, {}, "client-model");
+    ASSERT_TRUE(route);
+    pool.release(route->upstream);
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["tree_blocks"], 3);
+
+    upstream.answer(200, R"({"object":"list","data":[{"id":"q","owned_by":"keepwarm","created":2}]})");
+    ASSERT_TRUE(eventually([&] { return pool.cache_json()["upstreams"][0]["forgotten"] == 1; }));
+    EXPECT_EQ(pool.cache_json()["upstreams"][0]["tree_blocks"], 0);
+    EXPECT_EQ(pool.healthy_count(), 1u);
+}
+
+TEST(upstream_pool, the_model_sent_is_the_configured_one_else_the_listed_one_else_the_clients) {
+    fake_upstream upstream;
+    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url() + ",model=configured"),
+                               proxy::upstream_config::parse(upstream.url())},
+                              checking_every(std::chrono::hours(1)));
+    // Before any check nothing is listed.
+    EXPECT_EQ(pool.acquire(blocks, {1}, "client-model")->model, "configured");
+    EXPECT_EQ(pool.acquire(blocks, {0}, "client-model")->model, "client-model");
+    EXPECT_EQ(pool.cache_json()["upstreams"][1]["model"], "");
+    pool.start_health_checks();
+    EXPECT_EQ(pool.acquire(blocks, {0}, "client-model")->model, "m");
+    EXPECT_EQ(pool.cache_json()["upstreams"][1]["model"], "m");
+    const auto peeked = pool.peek({}, "client-model");  // nothing counted: the least loaded is still upstream 0
+    ASSERT_TRUE(peeked);
+    EXPECT_EQ(peeked->config, &pool.config(peeked->upstream));
+}
+
+TEST(upstream_pool, cache_json_and_metrics_show_routing_health_connections_and_added_latency) {
+    fake_upstream upstream;
+    proxy::upstream_pool pool({proxy::upstream_config::parse(upstream.url())}, checking_every(std::chrono::hours(1)));
+    pool.start_health_checks();
+    const auto route = pool.acquire(blocks, {}, "client-model");
+    ASSERT_TRUE(route);
+    keep_one_alive(pool, 0);
+    pool.record_overhead(0.5, 0.25);
+
+    const auto cache = pool.cache_json();
+    const auto& u = cache["upstreams"][0];
+    EXPECT_EQ(u["url"], upstream.url());
+    EXPECT_EQ(u["dialect"], "openai");
+    EXPECT_EQ(u["model"], "m");
+    EXPECT_EQ(u["healthy"], true);
+    EXPECT_EQ(u["requests"], 1);
+    EXPECT_EQ(u["in_flight"], 1);
+    EXPECT_EQ(u["connections"]["opened"], 1);
+    EXPECT_EQ(u["connections"]["idle"], 1);
+    EXPECT_EQ(cache["overhead_ms"]["requests"], 1);
+    EXPECT_FLOAT_EQ(cache["overhead_ms"]["total"]["max"].get<float>(), 0.75f);
+    EXPECT_EQ(cache["routing"]["block_chars"], pool.routing().block_chars);
+
+    pool.release(route->upstream);
+    metrics_text out;
+    pool.write_metrics(out);
+    const std::string text = out.str();
+    const std::string label = "{upstream=\"" + upstream.url() + "\"}";
+    EXPECT_NE(text.find("keepwarm_proxy_upstream_up" + label + " 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("keepwarm_proxy_in_flight" + label + " 0\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("keepwarm_proxy_connections_idle" + label + " 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("keepwarm_proxy_added_latency_seconds_count{phase=\"total\"} 1\n"), std::string::npos) << text;
 }
 
 TEST(upstream_pool, with_tenants_an_upstream_without_a_key_gets_the_clients_key) {

@@ -1,0 +1,23 @@
+// One upstream engine behind `keepwarm proxy` as the operator configured it: where it is, which API it speaks, the
+// model sent to it and the key it wants. Every part of the pool (health, connections, bias tokens) reads it.
+// Threading: a plain value, immutable once the pool is built.
+#pragma once
+
+#include <string>
+
+#include "http/http-client.h"
+#include "proxy/upstream-dialects.h"
+
+namespace keepwarm::proxy {
+
+struct upstream_config {
+    http::endpoint origin;
+    upstream_dialect dialect = upstream_dialect::openai;
+    std::string model;    // the one model sent to it; empty: the first one its health answer lists
+    std::string api_key;  // sent in the header its API reads; empty: none
+
+    // "URL[,dialect=openai|anthropic|ollama][,model=NAME][,key=KEY]". Throws std::invalid_argument naming the part.
+    static upstream_config parse(const std::string& spec);
+};
+
+}  // namespace keepwarm::proxy
