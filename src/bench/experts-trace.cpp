@@ -10,9 +10,11 @@
 #include <istream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace keepwarm {
 
@@ -47,7 +49,9 @@ public:
     }
 
     std::string get_string() {
-        std::string text(get<uint32_t>(), '\0');
+        const uint32_t size = get<uint32_t>();
+        if (size > left_) throw std::runtime_error("truncated");
+        std::string text(size, '\0');
         take(text.data(), text.size());
         return text;
     }
@@ -131,19 +135,51 @@ std::string json_trace(const expert_trace& trace) {
     return j.dump();
 }
 
+// The JSON value as a T if it is a whole number T can hold; nlohmann's get<T>() would truncate 2.5, wrap -1 and
+// convert 1e30 with undefined behaviour.
+template <typename T>
+std::optional<T> whole_number(const nlohmann::json& value) {
+    if (value.is_number_unsigned()) {
+        const uint64_t number = value.get<uint64_t>();
+        if (std::in_range<T>(number)) return T(number);
+    } else if (value.is_number_integer()) {
+        const int64_t number = value.get<int64_t>();
+        if (std::in_range<T>(number)) return T(number);
+    }
+    return std::nullopt;
+}
+
+template <typename T>
+T whole_field(const nlohmann::json& object, const std::string& key) {
+    if (const std::optional<T> number = whole_number<T>(object.at(key))) return *number;
+    throw std::runtime_error("'" + key + "' must be a whole number from " +
+                             std::to_string(std::numeric_limits<T>::min()) + " to " +
+                             std::to_string(std::numeric_limits<T>::max()));
+}
+
 expert_trace parse_json_trace(const std::string& text) {
     const auto j = nlohmann::json::parse(text);
     if (j.value("format", "") != "keepwarm-expert-trace") throw std::runtime_error("not a keepwarm expert trace");
     expert_trace trace;
     trace.model_path = j.at("model").value("path", "");
     trace.model_desc = j.at("model").value("desc", "");
-    trace.n_expert = j.at("n_expert").get<uint32_t>();
-    trace.n_expert_used = j.at("n_expert_used").get<uint32_t>();
-    trace.n_prompt_tokens = j.at("prompt_tokens").get<uint64_t>();
-    trace.n_generated_tokens = j.at("generated_tokens").get<uint64_t>();
+    trace.n_expert = whole_field<uint32_t>(j, "n_expert");
+    trace.n_expert_used = whole_field<uint32_t>(j, "n_expert_used");
+    trace.n_prompt_tokens = whole_field<uint64_t>(j, "prompt_tokens");
+    trace.n_generated_tokens = whole_field<uint64_t>(j, "generated_tokens");
+    if (!j.at("layers").is_array()) throw std::runtime_error("'layers' must be an array");
     for (const auto& layer : j.at("layers")) {
-        trace.layers.push_back({layer.at("layer").get<int>(), layer.at("expert_bytes").get<uint64_t>(),
-                                layer.at("ids").get<std::vector<int32_t>>()});
+        expert_layer_trace& read = trace.layers.emplace_back();
+        read.layer = whole_field<int>(layer, "layer");
+        read.expert_bytes = whole_field<uint64_t>(layer, "expert_bytes");
+        const std::string where = "layer " + std::to_string(read.layer);
+        if (!layer.at("ids").is_array()) throw std::runtime_error(where + ": 'ids' must be an array");
+        read.ids.reserve(layer.at("ids").size());
+        for (const auto& id : layer.at("ids")) {
+            const std::optional<int32_t> number = whole_number<int32_t>(id);
+            if (!number) throw std::runtime_error(where + ": an expert id is not a whole number");
+            read.ids.push_back(*number);
+        }
     }
     return trace;
 }
@@ -160,6 +196,13 @@ void validate_expert_trace(const expert_trace& trace) {
                                     ")");
     }
     if (trace.layers.empty()) throw std::invalid_argument("the trace has no MoE layers");
+    // Checked first so that the id count each layer needs is a number, not one wrapped around.
+    if (trace.n_prompt_tokens > std::numeric_limits<uint64_t>::max() - trace.n_generated_tokens ||
+        trace.n_tokens() > std::numeric_limits<uint64_t>::max() / trace.n_expert_used) {
+        throw std::invalid_argument(std::to_string(trace.n_prompt_tokens) + " + " +
+                                    std::to_string(trace.n_generated_tokens) +
+                                    " tokens are more than a trace can hold");
+    }
     const uint64_t expected = trace.n_tokens() * trace.n_expert_used;
     std::vector<uint64_t> seen_in_token(trace.n_expert, std::numeric_limits<uint64_t>::max());
     for (const auto& layer : trace.layers) {
