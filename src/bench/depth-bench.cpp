@@ -15,7 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "bench/experts-bench.h"
+#include "bench/experts-command.h"
 #include "bench/gauntlet-command.h"
 #include "bench/report-text.h"
 #include "common.h"
