@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/openai-api.h"
+
 namespace keepwarm {
 
 namespace {
@@ -144,18 +146,12 @@ void register_status_routes(http::http_server& server, server_context& ctx) {
     const auto models = [&ctx](const http::request&, http::response_writer& w) {
         const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
         const auto& eo = ctx.llm->options();
-        json model = {{"id", ctx.model_id},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "keepwarm"},
-                      {"meta",
-                       {{"path", ctx.model_path},
-                        {"n_ctx", eo.context_size},
-                        {"n_ctx_slot", ctx.llm->slot_context_size()},
-                        {"slots", eo.slots},
-                        {"random_weights", ctx.random_weights}}}};
-        json body = {{"object", "list"}, {"data", json::array({model})}};
-        w.send(200, "application/json", body.dump());
+        const json meta = {{"path", ctx.model_path},
+                           {"n_ctx", eo.context_size},
+                           {"n_ctx_slot", ctx.llm->slot_context_size()},
+                           {"slots", eo.slots},
+                           {"random_weights", ctx.random_weights}};
+        w.send(200, "application/json", api::models_list_json(ctx.model_id, created, "keepwarm", meta).dump());
     };
     server.add_route("GET", "/v1/models", models);
     server.add_route("GET", "/models", models);
