@@ -10,9 +10,9 @@
 #include <limits>
 #include <set>
 
+#include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
-#include "base/request-error.h"
 
 namespace keepwarm::api::ollama {
 
@@ -328,6 +328,18 @@ std::string parse_show_request(const json& body) {
     if (!model || model->empty()) model = get_string(body, "name", "name");
     if (!model || model->empty()) fail("'model' is required");
     return *model;
+}
+
+metrics metrics_of(const usage_info& usage, const timings_info& timings, std::chrono::nanoseconds total) {
+    const auto ns = [](double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); };
+    return {.total_ns = total.count(),
+            .load_ns = ns(timings.setup_ms),
+            .prompt_eval_ns = ns(timings.prompt_ms),
+            .eval_ns = ns(timings.predicted_ms),
+            .prompt_tokens = usage.prompt_tokens,
+            .cached_tokens = usage.cached_tokens,
+            .generated_tokens = usage.completion_tokens,
+            .cache = usage.cache};
 }
 
 std::string rfc3339(std::chrono::system_clock::time_point t) {

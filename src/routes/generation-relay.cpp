@@ -93,17 +93,6 @@ void bind_to_vocab(const server_context& ctx, common_params_sampling& sampling) 
     for (const llama_token t : ctx.llm->eog_tokens()) sampling.logit_bias.push_back({t, -INFINITY});
 }
 
-generation_stats reported_stats(const generation_stats& st) {
-    if (!st.reuse_hidden) return st;
-    generation_stats shown = st;
-    shown.reused_tokens = shown.reused_device = shown.reused_ram = shown.reused_disk = 0;
-    shown.checkpoint_pos = -1;
-    shown.matched_tokens = 0;
-    shown.divergence.clear();
-    shown.computed_tokens = shown.prompt_tokens;
-    return shown;
-}
-
 size_t widest_alternation(const std::string& grammar) {
     size_t widest = 0;
     size_t in_rule = 0;

@@ -54,9 +54,6 @@ std::string grammar_field(const chat_request& chat, const common_params_sampling
 
 int64_t unix_now();
 
-// The numbers a response may show: `st` itself, or with reuse hidden (st.reuse_hidden), as if nothing was reused.
-generation_stats reported_stats(const generation_stats& st);
-
 // Waits for the next event of a submitted generation. Returns nullopt once the client is gone, after telling the
 // generation to stop. The socket is checked every 50 ms whether or not tokens are flowing: a non-streamed answer
 // writes nothing until the end, so only this check notices a client that left.
