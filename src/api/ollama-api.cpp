@@ -330,6 +330,18 @@ std::string parse_show_request(const json& body) {
     return *model;
 }
 
+metrics metrics_of(const usage_info& usage, const timings_info& timings, std::chrono::nanoseconds total) {
+    const auto ns = [](double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); };
+    return {.total_ns = total.count(),
+            .load_ns = ns(timings.setup_ms),
+            .prompt_eval_ns = ns(timings.prompt_ms),
+            .eval_ns = ns(timings.predicted_ms),
+            .prompt_tokens = usage.prompt_tokens,
+            .cached_tokens = usage.cached_tokens,
+            .generated_tokens = usage.completion_tokens,
+            .cache = usage.cache};
+}
+
 std::string rfc3339(std::chrono::system_clock::time_point t) {
     using namespace std::chrono;
     const auto since_epoch = duration_cast<nanoseconds>(t.time_since_epoch());

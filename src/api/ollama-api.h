@@ -71,6 +71,11 @@ struct metrics {
     cache_detail cache;
 };
 
+// A response's neutral numbers (chat/generation-report) in Ollama's fields and units: load_duration is the setup time,
+// prompt_eval_duration the prompt's, eval_duration the generation's, each in nanoseconds; `total`: request received
+// -> now.
+metrics metrics_of(const usage_info& usage, const timings_info& timings, std::chrono::nanoseconds total);
+
 // Go's time.RFC3339Nano in UTC, as Ollama writes created_at: "2024-05-01T12:00:00.123456789Z", trailing zeros of the
 // fraction dropped (and the dot with them when the time is a whole second).
 std::string rfc3339(std::chrono::system_clock::time_point t);

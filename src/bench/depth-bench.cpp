@@ -36,18 +36,6 @@ std::vector<std::string> split_list(const std::string& text) {
     return items;
 }
 
-ggml_type to_ggml_type(kv_cache_type type) {
-    switch (type) {
-        case kv_cache_type::f16:
-            return GGML_TYPE_F16;
-        case kv_cache_type::q8_0:
-            return GGML_TYPE_Q8_0;
-        case kv_cache_type::q4_0:
-            return GGML_TYPE_Q4_0;
-    }
-    return GGML_TYPE_F16;
-}
-
 using report_text::fixed;
 using report_text::xml_escape;
 

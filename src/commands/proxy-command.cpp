@@ -10,6 +10,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "api/openai-api.h"
 #include "commands/listen-options.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
@@ -114,8 +115,7 @@ void register_proxy_status_routes(http::http_server& server, frontend_context& c
     });
     const auto models = [&ctx](const http::request&, http::response_writer& w) {
         const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
-        const json model = {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "keepwarm"}};
-        w.send(200, "application/json", json{{"object", "list"}, {"data", json::array({model})}}.dump());
+        w.send(200, "application/json", api::models_list_json(ctx.model_id, created, "keepwarm").dump());
     };
     server.add_route("GET", "/v1/models", models);
     server.add_route("GET", "/models", models);

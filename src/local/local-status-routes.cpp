@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/openai-api.h"
+
 namespace keepwarm {
 
 namespace {
@@ -130,18 +132,12 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
     const auto models = [&front, &model](const http::request&, http::response_writer& w) {
         const auto created = std::chrono::duration_cast<std::chrono::seconds>(front.started.time_since_epoch()).count();
         const auto& eo = model.llm->options();
-        json entry = {{"id", front.model_id},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "keepwarm"},
-                      {"meta",
-                       {{"path", model.model_path},
-                        {"n_ctx", eo.context_size},
-                        {"n_ctx_slot", model.llm->slot_context_size()},
-                        {"slots", eo.slots},
-                        {"random_weights", model.random_weights}}}};
-        json body = {{"object", "list"}, {"data", json::array({entry})}};
-        w.send(200, "application/json", body.dump());
+        const json meta = {{"path", model.model_path},
+                           {"n_ctx", eo.context_size},
+                           {"n_ctx_slot", model.llm->slot_context_size()},
+                           {"slots", eo.slots},
+                           {"random_weights", model.random_weights}};
+        w.send(200, "application/json", api::models_list_json(front.model_id, created, "keepwarm", meta).dump());
     };
     server.add_route("GET", "/v1/models", models);
     server.add_route("GET", "/models", models);

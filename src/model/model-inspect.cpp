@@ -1,9 +1,12 @@
-// GGUF metadata reading for `keepwarm inspect`: only the header is read, so a multi-gigabyte model is instant.
-// The per-layer rules mirror llama.cpp's hparams loading for the layouts keepwarm serves (dense, MoE, hybrid).
+// GGUF metadata reading for `keepwarm inspect` and Ollama's /api/show and /api/ps: only the header is read, so a
+// multi-gigabyte model is instant. The per-layer rules mirror llama.cpp's hparams loading for the layouts keepwarm
+// serves (dense, MoE, hybrid).
 #include "model/model-inspect.h"
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -19,6 +22,29 @@
 namespace keepwarm {
 
 namespace {
+
+// Bytes of one scalar GGUF value (0 for strings and arrays, whose size is not fixed).
+size_t gguf_type_size(gguf_type type) {
+    switch (type) {
+        case GGUF_TYPE_UINT8:
+        case GGUF_TYPE_INT8:
+        case GGUF_TYPE_BOOL:
+            return 1;
+        case GGUF_TYPE_UINT16:
+        case GGUF_TYPE_INT16:
+            return 2;
+        case GGUF_TYPE_UINT32:
+        case GGUF_TYPE_INT32:
+        case GGUF_TYPE_FLOAT32:
+            return 4;
+        case GGUF_TYPE_UINT64:
+        case GGUF_TYPE_INT64:
+        case GGUF_TYPE_FLOAT64:
+            return 8;
+        default:
+            return 0;
+    }
+}
 
 class metadata {
 public:
@@ -64,28 +90,6 @@ public:
     }
 
 private:
-    static size_t gguf_type_size(gguf_type type) {
-        switch (type) {
-            case GGUF_TYPE_UINT8:
-            case GGUF_TYPE_INT8:
-            case GGUF_TYPE_BOOL:
-                return 1;
-            case GGUF_TYPE_UINT16:
-            case GGUF_TYPE_INT16:
-                return 2;
-            case GGUF_TYPE_UINT32:
-            case GGUF_TYPE_INT32:
-            case GGUF_TYPE_FLOAT32:
-                return 4;
-            case GGUF_TYPE_UINT64:
-            case GGUF_TYPE_INT64:
-            case GGUF_TYPE_FLOAT64:
-                return 8;
-            default:
-                return 0;
-        }
-    }
-
     // Negative counts make no sense for any key read here, so they clamp to 0.
     static std::optional<uint64_t> scalar(gguf_type type, const void* p) {
         auto non_negative = [](auto v) { return v < 0 ? uint64_t(0) : uint64_t(v); };
@@ -145,6 +149,56 @@ std::string human_count(uint64_t n) {
 
 const kv_cache_type k_kv_types[] = {kv_cache_type::f16, kv_cache_type::q8_0, kv_cache_type::q4_0};
 
+// Bytes of a row of n values stored as `type`, in whole blocks.
+uint64_t row_bytes(ggml_type type, uint64_t n_values) {
+    const auto block = uint64_t(ggml_blck_size(type));
+    return block == 0 ? 0 : (n_values + block - 1) / block * uint64_t(ggml_type_size(type));
+}
+
+// As Go prints a float32: the fewest digits that read back as the same float32 ("1e-06", not 9.99999997e-07).
+nlohmann::ordered_json float32_json(float f) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        std::snprintf(buf, sizeof buf, "%.*g", digits, double(f));
+        if (std::strtof(buf, nullptr) == f) break;
+    }
+    return std::strtod(buf, nullptr);
+}
+
+// One GGUF value (a scalar, or one element of an array) as JSON, with its own type; null for any other type.
+nlohmann::ordered_json gguf_value_json(gguf_type type, const void* data) {
+    const auto read = [data]<typename T>(T value) {
+        std::memcpy(&value, data, sizeof value);
+        return value;
+    };
+    switch (type) {
+        case GGUF_TYPE_UINT8:
+            return read(uint8_t{});
+        case GGUF_TYPE_INT8:
+            return read(int8_t{});
+        case GGUF_TYPE_UINT16:
+            return read(uint16_t{});
+        case GGUF_TYPE_INT16:
+            return read(int16_t{});
+        case GGUF_TYPE_UINT32:
+            return read(uint32_t{});
+        case GGUF_TYPE_INT32:
+            return read(int32_t{});
+        case GGUF_TYPE_UINT64:
+            return read(uint64_t{});
+        case GGUF_TYPE_INT64:
+            return read(int64_t{});
+        case GGUF_TYPE_FLOAT32:
+            return float32_json(read(float{}));
+        case GGUF_TYPE_FLOAT64:
+            return read(double{});
+        case GGUF_TYPE_BOOL:
+            return read(bool{});
+        default:
+            return nullptr;
+    }
+}
+
 }  // namespace
 
 const char* to_string(layer_kind kind) {
@@ -171,16 +225,20 @@ const char* to_string(kv_cache_type type) {
     return "?";
 }
 
-uint64_t kv_type_bytes(kv_cache_type type, uint64_t n_values) {
+ggml_type to_ggml_type(kv_cache_type type) {
     switch (type) {
         case kv_cache_type::f16:
-            return n_values * 2;
+            return GGML_TYPE_F16;
         case kv_cache_type::q8_0:
-            return (n_values + 31) / 32 * 34;  // 32 int8 + one f16 scale
+            return GGML_TYPE_Q8_0;
         case kv_cache_type::q4_0:
-            return (n_values + 31) / 32 * 18;  // 32 nibbles + one f16 scale
+            return GGML_TYPE_Q4_0;
     }
-    return 0;
+    return GGML_TYPE_F16;
+}
+
+uint64_t kv_type_bytes(kv_cache_type type, uint64_t n_values) {
+    return row_bytes(to_ggml_type(type), n_values);
 }
 
 uint32_t model_report::count(layer_kind kind) const {
@@ -359,6 +417,54 @@ model_report inspect_model(const std::string& path) {
         r.weight_type = ggml_type_name(ggml_type(top->first));
     }
     return r;
+}
+
+serving_memory estimate_serving_memory(const model_report& r, const serving_layout& layout) {
+    uint64_t kv_per_token = 0;
+    for (size_t il = 0; il < r.layers.size(); ++il) {
+        kv_per_token +=
+            row_bytes(layout.cache_type_k, r.k_per_token[il]) + row_bytes(layout.cache_type_v, r.v_per_token[il]);
+    }
+    serving_memory m;
+    m.total_bytes =
+        layout.weight_bytes + kv_per_token * layout.context_size + r.recurrent_state_bytes * layout.sequences;
+    const int layers = int(r.n_layer) + 1;  // llama.cpp counts the output layer as one more
+    const int offloaded = !layout.has_gpu ? 0 : layout.gpu_layers < 0 ? layers : std::min(layout.gpu_layers, layers);
+    m.gpu_bytes = uint64_t(double(m.total_bytes) * offloaded / layers);
+    return m;
+}
+
+nlohmann::ordered_json read_gguf_metadata(const std::string& path, size_t max_array) {
+    using json = nlohmann::ordered_json;
+    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
+    gguf_context_ptr gguf(gguf_init_from_file(path.c_str(), params));
+    if (!gguf) throw std::runtime_error("cannot read " + path + " as a GGUF file");
+    const gguf_context* g = gguf.get();
+    json info = json::object();
+    for (int64_t i = 0; i < gguf_get_n_kv(g); i++) {
+        const std::string key = gguf_get_key(g, i);
+        const gguf_type type = gguf_get_kv_type(g, i);
+        if (type == GGUF_TYPE_STRING) {
+            info[key] = gguf_get_val_str(g, i);
+        } else if (type != GGUF_TYPE_ARRAY) {
+            info[key] = gguf_value_json(type, gguf_get_val_data(g, i));
+        } else if (const size_t n = gguf_get_arr_n(g, i); n > max_array) {
+            info[key] = nullptr;
+        } else {
+            const gguf_type element = gguf_get_arr_type(g, i);
+            json values = json::array();
+            for (size_t j = 0; j < n; j++) {
+                if (element == GGUF_TYPE_STRING) {
+                    values.push_back(gguf_get_arr_str(g, i, j));
+                } else {
+                    const auto* data = static_cast<const uint8_t*>(gguf_get_arr_data(g, i));
+                    values.push_back(gguf_value_json(element, data + j * gguf_type_size(element)));
+                }
+            }
+            info[key] = std::move(values);
+        }
+    }
+    return info;
 }
 
 std::string format_report(const model_report& r, const std::vector<uint32_t>& contexts) {

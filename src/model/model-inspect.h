@@ -1,10 +1,14 @@
 // Reads a GGUF's metadata (no weights) and works out what serving it costs: attention layout, KV bytes per token,
-// recurrent state per sequence and memory at a given context length.
+// recurrent state per sequence, memory at a given context length and of a whole server; and the metadata itself as
+// JSON. Pure functions of the file's header, callable from any thread.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "ggml.h"
 
 namespace keepwarm {
 
@@ -52,14 +56,41 @@ struct model_report {
     std::string layer_summary() const;
 };
 
+// How a server holds a model, for serving_memory().
+struct serving_layout {
+    uint64_t weight_bytes = 0;  // the weights as loaded (llama_model_size)
+    ggml_type cache_type_k = GGML_TYPE_F16;
+    ggml_type cache_type_v = GGML_TYPE_F16;
+    uint64_t context_size = 0;  // KV cells of the whole context, every slot's together
+    uint64_t sequences = 1;     // recurrent states held at once (slots, parked conversations, scratch)
+    int gpu_layers = 0;         // layers offloaded to a GPU; -1: all
+    bool has_gpu = false;       // a GPU backend is present (else nothing is offloaded, whatever gpu_layers says)
+};
+
+struct serving_memory {
+    uint64_t total_bytes = 0;  // weights + KV cells of the whole context (every layer, SWA ones too) + recurrent states
+    uint64_t gpu_bytes = 0;    // the offloaded layers' share of total_bytes (the output layer counts as one more)
+};
+
+// The memory a server holding `report`'s model as `layout` says takes, as Ollama's /api/ps estimates its own. Quantized
+// KV rows are counted in whole blocks.
+serving_memory estimate_serving_memory(const model_report& report, const serving_layout& layout);
+
 // Throws std::runtime_error if the file can't be read as GGUF or lacks the basic hyperparameters.
 model_report inspect_model(const std::string& path);
 
 // Bytes of n values stored as type (f16: 2 each; q8_0: 34 per 32; q4_0: 18 per 32, blocks rounded up).
 uint64_t kv_type_bytes(kv_cache_type type, uint64_t n_values);
 
+// Every key/value of a GGUF's header as one JSON object in the file's order, each value with its own type: integers,
+// floats (a float32 written with the fewest digits that read back as the same float32, as Go prints one), booleans,
+// strings, and arrays of these; an array longer than `max_array` values (a vocabulary, its merges) is null. Throws
+// std::runtime_error if the file cannot be read as GGUF.
+nlohmann::ordered_json read_gguf_metadata(const std::string& path, size_t max_array);
+
 const char* to_string(layer_kind kind);
 const char* to_string(kv_cache_type type);
+ggml_type to_ggml_type(kv_cache_type type);
 
 // Human-readable report; contexts lists the lengths to show memory for.
 std::string format_report(const model_report& report, const std::vector<uint32_t>& contexts);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/anthropic-api.h"
+#include "chat/generation-report.h"
 
 namespace keepwarm {
 
@@ -19,38 +20,12 @@ namespace anthropic = api::anthropic;
 // a generation has produced nothing to send for this long (e.g. while a tool call is being parsed).
 constexpr auto ping_interval = std::chrono::seconds(10);
 
-cache_detail cache_detail_of(const generation_stats& st) {
-    return {
-        .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
-}
-
 // The client's stop sequence that ended the answer, or "": a stop the template adds (its end-of-turn text) is an
 // end_turn for Anthropic, not a stop_sequence.
 std::string client_stop_sequence(const generation_source& chat, const generation_stats& st) {
     const auto& asked = chat.request().stop;
     if (st.stop_sequence.empty() || std::find(asked.begin(), asked.end(), st.stop_sequence) == asked.end()) return {};
     return st.stop_sequence;
-}
-
-usage_info usage_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
-    return {.prompt_tokens = st.prompt_tokens,
-            .completion_tokens = st.generated_tokens,
-            .cached_tokens = st.reused_tokens,
-            .cache = cache_detail_of(st)};
-}
-
-timings_info timings_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
-    return {.prompt_n = st.computed_tokens,
-            .cache_n = st.reused_tokens,
-            .prompt_ms = st.prompt_ms,
-            .predicted_n = st.generated_tokens,
-            .predicted_ms = st.generation_ms,
-            .cache = cache_detail_of(st),
-            .setup_ms = st.setup_ms,
-            .queued_ms = st.queued_ms,
-            .prepare_ms = st.prepare_ms};
 }
 
 void handle_messages(const generation_opener& open, frontend_context& ctx, const http::request& req,

@@ -52,15 +52,4 @@ bool client_watch::gone() {
     return w_.client_gone();
 }
 
-generation_stats reported_stats(const generation_stats& st) {
-    if (!st.reuse_hidden) return st;
-    generation_stats shown = st;
-    shown.reused_tokens = shown.reused_device = shown.reused_ram = shown.reused_disk = 0;
-    shown.checkpoint_pos = -1;
-    shown.matched_tokens = 0;
-    shown.divergence.clear();
-    shown.computed_tokens = shown.prompt_tokens;
-    return shown;
-}
-
 }  // namespace keepwarm

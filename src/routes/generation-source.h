@@ -131,7 +131,4 @@ private:
     std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
 };
 
-// The numbers a response may show: `st` itself, or with reuse hidden (st.reuse_hidden), as if nothing was reused.
-generation_stats reported_stats(const generation_stats& st);
-
 }  // namespace keepwarm

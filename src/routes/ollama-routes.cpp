@@ -6,20 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <span>
-#include <stdexcept>
 
 #include "api/ollama-api.h"
 #include "cache/block-key.h"
+#include "chat/generation-report.h"
 #include "ggml-backend.h"
-#include "ggml-cpp.h"
-#include "gguf.h"
 #include "model/model-inspect.h"
 
 namespace keepwarm {
@@ -42,21 +36,10 @@ std::string dump(const json& body) {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ollama::metrics metrics_of(const generation_stats& actual, const request_clock& clock) {
-    using namespace std::chrono;
-    const generation_stats st = reported_stats(actual);
-    const auto ns = [](double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); };
-    return {.total_ns = duration_cast<nanoseconds>(steady_clock::now() - clock.received).count(),
-            .load_ns = ns(st.setup_ms),
-            .prompt_eval_ns = ns(st.prompt_ms),
-            .eval_ns = ns(st.generation_ms),
-            .prompt_tokens = st.prompt_tokens,
-            .cached_tokens = st.reused_tokens,
-            .generated_tokens = st.generated_tokens,
-            .cache = {.device = st.reused_device,
-                      .ram = st.reused_ram,
-                      .disk = st.reused_disk,
-                      .checkpoint_pos = st.checkpoint_pos}};
+ollama::metrics metrics_of(const generation_stats& st, const request_clock& clock) {
+    const auto total =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - clock.received);
+    return ollama::metrics_of(usage_of(st), timings_of(st), total);
 }
 
 // Maps an engine error that happened before anything was sent to an HTTP error.
@@ -183,128 +166,31 @@ void handle_generate(const generation_opener& open, const raw_generation_opener&
     relay_answer(ctx, *chat, clock, w, model, stream, answer_shape::generate);
 }
 
-// As Go prints a float32: the fewest digits that read back as the same float32 ("1e-06", not 9.99999997e-07).
-json float32_json(float f) {
-    char buf[32];
-    for (int digits = 1; digits <= 9; digits++) {
-        std::snprintf(buf, sizeof buf, "%.*g", digits, double(f));
-        if (std::strtof(buf, nullptr) == f) break;
-    }
-    return json(std::strtod(buf, nullptr));
-}
-
-// One GGUF value (a scalar, or one element of an array) as JSON, with its own type.
-json gguf_value(gguf_type type, const void* data) {
-    const auto read = [data]<typename T>(T value) {
-        std::memcpy(&value, data, sizeof value);
-        return value;
-    };
-    switch (type) {
-        case GGUF_TYPE_UINT8:
-            return read(uint8_t{});
-        case GGUF_TYPE_INT8:
-            return read(int8_t{});
-        case GGUF_TYPE_UINT16:
-            return read(uint16_t{});
-        case GGUF_TYPE_INT16:
-            return read(int16_t{});
-        case GGUF_TYPE_UINT32:
-            return read(uint32_t{});
-        case GGUF_TYPE_INT32:
-            return read(int32_t{});
-        case GGUF_TYPE_UINT64:
-            return read(uint64_t{});
-        case GGUF_TYPE_INT64:
-            return read(int64_t{});
-        case GGUF_TYPE_FLOAT32:
-            return float32_json(read(float{}));
-        case GGUF_TYPE_FLOAT64:
-            return read(double{});
-        case GGUF_TYPE_BOOL:
-            return read(bool{});
-        default:
-            return nullptr;
-    }
-}
-
-size_t gguf_value_size(gguf_type type) {
-    switch (type) {
-        case GGUF_TYPE_UINT8:
-        case GGUF_TYPE_INT8:
-        case GGUF_TYPE_BOOL:
-            return 1;
-        case GGUF_TYPE_UINT16:
-        case GGUF_TYPE_INT16:
-            return 2;
-        case GGUF_TYPE_UINT32:
-        case GGUF_TYPE_INT32:
-        case GGUF_TYPE_FLOAT32:
-            return 4;
-        case GGUF_TYPE_UINT64:
-        case GGUF_TYPE_INT64:
-        case GGUF_TYPE_FLOAT64:
-            return 8;
-        default:
-            return 0;
-    }
-}
-
 // Ollama's model_info: the GGUF's key/values with their types, without the chat template (that is /api/show's
-// "template") and with the long tokenizer arrays as null. Only the file's header is read.
-json gguf_model_info(const std::string& path) {
-    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
-    gguf_context_ptr gguf(gguf_init_from_file(path.c_str(), params));
-    if (!gguf) throw std::runtime_error("cannot read the GGUF metadata of '" + path + "'");
-    const gguf_context* g = gguf.get();
-    json info = json::object();
-    for (int64_t i = 0; i < gguf_get_n_kv(g); i++) {
-        const std::string key = gguf_get_key(g, i);
-        if (key.starts_with("tokenizer.chat_template")) continue;
-        const gguf_type type = gguf_get_kv_type(g, i);
-        if (type == GGUF_TYPE_STRING) {
-            info[key] = gguf_get_val_str(g, i);
-        } else if (type != GGUF_TYPE_ARRAY) {
-            info[key] = gguf_value(type, gguf_get_val_data(g, i));
-        } else if (const size_t n = gguf_get_arr_n(g, i); n > max_model_info_array) {
-            info[key] = nullptr;
-        } else {
-            const gguf_type element = gguf_get_arr_type(g, i);
-            json values = json::array();
-            for (size_t j = 0; j < n; j++) {
-                if (element == GGUF_TYPE_STRING) {
-                    values.push_back(gguf_get_arr_str(g, i, j));
-                } else {
-                    const auto* data = static_cast<const uint8_t*>(gguf_get_arr_data(g, i));
-                    values.push_back(gguf_value(element, data + j * gguf_value_size(element)));
-                }
-            }
-            info[key] = std::move(values);
-        }
+// "template") and with the long tokenizer arrays as null.
+json model_info(const std::string& path) {
+    json info = read_gguf_metadata(path, max_model_info_array);
+    for (auto it = info.begin(); it != info.end();) {
+        it = it.key().starts_with("tokenizer.chat_template") ? info.erase(it) : std::next(it);
     }
     return info;
 }
 
-double bytes_per_value(ggml_type type) {
-    return double(ggml_type_size(type)) / double(ggml_blck_size(type));
-}
-
-// Memory of the loaded model, as Ollama's /api/ps estimates its own: weights, the KV cells of the whole context, and
-// one recurrent state per sequence (slots, parked conversations, scratch). On a GPU: the offloaded layers' share.
+// Memory of the loaded model, as Ollama's /api/ps estimates its own: one recurrent state per sequence (slots, parked
+// conversations, scratch); on a GPU, the offloaded layers' share.
 void estimate_memory(const engine& llm, const model_report& report, ollama::model_card& card) {
     const engine_options& eo = llm.options();
-    double kv_per_token = 0;
-    for (size_t l = 0; l < report.layers.size(); l++) {
-        kv_per_token += report.k_per_token[l] * bytes_per_value(eo.cache_type_k) +
-                        report.v_per_token[l] * bytes_per_value(eo.cache_type_v);
-    }
-    const uint64_t sequences = uint64_t(eo.slots + eo.cache_parked_sequences + 1);
-    card.memory_bytes = llama_model_size(llm.model()) + uint64_t(kv_per_token * eo.context_size) +
-                        report.recurrent_state_bytes * sequences;
-    const bool gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) ||
-                     ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
-    const int layers = int(report.n_layer) + 1;  // llama.cpp counts the output layer as one more
-    const int offloaded = !gpu ? 0 : eo.gpu_layers < 0 ? layers : std::min(eo.gpu_layers, layers);
-    card.vram_bytes = uint64_t(double(card.memory_bytes) * offloaded / layers);
+    const serving_memory memory =
+        estimate_serving_memory(report, {.weight_bytes = llama_model_size(llm.model()),
+                                         .cache_type_k = eo.cache_type_k,
+                                         .cache_type_v = eo.cache_type_v,
+                                         .context_size = uint64_t(eo.context_size),
+                                         .sequences = uint64_t(eo.slots + eo.cache_parked_sequences + 1),
+                                         .gpu_layers = eo.gpu_layers,
+                                         .has_gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) ||
+                                                    ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)});
+    card.memory_bytes = memory.total_bytes;
+    card.vram_bytes = memory.gpu_bytes;
 }
 
 // GET /api/tags: the one model `card` describes.
@@ -339,7 +225,7 @@ ollama::model_card make_model_card(const engine& llm, const chat_renderer& rende
     card.modified_at = std::chrono::file_clock::to_sys(std::filesystem::last_write_time(model_path));
     card.path = model_path;
     card.chat_template = renderer.source();
-    card.model_info = gguf_model_info(model_path);
+    card.model_info = model_info(model_path);
     if (!card.model_info.contains("general.parameter_count")) {
         card.model_info["general.parameter_count"] = llama_model_n_params(model);
     }

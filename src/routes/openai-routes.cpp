@@ -7,37 +7,12 @@
 
 #include "api/openai-api.h"
 #include "base/unix-time.h"
+#include "chat/generation-report.h"
 
 namespace keepwarm {
 
 namespace {
 using json = nlohmann::ordered_json;
-
-cache_detail cache_detail_of(const generation_stats& st) {
-    return {
-        .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
-}
-
-usage_info usage_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
-    return {.prompt_tokens = st.prompt_tokens,
-            .completion_tokens = st.generated_tokens,
-            .cached_tokens = st.reused_tokens,
-            .cache = cache_detail_of(st)};
-}
-
-timings_info timings_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
-    return {.prompt_n = st.computed_tokens,
-            .cache_n = st.reused_tokens,
-            .prompt_ms = st.prompt_ms,
-            .predicted_n = st.generated_tokens,
-            .predicted_ms = st.generation_ms,
-            .cache = cache_detail_of(st),
-            .setup_ms = st.setup_ms,
-            .queued_ms = st.queued_ms,
-            .prepare_ms = st.prepare_ms};
-}
 
 bool write_sse(http::response_writer& w, const json& data) {
     return w.write_chunk("data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");

@@ -430,6 +430,37 @@ TEST(OllamaFormat, GenerateResponses) {
     EXPECT_EQ(last["eval_duration"], 1'500'000);
 }
 
+TEST(OllamaFormat, MetricsFromTheNeutralNumbers) {
+    const usage_info usage{.prompt_tokens = 120,
+                           .completion_tokens = 7,
+                           .cached_tokens = 100,
+                           .cache = {.device = 60, .ram = 30, .disk = 10, .checkpoint_pos = 96}};
+    const timings_info timings{.prompt_n = 20,
+                               .cache_n = 100,
+                               .prompt_ms = 2.0,
+                               .predicted_n = 7,
+                               .predicted_ms = 1.5,
+                               .setup_ms = 1.2500004,
+                               .queued_ms = 0.5,
+                               .prepare_ms = 0.25};
+    const metrics m = metrics_of(usage, timings, std::chrono::nanoseconds(5'000'001));
+    EXPECT_EQ(m.total_ns, 5'000'001);
+    EXPECT_EQ(m.load_ns, 1'250'000) << "setup time, rounded to the nanosecond";
+    EXPECT_EQ(m.prompt_eval_ns, 2'000'000);
+    EXPECT_EQ(m.eval_ns, 1'500'000);
+    EXPECT_EQ(m.prompt_tokens, 120);
+    EXPECT_EQ(m.cached_tokens, 100);
+    EXPECT_EQ(m.generated_tokens, 7);
+    EXPECT_EQ(m.cache.device, 60);
+    EXPECT_EQ(m.cache.ram, 30);
+    EXPECT_EQ(m.cache.disk, 10);
+    EXPECT_EQ(m.cache.checkpoint_pos, 96);
+
+    const json last = chat_final_chunk_json("m", "t", "stop", m);
+    EXPECT_EQ(last["load_duration"], 1'250'000);
+    EXPECT_EQ(last["prompt_eval_computed_count"], 20);
+}
+
 TEST(OllamaFormat, LoadAnswers) {
     const json chat = chat_load_json("llama3", "t");
     EXPECT_EQ(chat["done"], true);

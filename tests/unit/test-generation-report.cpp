@@ -1,0 +1,108 @@
+// Unit tests for what a finished generation reports (src/chat/generation-report.*): which engine number each usage and
+// timings field carries, and that reuse hidden by the operator shows nowhere.
+#include <gtest/gtest.h>
+
+#include "chat/generation-report.h"
+
+using namespace keepwarm;
+
+namespace {
+
+// Every field distinct, so a field mapped from the wrong number shows.
+generation_stats sample_stats() {
+    generation_stats st;
+    st.prompt_tokens = 120;
+    st.reused_tokens = 100;
+    st.reused_device = 60;
+    st.reused_ram = 30;
+    st.reused_disk = 10;
+    st.checkpoint_pos = 96;
+    st.matched_tokens = 110;
+    st.divergence = "at 110: 'cat' | 'dog'";
+    st.computed_tokens = 20;
+    st.generated_tokens = 7;
+    st.queued_ms = 1.5;
+    st.setup_ms = 4.25;
+    st.prepare_ms = 2.5;
+    st.prompt_ms = 33.0;
+    st.generation_ms = 70.0;
+    st.slot = 2;
+    st.stop_sequence = "END";
+    return st;
+}
+
+}  // namespace
+
+TEST(GenerationReport, UsageCarriesTheTokenCounts) {
+    const usage_info u = usage_of(sample_stats());
+    EXPECT_EQ(u.prompt_tokens, 120) << "the whole prompt, reused tokens included";
+    EXPECT_EQ(u.completion_tokens, 7);
+    EXPECT_EQ(u.cached_tokens, 100);
+    EXPECT_EQ(u.cache.device, 60);
+    EXPECT_EQ(u.cache.ram, 30);
+    EXPECT_EQ(u.cache.disk, 10);
+    EXPECT_EQ(u.cache.checkpoint_pos, 96);
+}
+
+TEST(GenerationReport, TimingsCarryLlamaServersNumbers) {
+    const timings_info t = timings_of(sample_stats());
+    EXPECT_EQ(t.prompt_n, 20) << "prompt tokens computed, not the whole prompt";
+    EXPECT_EQ(t.cache_n, 100);
+    EXPECT_DOUBLE_EQ(t.prompt_ms, 33.0);
+    EXPECT_EQ(t.predicted_n, 7);
+    EXPECT_DOUBLE_EQ(t.predicted_ms, 70.0);
+    EXPECT_DOUBLE_EQ(t.setup_ms, 4.25);
+    EXPECT_DOUBLE_EQ(t.queued_ms, 1.5);
+    EXPECT_DOUBLE_EQ(t.prepare_ms, 2.5);
+    EXPECT_EQ(t.cache.device, 60);
+    EXPECT_EQ(t.cache.ram, 30);
+    EXPECT_EQ(t.cache.disk, 10);
+    EXPECT_EQ(t.cache.checkpoint_pos, 96);
+}
+
+TEST(GenerationReport, ShownReuseIsTheRealOne) {
+    const generation_stats st = sample_stats();
+    const generation_stats shown = reported_stats(st);
+    EXPECT_EQ(shown.reused_tokens, 100);
+    EXPECT_EQ(shown.matched_tokens, 110);
+    EXPECT_EQ(shown.divergence, st.divergence);
+    EXPECT_EQ(shown.computed_tokens, 20);
+}
+
+TEST(GenerationReport, HiddenReuseShowsNowhere) {
+    generation_stats st = sample_stats();
+    st.reuse_hidden = true;
+
+    const generation_stats shown = reported_stats(st);
+    EXPECT_EQ(shown.reused_tokens, 0);
+    EXPECT_EQ(shown.reused_device + shown.reused_ram + shown.reused_disk, 0);
+    EXPECT_EQ(shown.checkpoint_pos, -1);
+    EXPECT_EQ(shown.matched_tokens, 0);
+    EXPECT_TRUE(shown.divergence.empty());
+    EXPECT_EQ(shown.computed_tokens, 120) << "as if the whole prompt was computed";
+    // What says nothing about the cache stays.
+    EXPECT_EQ(shown.prompt_tokens, 120);
+    EXPECT_EQ(shown.generated_tokens, 7);
+    EXPECT_EQ(shown.slot, 2);
+    EXPECT_EQ(shown.stop_sequence, "END");
+    EXPECT_DOUBLE_EQ(shown.prompt_ms, 33.0);
+
+    const usage_info u = usage_of(st);
+    EXPECT_EQ(u.prompt_tokens, 120);
+    EXPECT_EQ(u.completion_tokens, 7);
+    EXPECT_EQ(u.cached_tokens, 0);
+    EXPECT_EQ(u.cache.device + u.cache.ram + u.cache.disk, 0);
+    EXPECT_EQ(u.cache.checkpoint_pos, -1);
+
+    const timings_info t = timings_of(st);
+    EXPECT_EQ(t.prompt_n, 120);
+    EXPECT_EQ(t.cache_n, 0);
+    EXPECT_EQ(t.cache.device + t.cache.ram + t.cache.disk, 0);
+    EXPECT_EQ(t.cache.checkpoint_pos, -1);
+    EXPECT_EQ(t.predicted_n, 7);
+    EXPECT_DOUBLE_EQ(t.setup_ms, 4.25);
+
+    // The caller's numbers (for the log and the cache-buster detector) are left as they were.
+    EXPECT_EQ(st.reused_tokens, 100);
+    EXPECT_EQ(st.computed_tokens, 20);
+}
