@@ -14,11 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "chat/chat-renderer.h"
 #include "api/request-dialect.h"
+#include "base/logger.h"
+#include "base/request-error.h"
+#include "chat/chat-renderer.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
-#include "base/request-error.h"
 #include "llama-cpp.h"
 #include "model/demo-model.h"
 #include "policy/policy-file.h"
@@ -294,7 +295,7 @@ void add_doctor_command(CLI::App& app) {
         try {
             rc = run_doctor(*o);
         } catch (const std::exception& e) {
-            std::cerr << "keepwarm doctor: error: " << e.what() << "\n";
+            log::error("doctor", "{}", e.what());
             rc = exit_bad_input;
         }
         if (rc != 0) throw CLI::RuntimeError(rc);

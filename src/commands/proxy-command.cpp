@@ -9,6 +9,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "base/logger.h"
+#include "commands/listen-options.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
 #include "proxy/proxy-config.h"
@@ -17,7 +19,6 @@
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
-#include "commands/listen-options.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
 #include "routes/server-context.h"
@@ -225,6 +226,7 @@ void add_proxy_command(CLI::App& app) {
                                             "none)"))
         ->check(cors_origin_check());
     add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
+    add_log_options(*cmd);
     option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
                                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
                                        "spans, cache-buster detection (docs/policy.md)"))
@@ -276,7 +278,7 @@ void add_proxy_command(CLI::App& app) {
         } catch (const CLI::Error&) {
             throw;
         } catch (const std::exception& ex) {
-            std::cerr << "keepwarm proxy: " << ex.what() << std::endl;
+            log::error("proxy", "{}", ex.what());
             throw CLI::RuntimeError(1);
         }
     });

@@ -1,8 +1,7 @@
 // See chat-generation.h.
 #include "local/chat-generation.h"
 
-#include <cstdio>
-
+#include "base/logger.h"
 #include "routes/client-identity.h"
 
 namespace keepwarm {
@@ -72,8 +71,7 @@ policy::policy_outcome apply_request_policy(const policy::request_policy& policy
     if (!outcome.fired.empty()) {
         const std::string rules = outcome.header_value();
         headers.emplace_back("x-keepwarm-policy", rules);
-        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id.c_str(), client.c_str(), chat.api.c_str(),
-                     rules.c_str());
+        log::info("policy", "{} policy ({} via {}): {}", id, client, chat.api, rules);
     }
     return outcome;
 }
@@ -97,12 +95,10 @@ void confirm_cache_buster(server_context& ctx, policy::cache_buster_report repor
     if (!ctx.busters->confirm(std::move(report), stats) || !rule) return;
     ctx.policy->add_span_rule(*rule);
     // The pattern holds the prompt's literal text around the span: logged only when the operator asked.
-    std::fprintf(stderr,
-                 "keepwarm: detect auto: span rule %s (pattern '%s', replace with '%s', roles %s) in force from "
-                 "the next request\n",
-                 rule->name().c_str(), ctx.log_prompts ? rule->pattern().c_str() : "(not logged)",
-                 ctx.log_prompts ? rule->replacement().c_str() : "(not logged)",
-                 policy::role_names(rule->roles()).front().c_str());
+    log::info("policy",
+              "detect auto: span rule {} (pattern '{}', replace with '{}', roles {}) in force from the next request",
+              rule->name(), ctx.log_prompts ? rule->pattern() : "(not logged)",
+              ctx.log_prompts ? rule->replacement() : "(not logged)", policy::role_names(rule->roles()).front());
 }
 
 std::optional<generation_source::update> chat_generation::next() {

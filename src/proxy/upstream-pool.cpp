@@ -2,8 +2,9 @@
 #include "proxy/upstream-pool.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
+
+#include "base/logger.h"
 
 namespace keepwarm::proxy {
 
@@ -93,8 +94,8 @@ void upstream_pool::check_all() {
             router_.set_health(i, healthy, listing.instance);
             if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
             if (was_healthy != healthy) {
-                std::fprintf(stderr, "keepwarm proxy: upstream %s is %s\n", u.origin.url().c_str(),
-                             healthy ? "back (its prefix tree starts empty)" : "down");
+                log::line(healthy ? log::level::info : log::level::warn, "proxy", "upstream {} is {}", u.origin.url(),
+                          healthy ? "back (its prefix tree starts empty)" : "down");
             }
             if (!healthy) {
                 bias_tokens_[i].reset();  // it may come back with another model
@@ -116,16 +117,13 @@ std::optional<std::map<std::string, int32_t>> upstream_pool::resolve_bias_tokens
                                                                                  const http::client_options& client) {
     const upstream_config& u = upstreams_[i];
     const auto unbound = [&](const std::string& why) {
-        std::fprintf(stderr, "keepwarm proxy: upstream %s: forced logit biases are not applied there (%s)\n",
-                     u.origin.url().c_str(), why.c_str());
+        log::warn("proxy", "upstream {}: forced logit biases are not applied there ({})", u.origin.url(), why);
         return std::map<std::string, int32_t>{};
     };
     const auto later = [&](const std::string& why) -> std::optional<std::map<std::string, int32_t>> {
         if (bias_retries_[i]++ == 0) {
-            std::fprintf(stderr,
-                         "keepwarm proxy: upstream %s: forced logit biases not bound yet (%s); asking again at each "
-                         "health check\n",
-                         u.origin.url().c_str(), why.c_str());
+            log::warn("proxy", "upstream {}: forced logit biases not bound yet ({}); asking again at each health check",
+                      u.origin.url(), why);
         }
         return std::nullopt;
     };
@@ -149,10 +147,9 @@ std::optional<std::map<std::string, int32_t>> upstream_pool::resolve_bias_tokens
             const json ids = json::parse(answer.body).at("tokens");
             const bool one = ids.size() == 1 && ids[0].is_number_integer();
             tokens[text] = one ? ids[0].get<int32_t>() : -1;
-            std::fprintf(
-                stderr, "keepwarm proxy: upstream %s: logit_bias '%s' %s\n", u.origin.url().c_str(), text.c_str(),
-                one ? ("is token " + std::to_string(tokens[text])).c_str()
-                    : ("is " + std::to_string(ids.size()) + " tokens of its model: not applied there").c_str());
+            log::info("proxy", "upstream {}: logit_bias '{}' {}", u.origin.url(), text,
+                      one ? "is token " + std::to_string(tokens[text])
+                          : "is " + std::to_string(ids.size()) + " tokens of its model: not applied there");
         } catch (const std::exception& e) {
             return unbound(std::string("POST /tokenize answer: ") + e.what());
         }
@@ -212,8 +209,8 @@ void upstream_pool::release(size_t upstream) {
 void upstream_pool::mark_down(size_t upstream, const std::string& why) {
     std::lock_guard lock(mu_);
     if (router_.stats(upstream).healthy) {
-        std::fprintf(stderr, "keepwarm proxy: upstream %s is down (%s) until a health check sees it answer\n",
-                     upstreams_[upstream].origin.url().c_str(), why.c_str());
+        log::warn("proxy", "upstream {} is down ({}) until a health check sees it answer",
+                  upstreams_[upstream].origin.url(), why);
     }
     router_.set_health(upstream, false);
     connections_[upstream].idle.clear();
