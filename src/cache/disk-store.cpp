@@ -10,11 +10,11 @@
 #include <bit>
 #include <cassert>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
 
+#include "base/logger.h"
 #include "cache/file-io.h"
 
 namespace keepwarm {
@@ -254,7 +254,7 @@ fs::path disk_store::entry_path(const block_key& key) const {
 }
 
 void disk_store::log(const std::string& message) const {
-    std::fprintf(stderr, "keepwarm: disk cache: %s\n", message.c_str());
+    log::warn("disk cache", "{}", message);
 }
 
 disk_store::open_report disk_store::open(bool verify_payloads) {

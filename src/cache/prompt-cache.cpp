@@ -4,9 +4,10 @@
 #include "cache/prompt-cache.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <unordered_map>
+
+#include "base/logger.h"
 
 namespace keepwarm {
 
@@ -84,7 +85,7 @@ prompt_cache::~prompt_cache() {
 
 void prompt_cache::index_disk() {
     const auto report = disk_->open();
-    for (const auto& why : report.rejected) std::fprintf(stderr, "keepwarm: disk cache: ignored %s\n", why.c_str());
+    for (const auto& why : report.rejected) log::warn("disk cache", "ignored {}", why);
     counters_.disk_rejected = report.rejected.size();
     size_t blocks = 0, checkpoints = 0;
     for (auto& info : disk_->entries()) {
@@ -92,8 +93,7 @@ void prompt_cache::index_disk() {
         const bool kind_ok = info.kind == kind_block ? info.end % options_.block_tokens == 0
                                                      : info.kind == kind_checkpoint && !can_truncate_;
         if (!shape_ok || !kind_ok) {
-            std::fprintf(stderr, "keepwarm: disk cache: ignored %s.kwkv: written with another layout\n",
-                         info.key.hex().c_str());
+            log::warn("disk cache", "ignored {}.kwkv: written with another layout", info.key.hex());
             disk_->erase(info.key);
             counters_.disk_rejected++;
             continue;
@@ -105,8 +105,7 @@ void prompt_cache::index_disk() {
         const block_key expected =
             info.kind == kind_block ? block : chain_block_key(block, std::span<const llama_token>(&sentinel, 1));
         if (expected != info.key) {
-            std::fprintf(stderr, "keepwarm: disk cache: ignored %s.kwkv: its key does not follow from its tokens\n",
-                         info.key.hex().c_str());
+            log::warn("disk cache", "ignored {}.kwkv: its key does not follow from its tokens", info.key.hex());
             disk_->erase(info.key);
             counters_.disk_rejected++;
             continue;
@@ -121,9 +120,8 @@ void prompt_cache::index_disk() {
         (info.kind == kind_block ? blocks : checkpoints)++;
     }
     if (blocks + checkpoints > 0 || !report.rejected.empty()) {
-        std::fprintf(stderr, "keepwarm: disk cache: %zu blocks and %zu checkpoints (%.1f MiB) in %s, %zu rejected\n",
-                     blocks, checkpoints, disk_->bytes() / 1048576.0, options_.disk_dir.c_str(),
-                     report.rejected.size());
+        log::info("disk cache", "{} blocks and {} checkpoints ({} MiB) in {}, {} rejected", blocks, checkpoints,
+                  log::fixed(disk_->bytes() / 1048576.0, 1), options_.disk_dir.string(), report.rejected.size());
     }
 }
 
@@ -348,8 +346,7 @@ std::vector<uint8_t> prompt_cache::serialize_checkpoint(llama_seq_id from, int32
     std::vector<uint8_t> out(llama_state_seq_get_size_ext(ctx_, from, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     out.resize(llama_state_seq_get_data_ext(ctx_, out.data(), out.size(), from, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     if (!valid_checkpoint(out, pos)) {
-        std::fprintf(stderr, "keepwarm: cache: state of sequence %d at %d failed validation; no checkpoint kept\n",
-                     from, pos);
+        log::warn("cache", "state of sequence {} at {} failed validation; no checkpoint kept", from, pos);
 
         counters_.restore_failures++;
         out.clear();
@@ -367,7 +364,7 @@ bool prompt_cache::load_block(const stored_state& state, std::vector<uint8_t>& o
     std::string error;
     auto payload = disk_->get(state.key, &error);
     if (!payload) {
-        std::fprintf(stderr, "keepwarm: disk cache: %s.kwkv not loaded: %s\n", state.key.hex().c_str(), error.c_str());
+        log::warn("disk cache", "{}.kwkv not loaded: {}", state.key.hex(), error);
         counters_.disk_read_failures++;
         return false;
     }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "api/request-dialect.h"
+#include "base/logger.h"
 #include "base/request-error.h"
 #include "chat/chat-renderer.h"
 #include "common.h"
@@ -294,7 +295,7 @@ void add_doctor_command(CLI::App& app) {
         try {
             rc = run_doctor(*o);
         } catch (const std::exception& e) {
-            std::cerr << "keepwarm doctor: error: " << e.what() << "\n";
+            log::error("doctor", "{}", e.what());
             rc = exit_bad_input;
         }
         if (rc != 0) throw CLI::RuntimeError(rc);

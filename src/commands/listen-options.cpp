@@ -1,9 +1,9 @@
 // See listen-options.h.
 #include "commands/listen-options.h"
 
-#include <iostream>
 #include <stdexcept>
 
+#include "base/logger.h"
 #include "http/api-keys.h"
 
 namespace keepwarm {
@@ -34,6 +34,17 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
                  "Responses do not say how many prompt tokens were reused (timing still shows it)");
 }
 
+void add_log_options(CLI::App& cmd) {
+    cmd.add_option_function<std::string>(
+           "--log-level", [](const std::string& name) { log::set_level(*log::parse_level(name)); },
+           "Least severe lines logged: error, warn, info (the default: also one line per HTTP request) or debug")
+        ->check(CLI::IsMember({"error", "warn", "info", "debug"}));
+    cmd.add_option_function<std::string>(
+           "--log-format", [](const std::string& name) { log::set_format(*log::parse_format(name)); },
+           "Log lines as text (the default) or json: one JSON object per line, with time, level, component and msg")
+        ->check(CLI::IsMember({"text", "json"}));
+}
+
 std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http,
                                        frontend_context& ctx, policy::policy_config& policy,
                                        const std::string& command) {
@@ -43,7 +54,7 @@ std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::ser
     ctx.reuse_report = !tenancy.no_reuse_report;
     if (!tenants.empty() && policy.detect.mode == policy::detect_mode::automatic) {
         policy.detect.mode = policy::detect_mode::report;
-        std::cerr << "keepwarm " << command << ": detect mode auto is report with isolated tenants\n";
+        log::warn(command, "detect mode auto is report with isolated tenants");
     }
     return tenants;
 }

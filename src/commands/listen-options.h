@@ -1,5 +1,5 @@
 // Command-line pieces that `serve` and `proxy` share for the side that listens to clients: the --cors-origin check,
-// and tenants (API keys file, shared cache, what the log and responses may reveal).
+// tenants (API keys file, shared cache, what the log and responses may reveal), and the log's level and format.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -25,6 +25,10 @@ struct tenancy_options {
 // Adds --api-keys-file, --shared-cache, --log-prompts and --no-reuse-report. `kept_apart`: what each tenant gets of
 // its own, for the help text ("cache", "routing and reports").
 void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart);
+
+// Adds --log-level (error, warn, info, debug) and --log-format (text, json). They set the process's log
+// (base/logger.h) as the command line is parsed, so that everything the command logs after that follows them.
+void add_log_options(CLI::App& cmd);
 
 // Reads the keys file into `http`, sets the log and report switches of `ctx`, and with isolated tenants turns the
 // policy's auto detection into reports (an adopted rule holds a fragment of the prompt it came from and would apply

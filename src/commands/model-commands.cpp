@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/logger.h"
 #include "model/model-builder.h"
 #include "model/model-inspect.h"
 
@@ -23,7 +24,7 @@ struct mkmodel_options {
 
 // Ends the command with an error message and exit status 1 (main() turns CLI::RuntimeError into the exit code).
 [[noreturn]] void fail(const std::string& command, const std::string& message) {
-    std::cerr << "keepwarm " << command << ": error: " << message << "\n";
+    log::error(command, "{}", message);
     throw CLI::RuntimeError(1);
 }
 

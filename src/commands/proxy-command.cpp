@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/openai-api.h"
+#include "base/logger.h"
 #include "commands/listen-options.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
@@ -228,6 +229,7 @@ void add_proxy_command(CLI::App& app) {
                                             "none)"))
         ->check(cors_origin_check());
     add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
+    add_log_options(*cmd);
     option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
                                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
                                        "spans, cache-buster detection (docs/policy.md)"))
@@ -279,7 +281,7 @@ void add_proxy_command(CLI::App& app) {
         } catch (const CLI::Error&) {
             throw;
         } catch (const std::exception& ex) {
-            std::cerr << "keepwarm proxy: " << ex.what() << std::endl;
+            log::error("proxy", "{}", ex.what());
             throw CLI::RuntimeError(1);
         }
     });

@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "base/logger.h"
 #include "cache/block-key.h"
 #include "commands/listen-options.h"
 #include "common.h"
@@ -176,8 +177,8 @@ int run_serve(serve_options opts) {
     // limit, the process exits anyway (the disk tier's files are written whole or not at all).
     std::thread([seconds = opts.shutdown_seconds] {
         std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        std::fprintf(stderr, "keepwarm: a clean shutdown did not finish in %.0f s (--shutdown-timeout); exiting now\n",
-                     seconds);
+        log::error("serve", "a clean shutdown did not finish in {} s (--shutdown-timeout); exiting now",
+                   log::fixed(seconds, 0));
         std::_Exit(1);
     }).detach();
     server.stop();
@@ -199,6 +200,7 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
     add_tenancy_options(*cmd, opts->tenancy, "cache");
+    add_log_options(*cmd);
     cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
     cmd->add_option_function<double>(
            "--idle-timeout",
@@ -297,7 +299,7 @@ void add_serve_command(CLI::App& app) {
         } catch (const CLI::Error&) {
             throw;
         } catch (const std::exception& ex) {
-            std::cerr << "keepwarm serve: " << ex.what() << std::endl;
+            log::error("serve", "{}", ex.what());
             throw CLI::RuntimeError(1);
         }
     });

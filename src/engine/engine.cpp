@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "base/logger.h"
 #include "cache/block-key.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
@@ -310,7 +311,7 @@ void engine::run() {
             }
             step();
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "keepwarm: engine step failed: %s\n", e.what());
+            log::error("engine", "step failed: {}", e.what());
             fail_busy_slots(std::string("engine step failed: ") + e.what());
         }
         step_started_ns_ = 0;
@@ -320,7 +321,7 @@ void engine::run() {
     try {
         cache_->persist_all();  // so that a restarted server starts where this one stopped
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "keepwarm: could not persist the prefix cache: %s\n", e.what());
+        log::error("engine", "could not persist the prefix cache: {}", e.what());
     }
 }
 

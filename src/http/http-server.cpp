@@ -18,12 +18,17 @@
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 #include <unordered_map>
+
+#include "base/logger.h"
 
 namespace keepwarm::http {
 
@@ -121,6 +126,32 @@ bool is_safe_method(std::string_view method) {
 const error_code& http_category_probe() {
     static const error_code ec = bhttp::make_error_code(bhttp::error::bad_method);
     return ec;
+}
+
+// "<8 hex digits, random per process>-<count>": unique in the process, and across restarts most likely, without a
+// random draw per request.
+std::string next_request_id() {
+    static const std::string process = [] {
+        char hex[9];
+        std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(std::random_device{}()));
+        return std::string(hex);
+    }();
+    static std::atomic<uint64_t> count{0};
+    return process + "-" + std::to_string(count.fetch_add(1, std::memory_order_relaxed) + 1);
+}
+
+// The access line of a request answered with `status`, `started` when its whole request had been read.
+void log_access(std::string_view method, std::string_view path, int status, const std::string& client,
+                const std::string& id, std::chrono::steady_clock::time_point started) {
+    if (!log::enabled(log::level::info)) return;
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
+    log::write(log::level::info, "http", "request",
+               {{"method", method},
+                {"path", path},
+                {"status", status},
+                {"client", client},
+                {"duration_ms", std::round(took.count() * 10) / 10},
+                {"request_id", id}});
 }
 
 }  // namespace
@@ -249,19 +280,21 @@ namespace {
 
 class conn_writer final : public response_writer {
 public:
-    // `cors`: the CORS headers every response to this request carries.
+    // `cors`: the CORS headers every response to this request carries; `request_id`: its x-request-id.
     conn_writer(tcp::socket& socket, int fd, const std::atomic<bool>& stopping, unsigned version, bool keep_alive,
-                header_list cors = {})
+                header_list cors, std::string request_id)
         : socket_(socket),
           fd_(fd),
           stopping_(stopping),
           version_(version),
           keep_alive_(keep_alive),
-          cors_(std::move(cors)) {}
+          cors_(std::move(cors)),
+          request_id_(std::move(request_id)) {}
 
     bool send(int status, std::string_view content_type, std::string_view body, const header_list& extra) override {
         if (started_) throw std::logic_error("response already started");
         started_ = true;
+        status_ = status;
         bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(status), version_};
         set_common(res, content_type, extra);
         res.body().assign(body.data(), body.size());
@@ -277,6 +310,7 @@ public:
     bool begin_stream(int status, std::string_view content_type, const header_list& extra) override {
         if (started_) throw std::logic_error("response already started");
         started_ = true;
+        status_ = status;
         streaming_ = true;
         bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(status), version_};
         set_common(res, content_type, extra);
@@ -345,6 +379,8 @@ public:
 
     bool started() const override { return started_; }
 
+    // The status sent, 0 before send() or begin_stream().
+    int status() const { return status_; }
     bool streaming() const { return streaming_; }
     bool ended() const { return ended_; }
     bool failed() const { return failed_; }
@@ -362,6 +398,7 @@ private:
                 continue;  // framing is ours
             res.set(name, value);
         }
+        res.set("x-request-id", request_id_);
     }
 
     tcp::socket& socket_;
@@ -370,6 +407,8 @@ private:
     unsigned version_;
     bool keep_alive_;
     header_list cors_;
+    std::string request_id_;
+    int status_ = 0;
     bool started_ = false;
     bool streaming_ = false;
     bool ended_ = false;
@@ -662,6 +701,7 @@ void http_server::impl::reject(const std::shared_ptr<connection>& c) {
         }
     }
     if (!c->set_deadline(connection::no_deadline)) return;
+    const auto started = std::chrono::steady_clock::now();
     std::string_view target = parser.get().target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     error_formatter format = openai_error_body;
@@ -672,8 +712,10 @@ void http_server::impl::reject(const std::shared_ptr<connection>& c) {
     } catch (const std::exception&) {
         body = openai_error_body(503, "server_error", c->rejected_because);
     }
-    conn_writer w(c->socket, c->fd, stopping, 11, false, cors_headers(parser.get()[bhttp::field::origin]));
+    const std::string id = next_request_id();
+    conn_writer w(c->socket, c->fd, stopping, 11, false, cors_headers(parser.get()[bhttp::field::origin]), id);
     w.send(503, "application/json", body, {{"Retry-After", "1"}});
+    log_access(parser.get().method_string(), target, 503, c->remote, id, started);
     linger(*c);
 }
 
@@ -704,6 +746,7 @@ header_list http_server::impl::cors_headers(std::string_view origin) const {
 
 void http_server::impl::answer_read_error(connection& c, const error_code& ec,
                                           const bhttp::request<bhttp::string_body>& head) {
+    const auto started = std::chrono::steady_clock::now();
     int status;
     std::string message;
     if (ec == bhttp::error::body_limit) {
@@ -726,8 +769,10 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
     } catch (const std::exception&) {
         body = openai_error_body(status, "invalid_request_error", message);
     }
-    conn_writer w(c.socket, c.fd, stopping, 11, false, cors_headers(head[bhttp::field::origin]));
+    const std::string id = next_request_id();
+    conn_writer w(c.socket, c.fd, stopping, 11, false, cors_headers(head[bhttp::field::origin]), id);
     w.send(status, "application/json", body, {});
+    log_access(head.method_string(), target, status, c.remote, id, started);
     linger(c);
 }
 
@@ -788,7 +833,9 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
 }
 
 bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::string_body>&& msg) {
+    const auto started = std::chrono::steady_clock::now();
     request req;
+    req.id = next_request_id();
     req.method = std::string(msg.method_string());
     std::string_view target = msg.target();
     if (auto q = target.find('?'); q != std::string_view::npos) {
@@ -809,7 +856,20 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     req.remote = c.remote;
 
     const std::string origin = req.header("origin");
-    conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load(), cors_headers(origin));
+    conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load(), cors_headers(origin),
+                  req.id);
+    // Written when the request is over, whichever way it ends below.
+    struct access_line {
+        const request& req;
+        const conn_writer& w;
+        std::chrono::steady_clock::time_point started;
+        ~access_line() {
+            try {
+                log_access(req.method, req.path, w.status(), req.remote, req.id, started);
+            } catch (const std::exception&) {  // out of memory: the line is lost, the connection is not
+            }
+        }
+    } access{req, w, started};
     auto send_error = [&](const error_formatter& format, int status, const std::string& type,
                           const std::string& message, const header_list& extra = {}) {
         std::string body;

@@ -1,6 +1,7 @@
 // A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, connection limits (in all and per client
-// address) and read deadlines, CORS, chunked streaming, and per-route error mapping. Threading: one acceptor thread;
-// one thread per connection runs its handlers.
+// address) and read deadlines, CORS, chunked streaming, and per-route error mapping. Each request gets an id (the
+// x-request-id response header) and, once answered, one access line in the log at info: method, path, status,
+// client, duration and id. Threading: one acceptor thread; one thread per connection runs its handlers.
 #pragma once
 
 #include <chrono>
@@ -27,6 +28,8 @@ struct request {
     std::map<std::string, std::string> headers;  // names lowercased
     std::string body;
     std::string remote;  // "ip:port" of the peer
+    // This request's id: in its access line (base/logger.h) and in the x-request-id header of its response.
+    std::string id;
     // Set by the API-key check: the tenant of the key the request carried ("" without keys, on a route without auth,
     // or when the keys share one tenant), and that key (the proxy forwards it to upstreams that have none of their
     // own).

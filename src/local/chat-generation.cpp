@@ -2,7 +2,7 @@
 #include "local/chat-generation.h"
 
 #include <utility>
-
+#include "base/logger.h"
 #include "local/prompt-preparation.h"
 #include "routes/busters-routes.h"
 #include "routes/client-identity.h"

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "base/logger.h"
+
 namespace keepwarm {
 
 using namespace std::chrono_literals;
@@ -21,7 +23,7 @@ generation_relay::~generation_relay() {
     try {
         cancel();
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "keepwarm: %s could not finish cancelling: %s\n", id_.c_str(), e.what());
+        log::error("generation", "{} could not finish cancelling: {}", id_, e.what());
     }
 }
 
@@ -43,7 +45,7 @@ std::optional<generation_event> generation_relay::next() {
     if (!ev) {
         gen_.cancelled = true;
         front_.http.disconnects++;
-        std::fprintf(stderr, "keepwarm: %s client went away, generation cancelled\n", id_.c_str());
+        log::info("generation", "{} client went away, generation cancelled", id_);
         return std::nullopt;
     }
     if (ev->done) {
@@ -75,18 +77,18 @@ void generation_relay::log_request(const generation_event& ev) const {
     if (st.matched_tokens > st.reused_tokens + 1) {
         where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
     }
-    std::fprintf(stderr,
-                 "keepwarm: %s slot %d: prompt %d tokens (reused %d%s%s, computed %d) in %.0f ms (setup %.1f ms, "
-                 "prepare %.1f), generated %d in %.0f ms, %s%s%s\n",
-                 id_.c_str(), st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where.c_str(),
-                 st.computed_tokens, st.prompt_ms, st.setup_ms, st.prepare_ms, st.generated_tokens, st.generation_ms,
-                 finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error.c_str());
+    log::info(
+        "generation",
+        "{} slot {}: prompt {} tokens (reused {}{}{}, computed {}) in {} ms (setup {} ms, prepare {}), generated {} "
+        "in {} ms, {}{}{}",
+        id_, st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where, st.computed_tokens,
+        log::fixed(st.prompt_ms, 0), log::fixed(st.setup_ms, 1), log::fixed(st.prepare_ms, 1), st.generated_tokens,
+        log::fixed(st.generation_ms, 0), finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error);
     // The divergence quotes prompt text (this request's and what the cache holds): only when the operator asked.
     if (!st.divergence.empty() && front_.log_prompts) {
-        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(), st.divergence.c_str());
+        log::info("generation", "{} {}", id_, st.divergence);
     } else if (!st.divergence.empty()) {
-        std::fprintf(stderr, "keepwarm: %s %s\n", id_.c_str(),
-                     st.divergence.substr(0, st.divergence.find(':')).c_str());
+        log::info("generation", "{} {}", id_, st.divergence.substr(0, st.divergence.find(':')));
     }
 }
 

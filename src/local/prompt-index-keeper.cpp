@@ -2,9 +2,9 @@
 #include "local/prompt-index-keeper.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <exception>
 
+#include "base/logger.h"
 #include "cache/file-io.h"
 
 namespace keepwarm {
@@ -26,9 +26,9 @@ prompt_index_keeper::prompt_index_keeper(prompt_tokenizer& tokenizer, std::files
     if (std::filesystem::exists(file_, ec)) {
         if (const std::string why = tokenizer_.load(file_, fingerprint_); why.empty()) {
             const auto held = tokenizer_.snapshot().tokens_held;
-            std::fprintf(stderr, "keepwarm: prompt index: %zu tokens loaded from %s\n", held, file_.c_str());
+            log::info("prompt index", "{} tokens loaded from {}", held, file_.string());
         } else {
-            std::fprintf(stderr, "keepwarm: prompt index: ignored %s: %s\n", file_.c_str(), why.c_str());
+            log::warn("prompt index", "ignored {}: {}", file_.string(), why);
         }
     }
     saved_changes_ = tokenizer_.changes();
@@ -55,7 +55,7 @@ void prompt_index_keeper::save_if_changed() {
         failing_ = false;
     } catch (const std::exception& e) {
         // Tried again at the next interval; the index in memory is unaffected. Said once per run of failures.
-        if (!failing_) std::fprintf(stderr, "keepwarm: prompt index: cannot save: %s\n", e.what());
+        if (!failing_) log::warn("prompt index", "cannot save: {}", e.what());
         failing_ = true;
     }
 }

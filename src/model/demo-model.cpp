@@ -6,12 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
+#include "base/logger.h"
 #include "ggml-cpp.h"
 #include "gguf.h"
 #include "model/model-builder.h"
@@ -68,12 +68,11 @@ std::string ensure_demo_model() {
     file_lock lock(fs::path(path.string() + ".lock"));
     if (fs::is_regular_file(path, ec)) return path.string();
 
-    std::fprintf(stderr,
-                 "keepwarm: no --model given; generating the demo model (random weights, output is noise) at %s\n",
-                 path.c_str());
+    log::info("model", "no --model given; generating the demo model (random weights, output is noise) at {}",
+              path.string());
     const build_result result = build_model(spec, path.string());
-    std::fprintf(stderr, "keepwarm: demo model ready (%.1f MiB in %.1f s)\n",
-                 double(result.file_size) / (1024.0 * 1024.0), result.seconds);
+    log::info("model", "demo model ready ({} MiB in {} s)", log::fixed(double(result.file_size) / (1024.0 * 1024.0), 1),
+              log::fixed(result.seconds, 1));
     return result.path;
 }
 

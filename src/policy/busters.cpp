@@ -3,7 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+
+#include "base/logger.h"
 
 namespace keepwarm::policy {
 
@@ -145,18 +146,16 @@ bool cache_buster_detector::confirm(cache_buster_report r, const generation_stat
     std::string where = "char " + std::to_string(r.char_offset);
     if (r.message_index >= 0) where += ", message " + std::to_string(r.message_index) + " (" + r.role + ")";
     if (opts_.log_prompts) {
-        std::fprintf(stderr,
-                     "keepwarm: cache buster from client %s at token %d: %s \"%s\" where the previous prompt had "
-                     "\"%s\" (%s, %s) costs %d tokens; suggested rule: %s\n",
-                     r.origin.client.c_str(), r.token_offset, span_kind_description(r.kind),
-                     printable(r.current_text, 60).c_str(), printable(r.previous_text, 60).c_str(), where.c_str(),
-                     r.origin.request_id.c_str(), r.cost_tokens, r.rule.one_line().c_str());
+        log::info("policy",
+                  "cache buster from client {} at token {}: {} \"{}\" where the previous prompt had \"{}\" ({}, {}) "
+                  "costs {} tokens; suggested rule: {}",
+                  r.origin.client, r.token_offset, span_kind_description(r.kind), printable(r.current_text, 60),
+                  printable(r.previous_text, 60), where, r.origin.request_id, r.cost_tokens, r.rule.one_line());
     } else {
         // The span, its context and the suggested pattern are prompt text: GET /v1/cache/busters shows them to the
         // client's own tenant.
-        std::fprintf(stderr, "keepwarm: cache buster from client %s at token %d: %s (%s, %s) costs %d tokens\n",
-                     r.origin.client.c_str(), r.token_offset, span_kind_description(r.kind), where.c_str(),
-                     r.origin.request_id.c_str(), r.cost_tokens);
+        log::info("policy", "cache buster from client {} at token {}: {} ({}, {}) costs {} tokens", r.origin.client,
+                  r.token_offset, span_kind_description(r.kind), where, r.origin.request_id, r.cost_tokens);
     }
 
     std::lock_guard lock(mu_);

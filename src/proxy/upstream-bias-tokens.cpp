@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "base/logger.h"
+
 namespace keepwarm::proxy {
 
 using json = nlohmann::ordered_json;
@@ -43,16 +45,13 @@ std::optional<int32_t> bias_tokens::lookup(size_t upstream, const std::string& t
 std::optional<std::map<std::string, int32_t>> bias_tokens::ask(size_t i, const http::client_options& client) {
     const upstream_config& u = upstreams_.at(i);
     const auto unbound = [&](const std::string& why) {
-        std::fprintf(stderr, "keepwarm proxy: upstream %s: forced logit biases are not applied there (%s)\n",
-                     u.origin.url().c_str(), why.c_str());
+        log::warn("proxy", "upstream {}: forced logit biases are not applied there ({})", u.origin.url(), why);
         return std::map<std::string, int32_t>{};
     };
     const auto later = [&](const std::string& why) -> std::optional<std::map<std::string, int32_t>> {
         if (retries_[i]++ == 0) {
-            std::fprintf(stderr,
-                         "keepwarm proxy: upstream %s: forced logit biases not bound yet (%s); asking again at each "
-                         "health check\n",
-                         u.origin.url().c_str(), why.c_str());
+            log::warn("proxy", "upstream {}: forced logit biases not bound yet ({}); asking again at each health check",
+                      u.origin.url(), why);
         }
         return std::nullopt;
     };

@@ -2,11 +2,11 @@
 #include "proxy/upstream-completion.h"
 
 #include <chrono>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 
+#include "base/logger.h"
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 
@@ -106,8 +106,7 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
     for (;;) {
         const auto piece = client.next([&reader](auto timeout) { return reader.next(timeout); });
         if (!piece) {
-            std::fprintf(stderr, "keepwarm proxy: completion client went away, upstream %s call cancelled\n",
-                         url.c_str());
+            log::info("proxy", "completion client went away, upstream {} call cancelled", url);
             return false;  // finish(false) cancels the call
         }
         std::string broken;  // why the answer cannot be passed on whole
@@ -135,7 +134,7 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
             return false;
         }
         if (broken.empty()) continue;
-        std::fprintf(stderr, "keepwarm proxy: completion %s\n", broken.c_str());
+        log::warn("proxy", "completion {}", broken);
         if (!streaming) throw request_error(502, broken, "server_error");
         end_stream_with_error(w, broken);
         return false;
@@ -200,8 +199,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
                     pool.mark_down(route->upstream, "it timed out");
                     throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
                 }
-                std::fprintf(stderr, "keepwarm proxy: completion upstream %s failed (%s), trying another\n",
-                             url.c_str(), e.what());
+                log::warn("proxy", "completion upstream {} failed ({}), trying another", url, e.what());
                 pool.mark_down(route->upstream);
                 tried.push_back(route->upstream);
                 continue;

@@ -2,9 +2,9 @@
 #include "proxy/upstream-generation.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 
+#include "base/logger.h"
 #include "routes/busters-routes.h"
 #include "routes/client-identity.h"
 
@@ -67,8 +67,7 @@ void upstream_generation::connect(const http::request& req) {
                 throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
             }
             // Refused, reset or not HTTP before any answer: nothing reached the client, so another upstream may try.
-            std::fprintf(stderr, "keepwarm proxy: %s upstream %s failed (%s), trying another\n", id_.c_str(),
-                         u.origin.url().c_str(), e.what());
+            log::warn("proxy", "{} upstream {} failed ({}), trying another", id_, u.origin.url(), e.what());
             pool_.mark_down(failed);
             tried.push_back(failed);
             continue;
@@ -114,8 +113,7 @@ void upstream_generation::name_fired_rules(const std::vector<std::string>& rules
     } else {
         it->second += "; " + added;
     }
-    std::fprintf(stderr, "keepwarm proxy: %s policy at upstream %s: %s\n", id_.c_str(),
-                 route_->config->origin.url().c_str(), added.c_str());
+    log::info("proxy", "{} policy at upstream {}: {}", id_, route_->config->origin.url(), added);
 }
 
 upstream_generation::~upstream_generation() {
@@ -146,8 +144,7 @@ std::optional<generation_source::update> upstream_generation::next() {
         if (!next_piece) {
             conn_->cancel();
             ctx_.http.disconnects++;
-            std::fprintf(stderr, "keepwarm proxy: %s client went away, upstream %s call cancelled\n", id_.c_str(),
-                         upstream.c_str());
+            log::info("proxy", "{} client went away, upstream {} call cancelled", id_, upstream);
             return std::nullopt;
         }
         const upstream_body_reader::piece& p = *next_piece;
@@ -227,13 +224,14 @@ void upstream_generation::confirm_buster(const generation_stats& st) {
 
 void upstream_generation::log_end(const update& u) const {
     const generation_stats& st = u.stats;
-    std::fprintf(stderr,
-                 "keepwarm proxy: %s upstream %s (%s, %zu blocks matched): prompt %d tokens (reused %d, computed %d), "
-                 "generated %d in %.0f ms, %s%s%s\n",
-                 id_.c_str(), route_->config->origin.url().c_str(), dialect_name(route_->config->dialect),
-                 route_->matched_blocks, st.prompt_tokens, st.reused_tokens, st.computed_tokens, st.generated_tokens,
-                 st.prompt_ms + st.generation_ms, finish_reason_name(u.reason), u.error.empty() ? "" : ": ",
-                 u.error.c_str());
+    log::info(
+        "proxy",
+        "{} upstream {} ({}, {} blocks matched): prompt {} tokens (reused {}, computed {}), generated {} in {} ms, "
+        "{}{}{}",
+        id_, route_->config->origin.url(), dialect_name(route_->config->dialect), route_->matched_blocks,
+        st.prompt_tokens, st.reused_tokens, st.computed_tokens, st.generated_tokens,
+        log::fixed(st.prompt_ms + st.generation_ms, 0), finish_reason_name(u.reason), u.error.empty() ? "" : ": ",
+        u.error);
 }
 
 generation_opener upstream_generations(frontend_context& ctx, upstream_pool& pool) {

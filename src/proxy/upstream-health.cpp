@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/logger.h"
+
 namespace keepwarm::proxy {
 
 upstream_health::upstream_health(const std::vector<upstream_config>& upstreams, health_options options,
@@ -63,8 +65,8 @@ void upstream_health::check_now() {
         {
             std::lock_guard lock(mu_);
             if (up_[i] != healthy) {
-                std::fprintf(stderr, "keepwarm proxy: upstream %s is %s\n", u.origin.url().c_str(),
-                             healthy ? "back (its prefix tree starts empty)" : "down");
+                log::line(healthy ? log::level::info : log::level::warn, "proxy", "upstream {} is {}", u.origin.url(),
+                          healthy ? "back (its prefix tree starts empty)" : "down");
             }
             up_[i] = healthy;
             if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
@@ -79,8 +81,8 @@ void upstream_health::check_now() {
 void upstream_health::mark_down(size_t upstream, const std::string& why) {
     std::lock_guard lock(mu_);
     if (up_.at(upstream)) {
-        std::fprintf(stderr, "keepwarm proxy: upstream %s is down (%s) until a health check sees it answer\n",
-                     upstreams_[upstream].origin.url().c_str(), why.c_str());
+        log::warn("proxy", "upstream {} is down ({}) until a health check sees it answer",
+                  upstreams_[upstream].origin.url(), why);
     }
     up_[upstream] = false;
     if (hooks_.on_state) hooks_.on_state({.upstream = upstream, .up = false, .checked = false});

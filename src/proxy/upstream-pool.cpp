@@ -1,6 +1,9 @@
 // See upstream-pool.h.
 #include "proxy/upstream-pool.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include "base/logger.h"
 namespace keepwarm::proxy {
 
 namespace {

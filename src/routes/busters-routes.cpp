@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "base/logger.h"
+
 namespace keepwarm {
 
 namespace {
@@ -113,12 +115,10 @@ void confirm_cache_buster(frontend_context& ctx, policy::cache_buster_report rep
     if (!ctx.busters->confirm(std::move(report), stats) || !rule) return;
     ctx.policy->add_span_rule(*rule);
     // The pattern holds the prompt's literal text around the span: logged only when the operator asked.
-    std::fprintf(stderr,
-                 "keepwarm: detect auto: span rule %s (pattern '%s', replace with '%s', roles %s) in force from "
-                 "the next request\n",
-                 rule->name().c_str(), ctx.log_prompts ? rule->pattern().c_str() : "(not logged)",
-                 ctx.log_prompts ? rule->replacement().c_str() : "(not logged)",
-                 policy::role_names(rule->roles()).front().c_str());
+    log::info("policy",
+              "detect auto: span rule {} (pattern '{}', replace with '{}', roles {}) in force from the next request",
+              rule->name(), ctx.log_prompts ? rule->pattern() : "(not logged)",
+              ctx.log_prompts ? rule->replacement() : "(not logged)", policy::role_names(rule->roles()).front());
 }
 
 }  // namespace keepwarm

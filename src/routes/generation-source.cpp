@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "base/logger.h"
 #include "routes/client-identity.h"
 
 namespace keepwarm {
@@ -15,8 +16,7 @@ policy::policy_outcome apply_request_policy(const policy::request_policy& policy
     if (!outcome.fired.empty()) {
         const std::string rules = outcome.header_value();
         headers.emplace_back("x-keepwarm-policy", rules);
-        std::fprintf(stderr, "keepwarm: %s policy (%s via %s): %s\n", id.c_str(), client.c_str(), chat.api.c_str(),
-                     rules.c_str());
+        log::info("policy", "{} policy ({} via {}): {}", id, client, chat.api, rules);
     }
     return outcome;
 }

@@ -245,7 +245,7 @@ test('a bad policy file stops start-up with its line', async () => {
     const started = Date.now();
     await assert.rejects(startServer(['--policy', bad]), (err) => {
         assert.match(err.message, /serve exited with 1/);
-        assert.match(err.message, new RegExp(`keepwarm serve: ${bad.replace(/[.]/g, '\\.')}:6:11: span rule 'backref': ` +
+        assert.match(err.message, new RegExp(`ERROR serve: ${bad.replace(/[.]/g, '\\.')}:6:11: span rule 'backref': ` +
                                              'invalid pattern'));
         return true;
     });

@@ -4,6 +4,8 @@
 // with poll() timeouts, so a broken server fails a test instead of hanging it.
 #include "http/http-server.h"
 
+#include "base/logger.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -275,6 +277,82 @@ TEST(HttpServer, RoutingAndRequestFields) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 204);
     EXPECT_NE(r->header("allow").find("POST"), std::string::npos);
+}
+
+// One access line per request, as it ends: method, path (no query), status, client, duration and the id the response
+// carried in x-request-id; also for a request refused before any handler (404) and one that could not be read (400).
+TEST(HttpServer, EachRequestGetsAnIdAndOneAccessLine) {
+    std::mutex mu;
+    std::vector<std::string> lines;
+    keepwarm::log::set_format(keepwarm::log::format::json);
+    keepwarm::log::set_sink([&](std::string_view line) {
+        std::lock_guard lock(mu);
+        lines.emplace_back(line);
+    });
+    struct restore {
+        ~restore() {
+            keepwarm::log::set_sink({});
+            keepwarm::log::set_format(keepwarm::log::format::text);
+        }
+    } restore_log;
+    http_server s(local_options());
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.id); });
+    s.start();
+
+    auto first = roundtrip(s.port(), make_request("POST", "/echo?secret=1", "hi"));
+    auto second = roundtrip(s.port(), make_request("POST", "/echo", "hi"));
+    auto missing = roundtrip(s.port(), make_request("GET", "/missing"));
+    auto malformed = roundtrip(s.port(), "POST /echo HTTP/1.1\r\nContent-Length: zz\r\n\r\n");
+    ASSERT_TRUE(first && second && missing && malformed);
+    EXPECT_FALSE(first->header("x-request-id").empty());
+    EXPECT_EQ(first->body, first->header("x-request-id"));  // the handler sees the id the client gets
+    EXPECT_NE(first->header("x-request-id"), second->header("x-request-id"));
+    EXPECT_EQ(missing->status, 404);
+    EXPECT_FALSE(missing->header("x-request-id").empty());
+    EXPECT_EQ(malformed->status, 400);
+    s.stop();
+
+    std::lock_guard lock(mu);
+    ASSERT_EQ(lines.size(), 4u);
+    std::map<std::string, json> by_id;  // a line is written after its response, so their order may vary
+    for (const std::string& line : lines) {
+        json parsed = json::parse(line);
+        by_id[parsed["request_id"].get<std::string>()] = parsed;
+    }
+    const json& one = by_id[first->header("x-request-id")];
+    EXPECT_EQ(one["component"], "http");
+    EXPECT_EQ(one["level"], "info");
+    EXPECT_EQ(one["method"], "POST");
+    EXPECT_EQ(one["path"], "/echo");  // the query is left out: it may hold what the log should not
+    EXPECT_EQ(one["status"], 200);
+    EXPECT_EQ(one["client"].get<std::string>().rfind("127.0.0.1:", 0), 0u);
+    EXPECT_TRUE(one["duration_ms"].is_number());
+    EXPECT_GE(one["duration_ms"].get<double>(), 0.0);
+    EXPECT_EQ(by_id[second->header("x-request-id")]["status"], 200);
+    EXPECT_EQ(by_id[missing->header("x-request-id")]["path"], "/missing");
+    EXPECT_EQ(by_id[missing->header("x-request-id")]["status"], 404);
+    EXPECT_EQ(by_id[malformed->header("x-request-id")]["status"], 400);
+    EXPECT_EQ(by_id[malformed->header("x-request-id")]["method"], "POST");
+}
+
+TEST(HttpServer, AccessLinesAreLeftOutBelowInfo) {
+    std::atomic<int> written{0};
+    keepwarm::log::set_level(keepwarm::log::level::warn);
+    keepwarm::log::set_sink([&](std::string_view) { ++written; });
+    struct restore {
+        ~restore() {
+            keepwarm::log::set_sink({});
+            keepwarm::log::set_level(keepwarm::log::level::info);
+        }
+    } restore_log;
+    http_server s(local_options());
+    s.add_route("GET", "/hello", [](const request&, response_writer& w) { reply_text(w, "hi"); });
+    s.start();
+    auto r = roundtrip(s.port(), make_request("GET", "/hello"));
+    ASSERT_TRUE(r);
+    EXPECT_FALSE(r->header("x-request-id").empty());
+    s.stop();
+    EXPECT_EQ(written.load(), 0);
 }
 
 TEST(HttpServer, ApiKeyAuth) {
