@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Checks that src/ keeps its layers: a folder includes only its own headers and those of the folders it is allowed
 # below (the table), so no lower layer includes a higher one, and only the frontends read a dialect (api/) header.
-# docs/architecture.md draws the same table. Prints each offending include; exits 1 if there is one.
+# docs/architecture.md draws the same table. Also checks the namespace scheme: the core folders (what every layer
+# reads, and the wiring) define their names in `keepwarm`, or in a function group `keepwarm::NAME` that is not a folder
+# (log::, bounded_json::); each subsystem folder defines its names in `keepwarm::FOLDER` (and below it). A block of
+# forward declarations only may name another namespace. Prints each offence; exits 1 if there is one.
 #   scripts/check-layers.sh
 set -euo pipefail
 cd "$(dirname "$0")/../src"
@@ -25,6 +28,9 @@ declare -A allowed=(
     [commands]="base json config http cache engine model chat policy api routes local proxy bench"
 )
 
+# folders whose names live in keepwarm itself; every other folder is keepwarm::FOLDER.
+core_folders="base json cache engine model chat routes local commands"
+
 status=0
 for dir in */; do
     dir=${dir%/}
@@ -41,5 +47,32 @@ for dir in */; do
         status=1
     done < <(grep -nE '^#include "[a-z0-9_-]+/' -r "$dir" --include='*.h' --include='*.cpp' || true)
 done
-[[ $status == 0 ]] && echo "check-layers: every include in src/ follows the layer table"
+
+# The namespace each block of definitions opens, as FILE:LINE:NAME (blocks of forward declarations left out).
+namespaces_defined() {
+    awk '
+        /^namespace keepwarm[a-z_:]* \{/ { name = $2; line = FNR; only_declarations = 1; next }
+        name != "" && /^}  \/\/ namespace/ { if (!only_declarations) print FILENAME ":" line ":" name; name = ""; next }
+        name != "" && !/^((class|struct) [a-z_]+;)?$/ { only_declarations = 0 }
+    ' "$@"
+}
+
+all_folders=" $(ls -d */ | tr -d / | tr '\n' ' ') "
+for dir in */; do
+    dir=${dir%/}
+    while IFS=: read -r file line name; do
+        if [[ " $core_folders " == *" $dir "* ]]; then
+            group=${name#keepwarm::}
+            [[ "$name" == keepwarm ]] && continue
+            [[ "$group" != *::* && "$all_folders" != *" $group "* ]] && continue
+            expected="keepwarm (or a function group keepwarm::NAME)"
+        else
+            [[ "$name" == "keepwarm::$dir" || "$name" == "keepwarm::$dir::"* ]] && continue
+            expected="keepwarm::$dir"
+        fi
+        echo "check-layers: src/$file:$line: namespace $name in $dir/, which defines its names in $expected" >&2
+        status=1
+    done < <(namespaces_defined $(find "$dir" -name '*.h' -o -name '*.cpp' | sort))
+done
+[[ $status == 0 ]] && echo "check-layers: every include in src/ follows the layer table, every namespace the scheme"
 exit $status

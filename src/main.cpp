@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     keepwarm::add_serve_command(app);
     keepwarm::add_mkmodel_command(app);
     keepwarm::add_inspect_command(app);
-    keepwarm::add_bench_command(app);
+    keepwarm::bench::add_bench_command(app);
     keepwarm::add_doctor_command(app);
     keepwarm::add_proxy_command(app);
 

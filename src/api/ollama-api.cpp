@@ -114,41 +114,6 @@ std::vector<common_chat_msg> parse_messages(const json& body) {
     return out;
 }
 
-// Ollama's tool list is OpenAI's: [{type: "function", function: {name, description, parameters}}].
-std::vector<common_chat_tool> parse_tools(const json& body) {
-    std::vector<common_chat_tool> tools;
-    const json* v = find(body, "tools");
-    if (!v) return tools;
-    if (!v->is_array()) fail("'tools' must be an array");
-    std::set<std::string> names;
-    for (size_t i = 0; i < v->size(); i++) {
-        const json& tool = (*v)[i];
-        const std::string field = indexed("tools", i);
-        if (!tool.is_object()) fail(in_quotes(field) + " must be an object");
-        if (auto type = get_string(tool, "type", field + ".type"); type && *type != "function") {
-            fail(in_quotes(field + ".type") + " must be 'function'");
-        }
-        const json* function = find(tool, "function");
-        if (!function || !function->is_object()) fail(in_quotes(field + ".function") + " must be an object");
-        auto name = get_string(*function, "name", field + ".function.name");
-        if (!name || name->empty()) fail(in_quotes(field + ".function.name") + " must be a non-empty string");
-        if (!names.insert(*name).second) {
-            fail(in_quotes(field + ".function.name") + ": duplicate tool name '" + *name + "'");
-        }
-        common_chat_tool t;
-        t.name = *name;
-        t.description = get_string(*function, "description", field + ".function.description").value_or("");
-        const json* params = find(*function, "parameters");
-        if (params && !params->is_object()) {
-            fail(in_quotes(field + ".function.parameters") + " must be an object (a JSON schema)");
-        }
-        if (params) bounded_json::require_schema(*params, field + ".function.parameters");
-        t.parameters = params ? params->dump() : R"({"type":"object","properties":{}})";
-        tools.push_back(std::move(t));
-    }
-    return tools;
-}
-
 // "json" (any JSON object), a JSON schema object, or "" (free text).
 std::string parse_format(const json& body) {
     const json* format = find(body, "format");
@@ -290,7 +255,7 @@ chat_request parse_chat_request(const json& body) {
     chat_request req;
     parse_common(body, req);
     req.messages = parse_messages(body);
-    req.tools = parse_tools(body);
+    req.tools = parse_function_tools(body);  // Ollama's tool list is OpenAI's
     return req;
 }
 

@@ -19,6 +19,9 @@ namespace keepwarm::api {
 using json = nlohmann::ordered_json;
 
 chat_request parse_chat_request(const json& body);
+// The body's `tools`, a list of function tools [{type: "function", function: {name, description, parameters}}], as
+// OpenAI's and Ollama's APIs send them; throws request_error 400 naming the field that is wrong.
+std::vector<common_chat_tool> parse_function_tools(const json& body);
 completion_request parse_completion_request(const json& body);
 
 // Response ids in OpenAI's shapes (see random_id).

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/command-exit.h"
 #include "bench/experts-command.h"
 #include "bench/gauntlet-command.h"
 #include "bench/report-text.h"
@@ -23,18 +24,11 @@
 #include "engine/llama-runtime.h"
 #include "llama-cpp.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 namespace {
 
-std::vector<std::string> split_list(const std::string& text) {
-    std::vector<std::string> items;
-    std::string item;
-    std::istringstream in(text);
-    while (std::getline(in, item, ',')) items.push_back(item);
-    if (!text.empty() && text.back() == ',') items.push_back("");  // getline drops a trailing empty entry
-    return items;
-}
+constexpr std::string_view command = "bench depth";
 
 using report_text::fixed;
 using report_text::xml_escape;
@@ -167,7 +161,7 @@ const char* kv_color(kv_cache_type type) {
 
 std::vector<uint32_t> parse_depth_list(const std::string& text) {
     std::vector<uint32_t> depths;
-    for (const std::string& item : split_list(text)) {
+    for (const std::string& item : report_text::split_list(text)) {
         const bool digits = !item.empty() && item.size() <= 10 &&
                             std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
         const unsigned long long value = digits ? std::stoull(item) : 0;
@@ -183,7 +177,7 @@ std::vector<uint32_t> parse_depth_list(const std::string& text) {
 
 std::vector<kv_cache_type> parse_kv_list(const std::string& text) {
     std::vector<kv_cache_type> types;
-    for (const std::string& item : split_list(text)) {
+    for (const std::string& item : report_text::split_list(text)) {
         bool found = false;
         for (const kv_cache_type t : {kv_cache_type::f16, kv_cache_type::q8_0, kv_cache_type::q4_0}) {
             if (item == to_string(t)) {
@@ -474,15 +468,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
     cmd->add_option("--svg", o->svg_path, "Also write a tokens/s vs depth chart as SVG to this file");
     cmd->callback([o] {
-        const auto fail = [](const std::string& message) {
-            std::cerr << "keepwarm bench depth: error: " << message << "\n";
-            throw CLI::RuntimeError(1);
-        };
-        const auto write_file = [&](const std::string& path, const std::string& text) {
-            std::ofstream out(path, std::ios::binary);
-            out << text;
-            if (!out) fail("cannot write '" + path + "'");
-            std::cerr << "wrote " << path << "\n";
+        const auto write_file = [](const std::string& path, const std::string& text) {
+            report_text::write_report_file(command, path, text, std::cerr);
         };
         depth_bench_report report;
         try {
@@ -490,7 +477,7 @@ void add_bench_command(CLI::App& app) {
             o->run.kv_types = parse_kv_list(o->kv);
             report = run_depth_bench(o->run, std::cerr);
         } catch (const std::exception& e) {
-            fail(e.what());
+            fail_command(command, e.what());
         }
         std::cout << "\n" << format_depth_table(report);
         if (!o->json_path.empty()) write_file(o->json_path, format_depth_json(report) + "\n");
@@ -503,4 +490,4 @@ void add_bench_command(CLI::App& app) {
     gauntlet::add_gauntlet_command(*bench);
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

@@ -12,7 +12,7 @@
 
 #include "model/model-inspect.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 struct depth_bench_options {
     std::string model_path;
@@ -70,4 +70,4 @@ std::string format_depth_svg(const depth_bench_report& report);
 // Registers `bench` with its subcommands: depth, experts, gauntlet.
 void add_bench_command(CLI::App& app);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

@@ -1,5 +1,5 @@
 // See experts-command.h. The options are checked before a model is loaded (recording takes minutes on a real one);
-// every error is one line on stderr and exit status 1.
+// every error is one line in the log (base/command-exit.h) and exit status 1.
 #include "bench/experts-command.h"
 
 #include <fstream>
@@ -10,13 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "base/command-exit.h"
 #include "bench/experts-recording.h"
 #include "bench/experts-report.h"
 #include "bench/experts-simulation.h"
 #include "bench/experts-trace.h"
+#include "bench/report-text.h"
 #include "model/model-inspect.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
+
+namespace {
+constexpr std::string_view command = "bench experts";
+}  // namespace
 
 void add_experts_bench_command(CLI::App& bench) {
     struct cli_options {
@@ -61,15 +67,9 @@ void add_experts_bench_command(CLI::App& bench) {
     cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
     cmd->add_option("--svg", o->svg_path, "Also write a hit rate vs slots chart as SVG to this file");
     cmd->callback([o] {
-        const auto fail = [](const std::string& message) {
-            std::cerr << "keepwarm bench experts: error: " << message << "\n";
-            throw CLI::RuntimeError(1);
-        };
-        const auto write_file = [&](const std::string& path, const std::string& text) {
-            std::ofstream out(path, std::ios::binary);
-            out << text;
-            if (!out) fail("cannot write '" + path + "'");
-            std::cerr << "wrote " << path << "\n";
+        const auto fail = [](const std::string& message) { fail_command(command, message); };
+        const auto write_file = [](const std::string& path, const std::string& text) {
+            report_text::write_report_file(command, path, text, std::cerr);
         };
         if (o->trace_in.empty() && o->record.model_path.empty()) fail("give a model (-m) or a trace (--trace-in)");
         if (o->admission.admit_k > o->admission.admit_window) {
@@ -122,4 +122,4 @@ void add_experts_bench_command(CLI::App& bench) {
     });
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

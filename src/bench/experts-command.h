@@ -7,9 +7,9 @@
 
 #include <CLI/CLI.hpp>
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 // Adds `experts` under the `bench` command.
 void add_experts_bench_command(CLI::App& bench);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

@@ -23,7 +23,7 @@
 #include "llama-cpp.h"
 #include "model/model-inspect.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 namespace {
 
@@ -272,4 +272,4 @@ expert_trace record_expert_trace(const expert_record_options& options, std::ostr
     return trace;
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

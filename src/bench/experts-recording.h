@@ -9,7 +9,7 @@
 
 #include "bench/experts-trace.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 struct expert_record_options {
     std::string model_path;
@@ -26,4 +26,4 @@ const std::string& builtin_expert_workload();
 // std::runtime_error for a model that can't be loaded or has no experts.
 expert_trace record_expert_trace(const expert_record_options& options, std::ostream& progress);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

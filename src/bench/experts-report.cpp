@@ -10,7 +10,7 @@
 
 #include "bench/report-text.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 namespace {
 
@@ -162,4 +162,4 @@ std::string format_experts_svg(const experts_bench_report& report) {
     return svg.str();
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

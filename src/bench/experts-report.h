@@ -7,10 +7,10 @@
 
 #include "bench/experts-simulation.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 std::string format_experts_table(const experts_bench_report& report);
 std::string format_experts_json(const experts_bench_report& report);
 std::string format_experts_svg(const experts_bench_report& report);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

@@ -8,7 +8,9 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace keepwarm {
+#include "bench/report-text.h"
+
+namespace keepwarm::bench {
 
 namespace {
 
@@ -58,15 +60,6 @@ private:
     std::vector<std::deque<uint64_t>> recent_uses_;
 };
 
-std::vector<std::string> split_list(const std::string& text) {
-    std::vector<std::string> items;
-    std::string item;
-    std::istringstream in(text);
-    while (std::getline(in, item, ',')) items.push_back(item);
-    if (!text.empty() && text.back() == ',') items.push_back("");  // getline drops a trailing empty entry
-    return items;
-}
-
 }  // namespace
 
 expert_cache_stats simulate_expert_cache(const expert_trace& trace, uint32_t slots, const expert_cache_policy& policy) {
@@ -108,7 +101,7 @@ experts_bench_report simulate_expert_caches(const expert_trace& trace, const std
 
 std::vector<uint32_t> parse_slot_list(const std::string& text) {
     std::vector<uint32_t> slots;
-    for (const std::string& item : split_list(text)) {
+    for (const std::string& item : report_text::split_list(text)) {
         const bool digits = !item.empty() && item.size() <= 6 &&
                             std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
         const unsigned long value = digits ? std::stoul(item) : 0;
@@ -130,4 +123,4 @@ std::vector<uint32_t> default_slot_list(uint32_t n_expert, uint32_t n_expert_use
     return slots;
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

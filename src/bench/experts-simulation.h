@@ -10,7 +10,7 @@
 
 #include "bench/experts-trace.h"
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 // admission: an expert missing from the cache is uploaded into a slot only once it has been used by at least
 // admit_k of the last admit_window tokens (the current one included); before that it is streamed for this use only.
@@ -67,4 +67,4 @@ std::vector<uint32_t> parse_slot_list(const std::string& text);
 // Powers of two up to n_expert, plus n_expert_used and n_expert themselves.
 std::vector<uint32_t> default_slot_list(uint32_t n_expert, uint32_t n_expert_used);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

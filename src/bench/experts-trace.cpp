@@ -16,7 +16,7 @@
 #include <stdexcept>
 #include <utility>
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 namespace {
 
@@ -266,4 +266,4 @@ expert_trace read_expert_trace(const std::string& path) {
     return trace;
 }
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace keepwarm {
+namespace keepwarm::bench {
 
 // The router's choices in one MoE layer: for each token in workload order, its n_expert_used expert ids.
 struct expert_layer_trace {
@@ -39,4 +39,4 @@ void validate_expert_trace(const expert_trace& trace);
 void write_expert_trace(const expert_trace& trace, const std::string& path);
 expert_trace read_expert_trace(const std::string& path);
 
-}  // namespace keepwarm
+}  // namespace keepwarm::bench

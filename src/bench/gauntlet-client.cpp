@@ -4,7 +4,7 @@
 #include <chrono>
 #include <map>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -240,4 +240,4 @@ request_result send_request(http::client_connection& connection, wire_api api, j
     return r;
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

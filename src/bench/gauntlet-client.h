@@ -12,7 +12,7 @@
 #include "bench/gauntlet-workload.h"
 #include "http/http-client.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 // Server-Sent Events, fed in pieces as they arrive off the socket.
 struct sse_event {
@@ -63,4 +63,4 @@ struct request_result {
 // connection after `cancel_after_chunks` answer chunks (0: never). Never throws: failures are in the result.
 request_result send_request(http::client_connection& connection, wire_api api, json body, int cancel_after_chunks);
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

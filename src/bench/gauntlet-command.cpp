@@ -12,13 +12,15 @@
 #include <memory>
 #include <sstream>
 
+#include "base/command-exit.h"
 #include "bench/gauntlet-ideal.h"
 #include "bench/gauntlet-launcher.h"
 #include "bench/gauntlet-replay.h"
 #include "bench/gauntlet-report.h"
 #include "bench/gauntlet-workload.h"
+#include "bench/report-text.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -48,9 +50,10 @@ struct cli_options {
     std::string command_line;
 };
 
+constexpr std::string_view command = "bench gauntlet";
+
 [[noreturn]] void fail(const std::string& message) {
-    std::cerr << "keepwarm bench gauntlet: error: " << message << "\n";
-    throw CLI::RuntimeError(1);
+    fail_command(command, message);
 }
 
 std::string read_file(const std::string& path) {
@@ -62,19 +65,7 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file(const std::string& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary);
-    out << text;
-    if (!out) fail("cannot write '" + path + "'");
-    std::cerr << "wrote " << path << "\n";
-}
-
-std::vector<std::string> split_list(const std::string& text) {
-    std::vector<std::string> items;
-    std::istringstream in(text);
-    for (std::string item; std::getline(in, item, ',');) {
-        if (!item.empty()) items.push_back(item);
-    }
-    return items;
+    report_text::write_report_file(command, path, text, std::cerr);
 }
 
 void run(cli_options& o) {
@@ -126,7 +117,9 @@ void run(cli_options& o) {
         for (const std::string& t : o.targets) targets.push_back(parse_target(t));
         if (o.launch) {
             if (o.model.empty() || o.ctx_size <= 0) fail("--launch needs --model and --ctx-size");
-            for (const std::string& name : split_list(o.servers)) kinds.push_back(parse_server_kind(name));
+            for (const std::string& name : report_text::split_list(o.servers)) {
+                if (!name.empty()) kinds.push_back(parse_server_kind(name));
+            }
             if (kinds.empty()) fail("--servers names no server");
             settings.model = o.model;
             settings.ctx_size = o.ctx_size;
@@ -315,4 +308,4 @@ void add_gauntlet_command(CLI::App& bench) {
     });
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -4,9 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 // Adds `gauntlet` under the `bench` command.
 void add_gauntlet_command(CLI::App& bench);
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

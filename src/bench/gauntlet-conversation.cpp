@@ -1,7 +1,7 @@
 // See gauntlet-conversation.h.
 #include "bench/gauntlet-conversation.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -178,4 +178,4 @@ void conversation::answered(const workload_line& line, const assistant_answer& a
     history_.back() = answer_message(line, whole);
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -10,7 +10,7 @@
 
 #include "bench/gauntlet-workload.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 struct tool_call_record {
     std::string id;
@@ -53,4 +53,4 @@ private:
     int scripted_calls_ = 0;
 };
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

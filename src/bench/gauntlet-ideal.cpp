@@ -13,7 +13,7 @@
 #include "http/http-server.h"
 #include "llama-cpp.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 struct ideal_prefill::model_handle {
     llama_model_ptr model;
@@ -100,4 +100,4 @@ ideal_count ideal_prefill::add(const json& normalized_body, wire_api api, const 
     return count;
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

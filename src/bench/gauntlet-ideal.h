@@ -18,7 +18,7 @@ class chat_renderer;
 class prompt_tokenizer;
 }  // namespace keepwarm
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 // Every token sequence a perfect cache would hold so far, and how much of a new prompt they cover.
 class token_history {
@@ -61,4 +61,4 @@ private:
     token_history history_;
 };
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

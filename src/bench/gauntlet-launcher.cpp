@@ -24,7 +24,7 @@
 
 extern char** environ;
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace fs = std::filesystem;
 
@@ -89,7 +89,7 @@ std::vector<std::string> server_command(server_kind kind, const launch_settings&
             argv.insert(argv.end(), {"--policy", s.policy_file});
         } else {
             // No policy, no RAM or disk tier, no parked conversations: what stays is reuse of what the slots hold.
-            argv.insert(argv.end(), {"--cache-ram", "0", "--cache-disk", "0", "--cache-parked", "0"});
+            argv.insert(argv.end(), {"--no-policy", "--cache-ram", "0", "--cache-disk", "0", "--cache-parked", "0"});
         }
     }
     if (s.threads > 0) argv.insert(argv.end(), {"-t", std::to_string(s.threads)});
@@ -248,4 +248,4 @@ void launched_server::restart(std::ostream& progress) {
     start(progress);
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 enum class server_kind { keepwarm, keepwarm_off, llama_server };
 const char* server_kind_name(server_kind kind);  // "keepwarm", "keepwarm-off", "llama-server"
@@ -72,4 +72,4 @@ private:
     std::string cache_dir_;
 };
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -13,7 +13,7 @@
 
 #include "bench/gauntlet-client.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -185,4 +185,4 @@ std::vector<replayed_request> replay_workload(const std::vector<workload_line>& 
     return out;
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

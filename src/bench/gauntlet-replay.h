@@ -13,7 +13,7 @@
 #include "bench/gauntlet-report.h"
 #include "bench/gauntlet-workload.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 struct replay_target {
     std::string name;
@@ -38,4 +38,4 @@ struct replayed_request {
 std::vector<replayed_request> replay_workload(const std::vector<workload_line>& lines, replay_target& target,
                                               uint64_t seed, std::ostream& progress);
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

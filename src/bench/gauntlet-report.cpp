@@ -11,7 +11,7 @@
 
 #include "bench/report-text.h"
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -354,4 +354,4 @@ std::string format_gauntlet_html(const gauntlet_report& report) {
     return html.str();
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 struct request_record {
     size_t line_number = 0;
@@ -99,4 +99,4 @@ std::string format_gauntlet_table(const gauntlet_report& report);
 std::string format_gauntlet_json(const gauntlet_report& report);
 std::string format_gauntlet_html(const gauntlet_report& report);
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

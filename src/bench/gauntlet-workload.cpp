@@ -9,7 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 namespace {
 
@@ -573,4 +573,4 @@ std::vector<workload_line> generate_workload(const generator_options& o) {
     return lines;
 }
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace keepwarm::gauntlet {
+namespace keepwarm::bench::gauntlet {
 
 using json = nlohmann::ordered_json;  // ordered: a body's keys (tool schemas) reach the template in the file's order
 
@@ -94,4 +94,4 @@ std::vector<workload_line> generate_workload(const generator_options& options);
 // for its seed.
 std::string synthetic_tool_result(size_t chars, uint64_t seed);
 
-}  // namespace keepwarm::gauntlet
+}  // namespace keepwarm::bench::gauntlet

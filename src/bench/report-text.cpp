@@ -3,9 +3,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
-namespace keepwarm::report_text {
+#include "base/command-exit.h"
+
+namespace keepwarm::bench::report_text {
+
+std::vector<std::string> split_list(const std::string& text) {
+    std::vector<std::string> items;
+    std::string item;
+    std::istringstream in(text);
+    while (std::getline(in, item, ',')) items.push_back(item);
+    if (!text.empty() && text.back() == ',') items.push_back("");  // getline drops a trailing empty entry
+    return items;
+}
 
 std::string fixed(double value, int decimals) {
     if (std::isnan(value)) return "-";
@@ -59,4 +71,12 @@ std::string markdown_table(const std::vector<std::string>& header, const std::ve
     return out.str();
 }
 
-}  // namespace keepwarm::report_text
+void write_report_file(std::string_view command, const std::string& path, const std::string& text,
+                       std::ostream& progress) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    if (!out) fail_command(command, "cannot write '" + path + "'");
+    progress << "wrote " << path << "\n";
+}
+
+}  // namespace keepwarm::bench::report_text

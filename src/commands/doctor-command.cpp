@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "api/request-dialect.h"
-#include "base/logger.h"
+#include "base/command-exit.h"
 #include "base/request-error.h"
 #include "chat/chat-renderer.h"
 #include "common.h"
@@ -291,14 +291,8 @@ void add_doctor_command(CLI::App& app) {
         "Exit status: 0 when the prompts are identical or one extends the other, 1 when they diverge, 2 on "
         "bad input.");
     cmd->callback([o] {
-        int rc = 0;
-        try {
-            rc = run_doctor(*o);
-        } catch (const std::exception& e) {
-            log::error("doctor", "{}", e.what());
-            rc = exit_bad_input;
-        }
-        if (rc != 0) throw CLI::RuntimeError(rc);
+        run_command(
+            "doctor", [&] { return run_doctor(*o); }, exit_bad_input);
     });
 }
 

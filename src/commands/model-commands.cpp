@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "base/logger.h"
+#include "base/command-exit.h"
 #include "model/model-builder.h"
 #include "model/model-inspect.h"
 
@@ -21,12 +21,6 @@ struct mkmodel_options {
     std::string output;
     model_spec flags;  // holds only the values of options given on the command line
 };
-
-// Ends the command with an error message and exit status 1 (main() turns CLI::RuntimeError into the exit code).
-[[noreturn]] void fail(const std::string& command, const std::string& message) {
-    log::error(command, "{}", message);
-    throw CLI::RuntimeError(1);
-}
 
 std::string arch_default_preset(const std::string& arch) {
     if (arch == "qwen3moe") return "tiny-moe";
@@ -93,7 +87,7 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
     } catch (const CLI::Error&) {
         throw;
     } catch (const std::exception& e) {
-        fail("mkmodel", e.what());
+        fail_command("mkmodel", e.what());
     }
 }
 
@@ -162,7 +156,7 @@ void add_inspect_command(CLI::App& app) {
             }
             std::cout << (o->json ? format_report_json(report, contexts) + "\n" : format_report(report, contexts));
         } catch (const std::exception& e) {
-            fail("inspect", e.what());
+            fail_command("inspect", e.what());
         }
     });
 }

@@ -40,23 +40,17 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
     headers.emplace_back("request-id", chat.id());  // the SDK reports it as the response's _request_id
 
     if (!stream) {
-        for (;;) {
-            auto u = chat.next();
-            if (!u) return;
-            if (!u->done) continue;
-            if (u->reason == finish_reason::error) {
-                throw request_error(500, u->error.empty() ? "generation failed" : u->error, "api_error");
-            }
-            const std::string sequence = client_stop_sequence(chat, u->stats);
-            const std::string reason =
-                anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
-            w.send(200, "application/json",
-                   anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
-                                           timings_of(u->stats), sequence)
-                       .dump(-1, ' ', false, json::error_handler_t::replace),
-                   headers);
-            return;
-        }
+        const auto u = final_update(chat, "api_error");
+        if (!u) return;
+        const std::string sequence = client_stop_sequence(chat, u->stats);
+        const std::string reason =
+            anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
+        w.send(200, "application/json",
+               anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
+                                       timings_of(u->stats), sequence)
+                   .dump(-1, ' ', false, json::error_handler_t::replace),
+               headers);
+        return;
     }
 
     if (!w.begin_stream(200, "text/event-stream", headers)) return;

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "base/logger.h"
+#include "base/request-error.h"
 #include "routes/client-identity.h"
 
 namespace keepwarm {
@@ -50,6 +51,20 @@ bool client_watch::gone() {
     if (now - last_check_ < client_check_interval) return false;
     last_check_ = now;
     return w_.client_gone();
+}
+
+std::optional<generation_source::update> final_update(generation_source& source, const std::string& error_type) {
+    for (;;) {
+        std::optional<generation_source::update> u = source.next();
+        if (!u || !u->done) {
+            if (!u) return std::nullopt;
+            continue;
+        }
+        if (u->reason == finish_reason::error) {
+            throw request_error(500, u->error.empty() ? "generation failed" : u->error, error_type);
+        }
+        return u;
+    }
 }
 
 }  // namespace keepwarm

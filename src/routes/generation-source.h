@@ -56,6 +56,11 @@ public:
 };
 using generation_source_ptr = std::unique_ptr<generation_source>;
 
+// A non-streamed answer's wait: the source's last update (done), or nullopt if the client went away. A generation that
+// failed before anything was sent throws request_error 500 with its message and `error_type`, the API's word for a
+// server error ("server_error", "api_error").
+std::optional<generation_source::update> final_update(generation_source& source, const std::string& error_type);
+
 // Starts the generation of a parsed chat request, with the response's id. Throws request_error (4xx, 5xx) when it
 // cannot be served; nothing has been sent to the client then.
 using generation_opener = std::function<generation_source_ptr(

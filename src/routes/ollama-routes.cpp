@@ -42,11 +42,6 @@ ollama::metrics metrics_of(const generation_stats& st, const request_clock& cloc
     return ollama::metrics_of(usage_of(st), timings_of(st), total);
 }
 
-// Maps an engine error that happened before anything was sent to an HTTP error.
-[[noreturn]] void throw_generation_error(const std::string& error) {
-    throw request_error(500, error.empty() ? "generation failed" : error, "server_error");
-}
-
 bool write_line(http::response_writer& w, const json& line) {
     return w.write_chunk(ollama::ndjson_line(line));
 }
@@ -64,21 +59,17 @@ enum class answer_shape { chat, generate };
 void relay_answer(frontend_context& ctx, generation_source& chat, const request_clock& clock, http::response_writer& w,
                   const std::string& model, bool stream, answer_shape shape) {
     if (!stream) {
-        for (;;) {
-            auto u = chat.next();
-            if (!u) return;
-            if (!u->done) continue;
-            if (u->reason == finish_reason::error) throw_generation_error(u->error);
-            const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
-            const ollama::metrics m = metrics_of(u->stats, clock);
-            const common_chat_msg& msg = chat.message();
-            const json body =
-                shape == answer_shape::chat
-                    ? ollama::chat_response_json(model, now(), msg, reason, m)
-                    : ollama::generate_response_json(model, now(), msg.content, msg.reasoning_content, reason, m);
-            w.send(200, "application/json", dump(body), chat.response_headers());
-            return;
-        }
+        const auto u = final_update(chat, "server_error");
+        if (!u) return;
+        const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
+        const ollama::metrics m = metrics_of(u->stats, clock);
+        const common_chat_msg& msg = chat.message();
+        const json body =
+            shape == answer_shape::chat
+                ? ollama::chat_response_json(model, now(), msg, reason, m)
+                : ollama::generate_response_json(model, now(), msg.content, msg.reasoning_content, reason, m);
+        w.send(200, "application/json", dump(body), chat.response_headers());
+        return;
     }
 
     if (!w.begin_stream(200, "application/x-ndjson", chat.response_headers())) return;

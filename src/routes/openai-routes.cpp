@@ -18,11 +18,6 @@ bool write_sse(http::response_writer& w, const json& data) {
     return w.write_chunk("data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
 }
 
-// Maps an engine error that happened before anything was sent to an HTTP error.
-[[noreturn]] void throw_generation_error(const std::string& error) {
-    throw request_error(500, error.empty() ? "generation failed" : error, "server_error");
-}
-
 void handle_chat(const generation_opener& open, frontend_context& ctx, const http::request& req,
                  http::response_writer& w, const request_clock& clock) {
     ctx.http.chat_completions++;
@@ -34,19 +29,15 @@ void handle_chat(const generation_opener& open, frontend_context& ctx, const htt
     const int64_t created = unix_now();
 
     if (!stream) {
-        for (;;) {
-            auto u = chat.next();
-            if (!u) return;
-            if (!u->done) continue;
-            if (u->reason == finish_reason::error) throw_generation_error(u->error);
-            const std::string reason = api::chat_finish_reason(chat.message(), u->reason == finish_reason::length);
-            w.send(200, "application/json",
-                   api::chat_completion_json(id, ctx.model_id, created, chat.message(), reason, usage_of(u->stats),
-                                             timings_of(u->stats))
-                       .dump(-1, ' ', false, json::error_handler_t::replace),
-                   chat.response_headers());
-            return;
-        }
+        const auto u = final_update(chat, "server_error");
+        if (!u) return;
+        const std::string reason = api::chat_finish_reason(chat.message(), u->reason == finish_reason::length);
+        w.send(200, "application/json",
+               api::chat_completion_json(id, ctx.model_id, created, chat.message(), reason, usage_of(u->stats),
+                                         timings_of(u->stats))
+                   .dump(-1, ' ', false, json::error_handler_t::replace),
+               chat.response_headers());
+        return;
     }
 
     if (!w.begin_stream(200, "text/event-stream", chat.response_headers())) return;
@@ -100,18 +91,14 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
     const int64_t created = unix_now();
 
     if (!comp.stream) {
-        for (;;) {
-            auto u = completion.next();
-            if (!u) return;
-            if (!u->done) continue;
-            if (u->reason == finish_reason::error) throw_generation_error(u->error);
-            w.send(200, "application/json",
-                   api::completion_json(id, ctx.model_id, created, completion.message().content,
-                                        finish_reason_name(u->reason), usage_of(u->stats), timings_of(u->stats))
-                       .dump(-1, ' ', false, json::error_handler_t::replace),
-                   completion.response_headers());
-            return;
-        }
+        const auto u = final_update(completion, "server_error");
+        if (!u) return;
+        w.send(200, "application/json",
+               api::completion_json(id, ctx.model_id, created, completion.message().content,
+                                    finish_reason_name(u->reason), usage_of(u->stats), timings_of(u->stats))
+                   .dump(-1, ' ', false, json::error_handler_t::replace),
+               completion.response_headers());
+        return;
     }
 
     if (!w.begin_stream(200, "text/event-stream", completion.response_headers())) return;

@@ -10,6 +10,7 @@
 #include "generated-models.h"
 
 using namespace keepwarm;
+using namespace keepwarm::bench;
 
 namespace {
 

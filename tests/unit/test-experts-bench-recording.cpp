@@ -10,6 +10,7 @@
 #include "model/model-inspect.h"
 
 using namespace keepwarm;
+using namespace keepwarm::bench;
 
 namespace {
 

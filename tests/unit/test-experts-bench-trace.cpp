@@ -14,6 +14,7 @@
 #include "bench/experts-trace.h"
 
 using namespace keepwarm;
+using namespace keepwarm::bench;
 
 namespace {
 

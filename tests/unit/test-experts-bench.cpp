@@ -8,6 +8,7 @@
 #include "bench/experts-simulation.h"
 
 using namespace keepwarm;
+using namespace keepwarm::bench;
 
 namespace {
 

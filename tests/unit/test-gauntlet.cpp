@@ -17,7 +17,7 @@
 #include "common.h"
 #include "generated-models.h"
 
-using namespace keepwarm::gauntlet;
+using namespace keepwarm::bench::gauntlet;
 
 namespace {
 
@@ -471,7 +471,7 @@ TEST(GauntletLauncher, SameModelContextSlotsAndThreadsForEveryServer) {
     EXPECT_EQ(joined(server_command(server_kind::keepwarm_off, s, 8080, "/c")),
               "/bin/keepwarm serve -m /m.gguf -c 65536 --parallel 2 --host 127.0.0.1 --port 8080 --cache-dir /c "
               "--max-connections-per-address 0 "
-              "--cache-ram 0 --cache-disk 0 --cache-parked 0 -t 2");
+              "--no-policy --cache-ram 0 --cache-disk 0 --cache-parked 0 -t 2");
     EXPECT_EQ(joined(server_command(server_kind::llama_server, s, 8081, "/c")),
               "/bin/llama-server -m /m.gguf -c 65536 -np 2 --host 127.0.0.1 --port 8081 -t 2");
     EXPECT_EQ(parse_server_kind("keepwarm-off"), server_kind::keepwarm_off);

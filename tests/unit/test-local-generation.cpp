@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/request-error.h"
+#include "fake-response-writer.h"
 #include "generated-models.h"
 #include "local/chat-generation.h"
 #include "local/generation-relay.h"
@@ -23,48 +24,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// What a handler wrote, and a switch for the client leaving.
-class fake_writer final : public http::response_writer {
-public:
-    bool send(int s, std::string_view type, std::string_view b, const http::header_list& extra) override {
-        status = s;
-        content_type = type;
-        body = b;
-        headers = extra;
-        started_ = true;
-        return !gone;
-    }
-    bool begin_stream(int s, std::string_view type, const http::header_list& extra) override {
-        status = s;
-        content_type = type;
-        headers = extra;
-        started_ = true;
-        return !gone;
-    }
-    bool write_chunk(std::string_view data) override {
-        body += data;
-        return !gone;
-    }
-    void end_stream() override { ended = true; }
-    bool client_gone() override { return gone; }
-    bool started() const override { return started_; }
-
-    std::string header(const std::string& name) const {
-        for (const auto& [n, v] : headers) {
-            if (n == name) return v;
-        }
-        return {};
-    }
-
-    int status = 0;
-    std::string content_type, body;
-    http::header_list headers;
-    bool ended = false;
-    bool gone = false;
-
-private:
-    bool started_ = false;
-};
+using test_support::fake_writer;
 
 constexpr const char* served = "tiny";
 
