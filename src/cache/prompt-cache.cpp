@@ -21,6 +21,16 @@ constexpr size_t state_header = sizeof(uint32_t) + sizeof(llama_seq_id);
 
 constexpr uint32_t kind_block = 0;       // disk entry: KV of [end - block_tokens, end)
 constexpr uint32_t kind_checkpoint = 1;  // disk entry: recurrent state after `end` tokens
+constexpr uint32_t kind_tail = 2;        // disk entry: KV of a path's tail past its last whole block
+
+// The key of a stored state of `kind`: a block's chains from its tenant's root key through the tokens up to its end; a
+// checkpoint's one step further, through a sentinel that is not a token id, so it never equals the block ending there.
+block_key stored_state_key(const block_key& root, std::span<const llama_token> tokens, uint32_t kind) {
+    const block_key block = chain_block_key(root, tokens);
+    if (kind != kind_checkpoint) return block;  // a block or a tail: a tail never ends where a block does
+    const llama_token sentinel = -1;
+    return chain_block_key(block, std::span<const llama_token>(&sentinel, 1));
+}
 
 // Prefill cost saved by restoring `tokens` tokens that end at position `depth`, in units of one token at depth 0:
 // attention work grows with depth, the rest does not.
@@ -90,8 +100,10 @@ void prompt_cache::index_disk() {
     size_t blocks = 0, checkpoints = 0;
     for (auto& info : disk_->entries()) {
         const bool shape_ok = info.start == 0 && info.end == static_cast<int32_t>(info.tokens.size()) && info.end > 0;
-        const bool kind_ok = info.kind == kind_block ? info.end % options_.block_tokens == 0
-                                                     : info.kind == kind_checkpoint && !can_truncate_;
+        const bool kind_ok = info.kind == kind_block        ? info.end % options_.block_tokens == 0
+                             : info.kind == kind_tail       ? info.end % options_.block_tokens != 0
+                             : info.kind == kind_checkpoint ? !can_truncate_
+                                                            : false;
         if (!shape_ok || !kind_ok) {
             log::warn("disk cache", "ignored {}.kwkv: written with another layout", info.key.hex());
             disk_->erase(info.key);
@@ -100,11 +112,7 @@ void prompt_cache::index_disk() {
         }
         // The key chains from the root key of the tenant that cached it: that names the tenant, and a file whose
         // key does not follow from its parent and tokens cannot say whose it is.
-        const block_key block = chain_block_key(info.parent, info.tokens);
-        const llama_token sentinel = -1;
-        const block_key expected =
-            info.kind == kind_block ? block : chain_block_key(block, std::span<const llama_token>(&sentinel, 1));
-        if (expected != info.key) {
+        if (stored_state_key(info.parent, info.tokens, info.kind) != info.key) {
             log::warn("disk cache", "ignored {}.kwkv: its key does not follow from its tokens", info.key.hex());
             disk_->erase(info.key);
             counters_.disk_rejected++;
@@ -116,8 +124,8 @@ void prompt_cache::index_disk() {
         state.key = info.key;
         state.bytes = info.payload_bytes;
         state.last_used = clock::now() - std::chrono::minutes(10);  // older than anything used in this run
-        (info.kind == kind_block ? n->value.blocks : n->value.checkpoints)[info.end] = state;
-        (info.kind == kind_block ? blocks : checkpoints)++;
+        (info.kind == kind_checkpoint ? n->value.checkpoints : n->value.blocks)[info.end] = state;
+        (info.kind == kind_checkpoint ? checkpoints : blocks)++;
     }
     if (blocks + checkpoints > 0 || !report.rejected.empty()) {
         log::info("disk cache", "{} blocks and {} checkpoints ({} MiB) in {}, {} rejected", blocks, checkpoints,
@@ -225,20 +233,38 @@ void prompt_cache::demote(device_sequence& s) {
             break;
         }
     }
+    save_path(s, static_cast<int>(shared_depth), /*write_ram_to_disk=*/false);
+    counters_.device.evictions++;
+}
+
+void prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_disk) {
+    node* tip = s.tip;
     const int b = options_.block_tokens;
     const int length = static_cast<int>(tip->depth);
     std::vector<llama_token> path;
-    for (int end = (static_cast<int>(shared_depth) / b + 1) * b; end <= length; end += b) {
+    const auto save = [&](int end) {  // the block or the tail that ends at `end`
         node* n = tree_.ancestor_at(tip, static_cast<size_t>(end));
-        if (n->value.blocks.count(end)) continue;
+        if (auto it = n->value.blocks.find(end); it != n->value.blocks.end()) {
+            if (write_ram_to_disk && disk_ && it->second.ram && !it->second.on_disk) {
+                if (path.empty()) path = tree_.path(tip);
+                write_to_disk(it->second, n, end % b == 0 ? kind_block : kind_tail, end, path);
+            }
+            return;
+        }
         if (path.empty()) path = tree_.path(tip);
-        store_block(n, end, serialize_span(s.seq, end - b, end), path);
+        store_block(n, end, serialize_span(s.seq, block_start(end), end), path);
+    };
+    for (int end = (from / b + 1) * b; end <= length; end += b) save(end);
+    // The tokens past the last whole block, up to the end of the last prompt (where the next turn's prompt, which
+    // renders the answer its own way, leaves this path) and up to the end: without them a restart or a demotion
+    // would cost up to a block of recomputation, and a conversation shorter than a block everything.
+    for (const int end : {s.prompt_end, length}) {
+        if (end > from && end <= length && end % b != 0) save(end);
     }
     if (!can_truncate_ && !tip->value.checkpoints.count(length)) {
         if (path.empty()) path = tree_.path(tip);
         store_checkpoint(tip, length, serialize_checkpoint(s.seq, length), path);
     }
-    counters_.device.evictions++;
 }
 
 // Whether what `s` alone holds (beyond what other device sequences share) is long enough to keep when the slot
@@ -275,6 +301,7 @@ bool prompt_cache::park(device_sequence& slot, const device_sequence* keep) {
     llama_memory_seq_cp(llama_get_memory(ctx_), slot.seq, p->seq, -1, -1);
     hold(*p, slot.tip);
     p->last_used = slot.last_used;
+    p->prompt_end = slot.prompt_end;
     return true;
 }
 
@@ -288,35 +315,8 @@ bool prompt_cache::make_room(const device_sequence* keep) {
 }
 
 void prompt_cache::persist_all() {
-    const int b = options_.block_tokens;
     for (auto& s : sequences_) {
-        node* tip = s.tip;
-        if (tree::is_root(tip)) continue;
-        std::vector<llama_token> path;
-        for (int end = b; end <= static_cast<int>(tip->depth); end += b) {
-            node* n = tree_.ancestor_at(tip, static_cast<size_t>(end));
-            auto it = n->value.blocks.find(end);
-            if (it != n->value.blocks.end() && it->second.on_disk) continue;
-            if (path.empty()) path = tree_.path(tip);
-            if (it != n->value.blocks.end() && it->second.ram && disk_) {
-                disk_->put({.key = it->second.key,
-                            .parent = chain_root(tip),
-                            .start = 0,
-                            .end = end,
-                            .kind = kind_block,
-                            .tokens = {path.begin(), path.begin() + end},
-                            .payload_bytes = it->second.bytes},
-                           it->second.ram);
-                it->second.on_disk = true;
-                continue;
-            }
-            if (it == n->value.blocks.end()) store_block(n, end, serialize_span(s.seq, end - b, end), path);
-        }
-        if (!can_truncate_ && !tip->value.checkpoints.count(static_cast<int32_t>(tip->depth))) {
-            if (path.empty()) path = tree_.path(tip);
-            store_checkpoint(tip, static_cast<int32_t>(tip->depth),
-                             serialize_checkpoint(s.seq, static_cast<int32_t>(tip->depth)), path);
-        }
+        if (!tree::is_root(s.tip)) save_path(s, 0, /*write_ram_to_disk=*/true);
     }
     enforce_disk_budget();
     if (disk_) disk_->flush();
@@ -398,53 +398,62 @@ bool prompt_cache::restore_checkpoint(llama_seq_id slot, const std::vector<uint8
 
 // ---- RAM and disk entries ----
 
-void prompt_cache::store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path) {
-    if (payload.empty()) return;
+prompt_cache::stored_state prompt_cache::keep_in_tiers(node* n, uint32_t kind, int32_t end,
+                                                       std::vector<uint8_t> payload,
+                                                       std::span<const llama_token> path) {
     stored_state state;
-    state.key = chain_block_key(chain_root(n), path.first(static_cast<size_t>(end)));
+    state.key = stored_state_key(chain_root(n), path.first(static_cast<size_t>(end)), kind);
     state.bytes = payload.size();
     state.last_used = clock::now();
     state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
-    if (disk_) {
-        disk_->put({.key = state.key,
-                    .parent = chain_root(n),
-                    .start = 0,
-                    .end = end,
-                    .kind = kind_block,
-                    .tokens = {path.begin(), path.begin() + end},
-                    .payload_bytes = state.bytes},
-                   state.ram);
-        state.on_disk = true;
-    }
+    if (disk_) write_to_disk(state, n, kind, end, path);
     ram_bytes_ += state.bytes;
-    n->value.blocks[end] = std::move(state);
+    return state;
+}
+
+void prompt_cache::write_to_disk(stored_state& state, node* n, uint32_t kind, int32_t end,
+                                 std::span<const llama_token> path) {
+    disk_->put({.key = state.key,
+                .parent = chain_root(n),
+                .start = 0,
+                .end = end,
+                .kind = kind,
+                .tokens = {path.begin(), path.begin() + end},
+                .payload_bytes = state.bytes},
+               state.ram);
+    state.on_disk = true;
+}
+
+void prompt_cache::store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path) {
+    if (payload.empty()) return;
+    const uint32_t kind = end % options_.block_tokens == 0 ? kind_block : kind_tail;
+    n->value.blocks[end] = keep_in_tiers(n, kind, end, std::move(payload), path);
     enforce_ram_budget();
     enforce_disk_budget();
+}
+
+// The end of the deepest kept tail on the prompt's matched path that continues a restore which has reached `from`:
+// it starts at or before `from` and ends past it, at most at `limit`. 0 if there is none.
+int32_t prompt_cache::find_tail(const tree::match& m, int from, int limit) {
+    const int b = options_.block_tokens;
+    const int upto = std::min({static_cast<int>(m.length), limit, from / b * b + b - 1});
+    if (!m.deepest || upto <= from) return 0;
+    for (node* n = tree_.ancestor_at(m.deepest, static_cast<size_t>(upto));
+         !tree::is_root(n) && static_cast<int>(n->depth) > from; n = n->parent) {
+        const auto& blocks = n->value.blocks;
+        for (auto it = blocks.upper_bound(upto); it != blocks.begin();) {
+            --it;
+            if (it->first <= from) break;
+            if (it->first % b != 0) return it->first;
+        }
+    }
+    return 0;
 }
 
 void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload,
                                     std::span<const llama_token> path) {
     if (payload.empty()) return;
-    stored_state state;
-    const llama_token sentinel = -1;  // not a token id: keeps a checkpoint's key apart from the block ending there
-    state.key = chain_block_key(chain_block_key(chain_root(n), path.first(static_cast<size_t>(pos))),
-                                std::span<const llama_token>(&sentinel, 1));
-    state.bytes = payload.size();
-    state.last_used = clock::now();
-    state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
-    if (disk_) {
-        disk_->put({.key = state.key,
-                    .parent = chain_root(n),
-                    .start = 0,
-                    .end = pos,
-                    .kind = kind_checkpoint,
-                    .tokens = {path.begin(), path.begin() + pos},
-                    .payload_bytes = state.bytes},
-                   state.ram);
-        state.on_disk = true;
-    }
-    ram_bytes_ += state.bytes;
-    n->value.checkpoints[pos] = std::move(state);
+    n->value.checkpoints[pos] = keep_in_tiers(n, kind_checkpoint, pos, std::move(payload), path);
     counters_.checkpoints++;
     enforce_ram_budget();
     enforce_disk_budget();
@@ -524,12 +533,13 @@ void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
             for (auto& [token, child] : n->children) below = below || deeper_block[child.get()];
             for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
                 if (!in_tier(b->second)) continue;
-                if (!below) {
+                const bool tail = b->first % options_.block_tokens != 0;  // an alternative ending: nothing needs it
+                if (tail || !below) {
                     candidates.push_back({compute_saved(options_.block_tokens, b->first) /
                                               static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
                                           n, b->first, false});
                 }
-                below = true;
+                if (!tail) below = true;
             }
             deeper_block[n] = below;
             for (auto& [pos, c] : n->value.checkpoints) {
@@ -601,7 +611,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
 
     struct block_step {
-        int32_t end;  // the block covers [end - block_tokens, end)
+        int32_t end;  // the block or tail covers [block_start(end), end)
     };
     tree::match m;
     device_match dm;
@@ -648,6 +658,10 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             blocks.push_back({end});
             attention_end = std::min(end, limit);
         }
+        if (const int32_t tail = find_tail(m, attention_end, limit)) {
+            blocks.push_back({tail});
+            attention_end = tail;
+        }
         target = attention_end;
         use_checkpoint = false;
         if (!can_truncate_) {
@@ -668,7 +682,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
                 }
                 break;
             }
-            while (!blocks.empty() && blocks.back().end - b >= target) blocks.pop_back();
+            while (!blocks.empty() && block_start(blocks.back().end) >= target) blocks.pop_back();
         }
         if (dm.holder == &s && target < static_cast<int>(s.tip->depth)) {
             // The slot's own content goes on differently: keep the rest of it, parked, unless it is a few tokens
@@ -690,6 +704,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         break;
     }
 
+    s.prompt_end = static_cast<int>(prompt.size());
     cache_restore r;
     r.matched = static_cast<int>(m.length);
     bool ok = true;
@@ -807,7 +822,7 @@ void prompt_cache::publish() {
         for (auto& [end, st] : n.value.blocks) {
             if (st.ram) {
                 snap.ram.entries++;
-                snap.ram.tokens += static_cast<uint64_t>(options_.block_tokens);
+                snap.ram.tokens += static_cast<uint64_t>(end - block_start(end));
             }
         }
         for (auto& [pos, st] : n.value.checkpoints) {

@@ -3,7 +3,10 @@
 //           sequence (llama_memory_seq_cp shares cells, nothing is copied), so a system prompt used by many
 //           conversations is held once.
 //   RAM     serialized blocks of `block_tokens` positions (llama_state_seq_get_data of just that span, taken
-//           through a scratch sequence), one per tree position, never one copy per conversation.
+//           through a scratch sequence), one per tree position, never one copy per conversation; and a path's tail
+//           up to the end of its last prompt and up to its end, past the last whole block, kept when its cells
+//           leave the device (a demotion, a shutdown), so that a restart or an eviction loses no token of what the
+//           next turn shares. A tail is an alternative ending, not a step: nothing depends on it, any may be evicted.
 //   disk    the same blocks as content-addressed files (disk_store), written behind the RAM tier; indexed at
 //           start-up, so a restarted server picks up where it left off.
 // Tenants: each tenant's paths hang below a root of its own, so a lookup, the cells a slot shares, a RAM or disk
@@ -116,7 +119,7 @@ private:
     };
     struct span_value {
         int holders = 0;                              // device sequences whose path covers this whole node
-        std::map<int32_t, stored_state> blocks;       // KV of [end - block_tokens, end), keyed by end position
+        std::map<int32_t, stored_state> blocks;       // KV of [block_start(end), end), keyed by end position
         std::map<int32_t, stored_state> checkpoints;  // recurrent state after `pos` tokens, keyed by pos
         span_value split_upper(size_t upper_depth);
     };
@@ -126,6 +129,7 @@ private:
     struct device_sequence {
         llama_seq_id seq = 0;
         node* tip = nullptr;  // the path this sequence holds ends here (root: empty)
+        int prompt_end = 0;   // the length of the last prompt it was given: where the next turn's prompt leaves it
         bool in_use = false;  // a slot serving a request
         std::chrono::steady_clock::time_point last_used;
     };
@@ -151,6 +155,12 @@ private:
     bool make_room(const device_sequence* keep);
     bool worth_keeping(const device_sequence& s) const;
     void demote(device_sequence& s);
+    // Stores the whole blocks past `from` of what `s` holds, then its tail, and (hybrid) the recurrent state at its
+    // end, each unless a tier has it; `write_ram_to_disk` also writes held blocks that only RAM has to the disk tier.
+    void save_path(device_sequence& s, int from, bool write_ram_to_disk);
+    // The first position a block or tail ending at `end` covers: the last whole block's end before it.
+    int32_t block_start(int32_t end) const { return (end - 1) / options_.block_tokens * options_.block_tokens; }
+    int32_t find_tail(const tree::match& m, int from, int limit);
     bool park(device_sequence& slot, const device_sequence* keep);  // false: demoted to RAM instead
 
     std::vector<uint8_t> serialize_span(llama_seq_id from, int p0, int p1);
@@ -163,6 +173,11 @@ private:
     stored_state* find_block(node* path_tip, int end);
     void store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path);
     void store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload, std::span<const llama_token> path);
+    // A new stored state of `kind` (a block or a checkpoint) for the first `end` tokens of `path`, which end in `n`'s
+    // span: held in RAM (its bytes counted) and written to the disk tier when there is one.
+    stored_state keep_in_tiers(node* n, uint32_t kind, int32_t end, std::vector<uint8_t> payload,
+                               std::span<const llama_token> path);
+    void write_to_disk(stored_state& state, node* n, uint32_t kind, int32_t end, std::span<const llama_token> path);
     void enforce_ram_budget();
     void enforce_disk_budget();
     template <typename InTier, typename Over, typename Drop>

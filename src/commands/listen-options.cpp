@@ -1,10 +1,14 @@
 // See listen-options.h.
 #include "commands/listen-options.h"
 
+#include <pthread.h>
+
+#include <csignal>
 #include <stdexcept>
 
 #include "base/logger.h"
 #include "http/api-keys.h"
+#include "policy/policy-file.h"
 
 namespace keepwarm {
 
@@ -57,6 +61,45 @@ std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::ser
         log::warn(command, "detect mode auto is report with isolated tenants");
     }
     return tenants;
+}
+
+sigset_t block_stop_signals() {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+    return signals;
+}
+
+void add_no_policy_flag(CLI::App& cmd, CLI::Option* policy_option, bool& no_policy) {
+    cmd.add_flag("--no-policy", no_policy,
+                 "Run without a policy, not even the built-in defaults (pings, Claude Code's billing nonce, automatic "
+                 "rules for random ids): any model name is served and nothing in a request is changed")
+        ->excludes(policy_option);
+}
+
+policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model) {
+    if (no_policy) {  // the command line's word, over a settings file's policy
+        policy::policy_config none;
+        none.detect.mode = policy::detect_mode::off;
+        return none;
+    }
+    if (!file.empty()) return policy::load_policy_file(file, served_model);
+    return policy::builtin_policy(served_model);
+}
+
+std::string describe_policy(const policy::request_policy& p) {
+    const policy::policy_config& c = p.config();
+    if (c.source.empty()) return "none (--no-policy: any model name is served; nothing else is changed)";
+    std::string spans;
+    for (const auto& rule : p.span_rules()->rules()) spans += (spans.empty() ? "" : ", ") + rule.name();
+    return c.source + " (model " + (c.model.mode == policy::model_mode::strict ? "strict" : "any") + ", " +
+           std::to_string(c.model.aliases.size()) + " aliases; " + std::to_string(c.clients.size()) +
+           " client rules; pings " + (c.ping.enabled ? "absorbed" : "served") +
+           "; spans: " + (spans.empty() ? "none" : spans) + "; cache-buster detection " +
+           policy::detect_mode_name(c.detect.mode) + ")";
 }
 
 }  // namespace keepwarm

@@ -1,8 +1,10 @@
 // Command-line pieces that `serve` and `proxy` share for the side that listens to clients: the --cors-origin check,
-// tenants (API keys file, shared cache, what the log and responses may reveal), and the log's level and format.
+// tenants (API keys file, shared cache, what the log and responses may reveal), the log's level and format, and which
+// policy runs (a file, none, or the built-in defaults); and the stop signals both wait for.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,20 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
 // Adds --log-level (error, warn, info, debug) and --log-format (text, json). They set the process's log
 // (base/logger.h) as the command line is parsed, so that everything the command logs after that follows them.
 void add_log_options(CLI::App& cmd);
+
+// A server's stop signals (SIGINT, SIGTERM), blocked in the calling thread and so in every thread it starts, for the
+// main thread to sigwait() on; SIGPIPE is ignored (a client gone mid-write is an error code, not a signal). Call it
+// first, before any thread starts.
+sigset_t block_stop_signals();
+
+// Adds --no-policy, which excludes `policy_option` (--policy FILE).
+void add_no_policy_flag(CLI::App& cmd, CLI::Option* policy_option, bool& no_policy);
+// The policy a command runs: none (`no_policy`: any model name is served and nothing is changed, whatever a settings
+// file says), the file's (`file` not empty), or else the built-in defaults (policy::builtin_policy). A mistake in the
+// file throws, naming its line.
+policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model);
+// One line for the start-up banner: what the policy does to requests.
+std::string describe_policy(const policy::request_policy& p);
 
 // Reads the keys file into `http`, sets the log and report switches of `ctx`, and with isolated tenants turns the
 // policy's auto detection into reports (an adopted rule holds a fragment of the prompt it came from and would apply

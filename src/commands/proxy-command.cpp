@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/openai-api.h"
+#include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/listen-options.h"
 #include "http/http-server.h"
@@ -38,6 +39,7 @@ struct proxy_options {
     std::vector<std::string> upstreams;  // --upstream specs
     std::string config_file;
     tenancy_options tenancy;  // command line only
+    bool no_policy = false;   // command line only
     // The options given on the command line (they win over the file).
     std::vector<std::pair<std::string, const CLI::Option*>> given;
     bool was_given(const std::string& name) const {
@@ -122,19 +124,12 @@ void register_proxy_status_routes(http::http_server& server, frontend_context& c
     server.add_route("GET", "/models", models);
 }
 
-int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
-    // Signals go to the thread that waits for them; every other thread starts with them blocked.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
+int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool no_policy) {
+    const sigset_t signals = block_stop_signals();
 
     frontend_context ctx;  // the upstreams have the model
     ctx.model_id = opts.model_alias;
-    policy::policy_config policy_config;
-    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    policy::policy_config policy_config = select_policy(opts.policy_file, no_policy, ctx.model_id);
     const std::vector<std::string> tenants = apply_tenancy(tenancy, opts.http, ctx, policy_config, "proxy");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     ctx.busters = make_busters_detector(ctx);
@@ -163,6 +158,7 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy) {
                   << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
                   << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
     }
+    std::cout << "  policy: " << describe_policy(*ctx.policy) << "\n";
     std::cout << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
               << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
     std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
@@ -230,10 +226,13 @@ void add_proxy_command(CLI::App& app) {
         ->check(cors_origin_check());
     add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
     add_log_options(*cmd);
-    option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
-                                       "Policy file (TOML): model pinning, forced options, ping absorption, volatile "
-                                       "spans, cache-buster detection (docs/policy.md)"))
-        ->check(CLI::ExistingFile);
+    CLI::Option* policy_option =
+        option("--policy", cmd->add_option("--policy", opts->settings.policy_file,
+                                           "Policy file (TOML): model pinning, forced options, ping absorption, "
+                                           "volatile spans, cache-buster detection (docs/policy.md); without one the "
+                                           "built-in defaults run"))
+            ->check(CLI::ExistingFile);
+    add_no_policy_flag(*cmd, policy_option, opts->no_policy);
     option("--route-block",
            cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block"))
         ->capture_default_str()
@@ -275,15 +274,7 @@ void add_proxy_command(CLI::App& app) {
             "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
             "upstream is out of routing (default 120)");
     cmd->callback([opts] {
-        try {
-            const int rc = run_proxy(merged_settings(*opts), opts->tenancy);
-            if (rc != 0) throw CLI::RuntimeError(rc);
-        } catch (const CLI::Error&) {
-            throw;
-        } catch (const std::exception& ex) {
-            log::error("proxy", "{}", ex.what());
-            throw CLI::RuntimeError(1);
-        }
+        run_command("proxy", [&] { return run_proxy(merged_settings(*opts), opts->tenancy, opts->no_policy); });
     });
 }
 

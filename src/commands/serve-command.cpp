@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "base/command-exit.h"
 #include "base/logger.h"
 #include "cache/block-key.h"
 #include "commands/listen-options.h"
@@ -45,6 +46,7 @@ struct serve_options {
     std::string chat_template_file;
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
     std::string policy_file;
+    bool no_policy = false;
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
@@ -71,26 +73,8 @@ std::string read_file(const std::string& path) {
     return data;
 }
 
-// One line for the start-up banner: what the policy will do to requests.
-std::string describe_policy(const policy::request_policy& p) {
-    const policy::policy_config& c = p.config();
-    if (c.source.empty()) return "none (any model name is served; nothing else is changed)";
-    std::string spans;
-    for (const auto& rule : p.span_rules()->rules()) spans += (spans.empty() ? "" : ", ") + rule.name();
-    return c.source + " (model " + (c.model.mode == policy::model_mode::strict ? "strict" : "any") + ", " +
-           std::to_string(c.model.aliases.size()) + " aliases; " + std::to_string(c.clients.size()) +
-           " client rules; pings " + (c.ping.enabled ? "absorbed" : "served") +
-           "; spans: " + (spans.empty() ? "none" : spans) + ")";
-}
-
 int run_serve(serve_options opts) {
-    // Signals go to the thread that waits for them; every other thread starts with them blocked.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
+    const sigset_t signals = block_stop_signals();
 
     init_llama_runtime(opts.engine.verbose);
     frontend_context ctx;
@@ -103,8 +87,7 @@ int run_serve(serve_options opts) {
     ctx.model_id =
         !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(model.model_path).stem().string();
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
-    policy::policy_config policy_config;
-    if (!opts.policy_file.empty()) policy_config = policy::load_policy_file(opts.policy_file, ctx.model_id);
+    policy::policy_config policy_config = select_policy(opts.policy_file, opts.no_policy, ctx.model_id);
     const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     ctx.busters = make_busters_detector(ctx);
@@ -263,10 +246,13 @@ void add_serve_command(CLI::App& app) {
                     "Tokens per RAM/disk block; also the checkpoint interval of hybrid models")
         ->check(CLI::Range(16, 65536))
         ->capture_default_str();
-    cmd->add_option("--policy", opts->policy_file,
-                    "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
-                    "(docs/policy.md)")
-        ->check(CLI::ExistingFile);
+    CLI::Option* policy_option =
+        cmd->add_option("--policy", opts->policy_file,
+                        "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "
+                        "(docs/policy.md); without one the built-in defaults run (pings absorbed, Claude Code's "
+                        "billing nonce kept out of the prompt, automatic rules for random ids)")
+            ->check(CLI::ExistingFile);
+    add_no_policy_flag(*cmd, policy_option, opts->no_policy);
     cmd->add_option("-n,--n-predict", e.default_max_tokens,
                     "Tokens generated for a request that sets no limit (-1: until end of generation or full context)")
         ->capture_default_str()
@@ -292,17 +278,7 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
-    cmd->callback([opts] {
-        try {
-            const int rc = run_serve(*opts);
-            if (rc != 0) throw CLI::RuntimeError(rc);
-        } catch (const CLI::Error&) {
-            throw;
-        } catch (const std::exception& ex) {
-            log::error("serve", "{}", ex.what());
-            throw CLI::RuntimeError(1);
-        }
-    });
+    cmd->callback([opts] { run_command("serve", [&] { return run_serve(*opts); }); });
 }
 
 }  // namespace keepwarm

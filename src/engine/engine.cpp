@@ -162,10 +162,12 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
     slot_context_size_ = options_.context_size / options_.slots;
     if (!cache_options.disk_dir.empty()) {
-        // Serialized KV depends on the model and the cache types; entries written under any other are never loaded.
+        // Serialized KV depends on the model and the cache types, and what an entry covers on the block size;
+        // entries written under any other are never loaded.
         cache_options.model_fingerprint = model_fingerprint(
-            options_.model_path, std::string("k=") + ggml_type_name(options_.cache_type_k) +
-                                     " v=" + ggml_type_name(options_.cache_type_v) + " state=llama.cpp-80fb11a");
+            options_.model_path,
+            std::string("k=") + ggml_type_name(options_.cache_type_k) + " v=" + ggml_type_name(options_.cache_type_v) +
+                " block=" + std::to_string(options_.cache_block_tokens) + " state=llama.cpp-80fb11a");
     }
     cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
 
@@ -617,7 +619,9 @@ bool engine::step() {
             s.prompt_done += p.count;
             const bool at_cut = std::binary_search(s.cuts.begin(), s.cuts.end(), static_cast<int>(s.prompt_done)) ||
                                 s.prompt_done % static_cast<size_t>(cache_->block_tokens()) == 0;
-            if (cache_->needs_checkpoints() && s.prefilling() && at_cut) cache_->checkpoint(s.id);
+            // Also at the prompt's end, where the next turn's prompt leaves this path (its tail is kept there).
+            const bool prompt_end = s.prompt_done == s.request->prompt.size();
+            if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end)) cache_->checkpoint(s.id);
         }
     }
 

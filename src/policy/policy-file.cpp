@@ -16,8 +16,8 @@ namespace keepwarm::policy {
 
 namespace {
 
-constexpr std::string_view matcher_keys[] = {"client",        "api", "model", "header", "max_tokens_at_most",
-                                             "last_user_text"};
+constexpr std::string_view matcher_keys[] = {
+    "client", "api", "model", "header", "max_tokens_at_most", "last_user_text", "prompt_chars_at_most", "tools"};
 constexpr std::string_view option_keys[] = {"max_tokens_cap",
                                             "max_tokens_default",
                                             "thinking",
@@ -74,8 +74,10 @@ public:
                      "unknown section '" + std::string(k) + "' (known: model, options, client, ping, spans, detect)");
             }
         }
-        if (config.ping.matchers.empty()) config.ping.matchers.push_back({.max_tokens_at_most = 1});
+        if (config.ping.matchers.empty()) config.ping.matchers.push_back(default_ping_matcher());
         if (!root.contains("spans")) read_spans(toml::table{}, config.spans);
+        // As without a file: a file that leaves the detector out gets the protection, not only the report.
+        if (!root.contains("detect")) config.detect.mode = detect_mode::automatic;
         return config;
     }
 
@@ -185,6 +187,10 @@ private:
             m.max_tokens_at_most = static_cast<int>(integer(n, what, 0, std::numeric_limits<int32_t>::max()));
         } else if (key == "last_user_text") {
             m.last_user_text = regex(n, what);
+        } else if (key == "prompt_chars_at_most") {
+            m.prompt_chars_at_most = static_cast<int>(integer(n, what, 0, std::numeric_limits<int32_t>::max()));
+        } else if (key == "tools") {
+            m.tools = boolean(n, what);
         } else {
             return false;
         }
@@ -205,8 +211,8 @@ private:
         }
         if (rule.match.empty()) {
             fail(t.source(),
-                 "a [[client]] table needs at least one of client, api, model, header, "
-                 "max_tokens_at_most, last_user_text to say which requests it is for");
+                 "a [[client]] table needs at least one of client, api, model, header, max_tokens_at_most, "
+                 "last_user_text, prompt_chars_at_most, tools to say which requests it is for");
         }
         return rule;
     }
@@ -367,6 +373,27 @@ private:
 
 policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model) {
     return policy_reader(source_name, served_model).read(config::parse_toml(text, source_name));
+}
+
+const std::string_view builtin_policy_text = R"toml(
+[ping]
+enabled = true
+[[ping.match]]
+max_tokens_at_most = 1
+prompt_chars_at_most = 32
+tools = false
+
+[spans]
+claude-code-billing = true
+uuid = false
+timestamp = false
+
+[detect]
+mode = "auto"
+)toml";
+
+policy_config builtin_policy(const std::string& served_model) {
+    return parse_policy(builtin_policy_text, builtin_policy_source, served_model);
 }
 
 policy_config load_policy_file(const std::string& path, const std::string& served_model) {

@@ -19,4 +19,13 @@ policy_config load_policy_file(const std::string& path, const std::string& serve
 // The same from text; `source_name` names it in errors.
 policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model);
 
+// The policy without a policy file: the protections every agent client needs, on by default (docs/policy.md,
+// "Without a policy file"). Health pings are answered without the engine (default_ping_matcher), Claude Code's
+// per-request billing nonce is kept out of the prompt, and the cache-buster detector puts the rule for a random id it
+// finds in force by itself. Nothing else changes what the model reads. Written as the file that gives it.
+extern const std::string_view builtin_policy_text;
+inline constexpr const char* builtin_policy_source = "built-in defaults";
+// builtin_policy_text, read (source "built-in defaults").
+policy_config builtin_policy(const std::string& served_model);
+
 }  // namespace keepwarm::policy

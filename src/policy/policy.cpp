@@ -47,6 +47,17 @@ std::string last_user_text(const chat_request& chat) {
     return "";
 }
 
+// The text of every message, every role (content, or its text parts), in bytes.
+size_t prompt_chars(const chat_request& chat) {
+    size_t n = 0;
+    for (const common_chat_msg& msg : chat.messages) {
+        n += msg.content.size() + msg.reasoning_content.size();
+        for (const auto& part : msg.content_parts) n += part.text.size();
+        for (const auto& call : msg.tool_calls) n += call.name.size() + call.arguments.size();
+    }
+    return n;
+}
+
 bool matches(const request_matcher& m, const chat_request& chat, const std::string& asked_model,
              const request_origin& origin) {
     if (!m.client.empty() && !glob_match(m.client, origin.client)) return false;
@@ -55,6 +66,8 @@ bool matches(const request_matcher& m, const chat_request& chat, const std::stri
     if (!m.header.empty() && !(origin.headers && origin.headers->contains(m.header))) return false;
     if (m.max_tokens_at_most && !(chat.max_tokens && *chat.max_tokens <= *m.max_tokens_at_most)) return false;
     if (m.last_user_text && !re2::RE2::PartialMatch(last_user_text(chat), *m.last_user_text)) return false;
+    if (m.prompt_chars_at_most && prompt_chars(chat) > static_cast<size_t>(*m.prompt_chars_at_most)) return false;
+    if (m.tools && *m.tools == chat.tools.empty()) return false;
     return true;
 }
 
@@ -130,6 +143,8 @@ json matcher_json(const request_matcher& m) {
     if (!m.header.empty()) j["header"] = m.header;
     if (m.max_tokens_at_most) j["max_tokens_at_most"] = *m.max_tokens_at_most;
     if (m.last_user_text) j["last_user_text"] = m.last_user_text->pattern();
+    if (m.prompt_chars_at_most) j["prompt_chars_at_most"] = *m.prompt_chars_at_most;
+    if (m.tools) j["tools"] = *m.tools;
     return j;
 }
 
@@ -169,7 +184,14 @@ bool glob_match(const std::string& pattern, const std::string& text) {
 }
 
 bool request_matcher::empty() const {
-    return client.empty() && api.empty() && model.empty() && header.empty() && !max_tokens_at_most && !last_user_text;
+    return client.empty() && api.empty() && model.empty() && header.empty() && !max_tokens_at_most && !last_user_text &&
+           !prompt_chars_at_most && !tools;
+}
+
+request_matcher default_ping_matcher() {
+    return {.max_tokens_at_most = default_ping_max_tokens,
+            .prompt_chars_at_most = default_ping_prompt_chars,
+            .tools = false};
 }
 
 void forced_options::override_with(const forced_options& o) {

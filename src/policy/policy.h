@@ -30,6 +30,8 @@ struct request_matcher {
     std::string header;                     // a header (lowercase name) the request must carry
     std::optional<int> max_tokens_at_most;  // the client asked for at most this many tokens
     std::shared_ptr<const re2::RE2> last_user_text;  // found (RE2 search) in the last user message's text
+    std::optional<int> prompt_chars_at_most;         // the text of all messages, every role, is at most this many bytes
+    std::optional<bool> tools;                       // the request defines tools (true) or none (false)
 
     bool empty() const;
 };
@@ -72,6 +74,14 @@ struct ping_policy {
     std::string reply = "ok";               // the assistant's text in a ping's answer
     std::vector<request_matcher> matchers;  // a request matching any of them is a ping
 };
+
+// What a ping is when a policy does not say: a health check asks for at most one token, with a few words and no
+// tools (Claude Code's {"max_tokens":1,"messages":[{"role":"user","content":"quota"}]}, an Ollama client's
+// num_predict 1). A one-token request that means it (a classification, a score) carries a longer prompt, and is
+// generated.
+inline constexpr int default_ping_max_tokens = 1;
+inline constexpr int default_ping_prompt_chars = 32;
+request_matcher default_ping_matcher();
 
 enum class model_mode {
     any,     // every name is served by the loaded model

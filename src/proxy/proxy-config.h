@@ -17,7 +17,7 @@ namespace keepwarm::proxy {
 struct proxy_settings {
     http::server_options http;
     std::vector<upstream_config> upstreams;
-    std::string policy_file;  // empty: none
+    std::string policy_file;  // empty: the built-in defaults (none with --no-policy)
     std::string model_alias = "keepwarm-proxy";
     pool_options pool;
 };

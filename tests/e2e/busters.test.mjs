@@ -16,11 +16,14 @@ const autoPolicy = path.join(dir, 'auto.toml');
 writeFileSync(autoPolicy, '[detect]\nmode = "auto"\n[spans]\ntimestamp = false\n');
 const offPolicy = path.join(dir, 'off.toml');
 writeFileSync(offPolicy, '[detect]\nmode = "off"\n');
+// Report mode, with the built-in uuid and timestamp rules off so that the ids and clocks reach the detector.
+const reportPolicy = path.join(dir, 'report.toml');
+writeFileSync(reportPolicy, '[detect]\nmode = "report"\n[spans]\nuuid = false\ntimestamp = false\n');
 
 let server, auto;
 before(async () => {
     // --log-prompts: the log lines checked here quote the span (without it they do not, see tenants.test.mjs).
-    [server, auto] = await Promise.all([startServer(['-c', '4096', '--log-prompts']),
+    [server, auto] = await Promise.all([startServer(['-c', '4096', '--log-prompts', '--policy', reportPolicy]),
                                         startServer(['-c', '4096', '--policy', autoPolicy])]);
 });
 after(async () => Promise.all([server?.stop(), auto?.stop()]));

@@ -180,7 +180,8 @@ test('/metrics counts requests and tokens in Prometheus text format', async () =
 
 test('/metrics counts requests per API', async () => {
     const before = await metrics(server.url);
-    const messages = [{ role: 'user', content: 'Count me.' }];
+    // Longer than a health ping (the default policy answers those without the engine).
+    const messages = [{ role: 'user', content: 'Count me: one request through each of the APIs.' }];
     const post = async (route, body) => {
         const { status } = await curl(`${server.url}${route}`, { method: 'POST', body });
         assert.equal(status, 200, route);
@@ -189,8 +190,8 @@ test('/metrics counts requests per API', async () => {
     await post('/v1/completions', { model: 'tiny', prompt: 'Count me.', max_tokens: 1 });
     await post('/v1/messages', { model: 'tiny', messages, max_tokens: 1 });
     await post('/api/chat', { model: 'tiny', messages, stream: false, options: { num_predict: 1 } });
-    await post('/api/generate', { model: 'tiny', prompt: 'Count me.', stream: false, options: { num_predict: 1 } });
-    await post('/api/generate', { model: 'tiny', prompt: 'Count me twice.', stream: false, options: { num_predict: 1 } });
+    await post('/api/generate', { model: 'tiny', prompt: 'Count me as a request through the generate route.', stream: false, options: { num_predict: 1 } });
+    await post('/api/generate', { model: 'tiny', prompt: 'Count me twice, as a second request through the generate route.', stream: false, options: { num_predict: 1 } });
     const after = await metrics(server.url);
     const added = (name) => after[name] - (before[name] ?? 0);
     assert.equal(added('keepwarm_chat_completion_requests_total'), 1);

@@ -1,12 +1,15 @@
-// The policy layer (--policy FILE) through the official `openai` client: a per-request nonce no longer costs the
-// prefix, pings are answered without the engine or the cache, strict model pinning, forced options, and the
-// x-keepwarm-policy header that names what fired. A bad policy file stops start-up with its line.
+// The policy layer (--policy FILE, the built-in defaults without one, nothing with --no-policy) through the official
+// `openai` and `@anthropic-ai/sdk` clients: a per-request nonce no longer costs the prefix (also by default), pings are
+// answered without the engine or the cache while a one-token request that means it is generated, strict model
+// pinning, forced options, and the x-keepwarm-policy header that names what fired. A bad policy file stops start-up
+// with its line.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import Anthropic from '@anthropic-ai/sdk';
 import { startServer, curl, metrics } from './harness.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-policy-'));
@@ -34,15 +37,17 @@ pattern = ' ?nonce-[0-9a-z]{12}'
 action = "drop"
 `);
 
-let server;  // with the policy
-let plain;   // the same model without one
+let server;    // with the policy file
+let defaults;  // the same model without a file: the built-in defaults
+let plain;     // with --no-policy
 before(async () => {
-    [server, plain] = await Promise.all([
+    [server, defaults, plain] = await Promise.all([
         startServer(['-c', '4096', '-np', '2', '--policy', policyFile]),
         startServer(['-c', '4096', '-np', '2']),
+        startServer(['-c', '4096', '-np', '2', '--no-policy']),
     ]);
 });
-after(async () => Promise.all([server?.stop(), plain?.stop()]));
+after(async () => Promise.all([server?.stop(), defaults?.stop(), plain?.stop()]));
 
 const hex = (n) => randomBytes(n).toString('hex').slice(0, n);
 // Claude Code's first system block: cc_version's suffix hashes the first user message, cch the request body.
@@ -65,19 +70,62 @@ const cacheCounters = async (url) => {
     return { lookups: body.lookups, hits: body.hits, misses: body.misses };
 };
 
-test('a per-request cch= nonce: the policy keeps the whole prefix, without it the prefix is recomputed', async () => {
-    for (const s of [server, plain]) {
+test('a per-request cch= nonce: a policy file and the defaults keep the whole prefix, --no-policy recomputes it', async () => {
+    for (const s of [server, defaults, plain]) {
         const openai = s.client();
         await openai.chat.completions.create(agentRequest());
-        const second = await openai.chat.completions.create(agentRequest());
-        const { cached_tokens: cached } = second.usage.prompt_tokens_details;
-        assert.ok(second.usage.prompt_tokens > 900, `a long prefix: ${second.usage.prompt_tokens} tokens`);
-        if (s === server) {
-            assert.equal(cached, second.usage.prompt_tokens - 1, 'everything but the last token reused');
-        } else {
+        const second = await openai.chat.completions.create(agentRequest()).withResponse();
+        const { cached_tokens: cached } = second.data.usage.prompt_tokens_details;
+        const prompt = second.data.usage.prompt_tokens;
+        assert.ok(prompt > 900, `a long prefix: ${prompt} tokens`);
+        if (s === plain) {
             assert.ok(cached < 50, `the nonce near the start ends reuse there: ${cached} cached`);
+            assert.equal(second.response.headers.get('x-keepwarm-policy'), null);
+        } else {
+            assert.equal(cached, prompt - 1, 'everything but the last token reused');
+            assert.match(second.response.headers.get('x-keepwarm-policy'), /span:claude-code-billing\(replace\)/);
         }
     }
+});
+
+test('the defaults keep Claude Code\'s nonce out of the cache through the Anthropic API too', async () => {
+    const anthropic = new Anthropic({ baseURL: defaults.url, apiKey: 'none', maxRetries: 0 });
+    // As Claude Code sends it: the billing line is the first system block.
+    const request = () => ({
+        model: 'claude-sonnet-4-5',
+        max_tokens: 4,
+        temperature: 0,
+        system: [{ type: 'text', text: billing() }, { type: 'text', text: instructions }],
+        messages: [{ role: 'user', content: 'List the files in the repository.' }],
+    });
+    await anthropic.messages.create(request());
+    const second = await anthropic.messages.create(request());
+    const { cache_read_input_tokens: read, cache_creation_input_tokens: computed } = second.usage;
+    assert.ok(read + computed > 900, `a long prefix: ${read + computed} tokens`);
+    assert.equal(computed, 1, `everything but the last token reused: ${JSON.stringify(second.usage)}`);
+});
+
+test('the defaults absorb a health ping and generate a one-token request that means it', async () => {
+    const openai = defaults.client();
+    const before = (await metrics(defaults.url)).keepwarm_requests_total ?? 0;
+    // Claude Code's quota check and an Ollama client's num_predict 1 ping: a few words, one token, no tools.
+    const quota = await openai.chat.completions.create(
+        { model: 'claude-haiku-4-5', max_tokens: 1, messages: [{ role: 'user', content: 'quota' }] }).withResponse();
+    assert.match(quota.response.headers.get('x-keepwarm-policy'), /(^|; )ping-absorbed$/);
+    assert.equal(quota.data.choices[0].message.content, 'ok');
+    const { body: pong } = await curl(`${defaults.url}/api/chat`, { method: 'POST', body:
+        { model: 'tiny', stream: false, messages: [{ role: 'user', content: 'hi' }], options: { num_predict: 1 } } });
+    assert.equal(pong.message.content, 'ok');
+    assert.equal((await metrics(defaults.url)).keepwarm_requests_total ?? 0, before, 'the engine was not asked');
+
+    // A classification asks for one token with its text: the model answers it.
+    const classify = await openai.chat.completions.create({ model: 'tiny', max_tokens: 1, temperature: 0, messages: [
+        { role: 'user', content: 'Review: "Great phone, but the battery dies by noon." Is it positive? Answer yes or no.' },
+    ] }).withResponse();
+    assert.equal(classify.response.headers.get('x-keepwarm-policy'), null);
+    assert.equal(classify.data.usage.completion_tokens, 1);
+    assert.ok(classify.data.usage.prompt_tokens > 10);
+    assert.equal((await metrics(defaults.url)).keepwarm_requests_total, before + 1);
 });
 
 test('x-keepwarm-policy names every rule that fired, whole and streamed, and the log says the same', async () => {
@@ -138,9 +186,6 @@ test('a ping is answered without the engine, a slot or the cache', async () => {
     assert.equal(text, 'ok');
     assert.equal(finish, 'stop');
     assert.equal(usage.prompt_tokens, 0);
-
-    // Another client's health check with a whole conversation is a ping too (max_tokens <= 1).
-    await openai.chat.completions.create({ ...agentRequest(), max_tokens: 1 });
 
     assert.deepEqual(await cacheCounters(server.url), cacheBefore, '/v1/cache lookups, hits and misses unchanged');
     const metricsAfter = await metrics(server.url);
@@ -234,9 +279,18 @@ test('GET /v1/policy returns the effective policy', async () => {
     assert.deepEqual(body.clients[2].options, { logit_bias: { Hello: 100 } });
     assert.equal(body.ping.enabled, true);
     assert.deepEqual(body.spans.map((s) => s.name), ['claude-code-billing', 'uuid', 'timestamp', 'request-nonce']);
+    const builtIn = await curl(`${defaults.url}/v1/policy`);
+    assert.equal(builtIn.body.source, 'built-in defaults');
+    assert.equal(builtIn.body.ping.enabled, true);
+    assert.deepEqual(builtIn.body.ping.match, [{ max_tokens_at_most: 1, prompt_chars_at_most: 32, tools: false }]);
+    assert.deepEqual(builtIn.body.spans.map((s) => s.name), ['claude-code-billing']);
+    assert.equal(builtIn.body.detect.mode, 'auto');
+    assert.match(defaults.output(), /policy: built-in defaults \(model any, 0 aliases; 0 client rules; pings absorbed; spans: claude-code-billing; cache-buster detection auto\)/);
     const none = await curl(`${plain.url}/v1/policy`);
     assert.equal(none.body.source, null);
     assert.deepEqual(none.body.spans, []);
+    assert.equal(none.body.ping.enabled, false);
+    assert.equal(none.body.detect.mode, 'off');
 });
 
 test('a bad policy file stops start-up with its line', async () => {

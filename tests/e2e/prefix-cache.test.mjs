@@ -123,6 +123,34 @@ test('a restarted server restores from disk; damaged entries are reported and ne
     assert.equal((await curl(`${third.url}/v1/cache`)).body.restore_failures, 0);
 });
 
+// The next turn of `body` after `answer`: its history, the answer as the client got it, and a new question.
+function nextTurn(body, answer, question) {
+    return { ...body, messages: [...body.messages, { role: 'assistant', content: answer }, { role: 'user', content: question }] };
+}
+
+// Exact counts: the next turn shares all of the last prompt, and gets every token of it back, whether the
+// conversation's cells were demoted to RAM (a short one, less than a block) or the server restarted in between.
+test('a demotion and a restart lose no cached token: the next turn computes only what is new', async () => {
+    const server = await start(['--parallel', '1', '--cache-parked', '0']);
+    const short = chat(words(90, 11), 'a short question');
+    const first = await complete(server, short);
+    // Shorter than a block; longer than the few tokens a slot drops rather than keeps (64).
+    assert.ok(first.usage.prompt_tokens > 64 && first.usage.prompt_tokens < 256, `${first.usage.prompt_tokens} tokens`);
+    await complete(server, chat(words(60, 12), 'another conversation takes the only slot'));
+    const next = await complete(server, nextTurn(short, first.choices[0].message.content, 'and a follow-up'));
+    assert.equal(next.usage.prompt_tokens_details.cached_tokens, first.usage.prompt_tokens, JSON.stringify(next.timings));
+    assert.equal(next.timings.cache_ram_n, first.usage.prompt_tokens, 'all of it from RAM');
+
+    const long = chat(words(400, 13), 'a question before the restart');
+    const before = await complete(server, long);
+    assert.notEqual(before.usage.prompt_tokens % 256, 0, 'the prompt ends inside a block');
+    await server.stop(); // SIGTERM: whole blocks and the tails past them go to disk
+    const restarted = await start(['--parallel', '1', '--cache-parked', '0'], { cacheDir: server.cacheDir });
+    const after = await complete(restarted, nextTurn(long, before.choices[0].message.content, 'and after it'));
+    assert.equal(after.usage.prompt_tokens_details.cached_tokens, before.usage.prompt_tokens, JSON.stringify(after.timings));
+    assert.equal(after.timings.cache_disk_n, before.usage.prompt_tokens, 'all of it from disk');
+});
+
 // An agent sends each answer back in the next turn's history as it got it: the content, with the whitespace around
 // it trimmed and invalid UTF-8 replaced. That text must map to the tokens the model wrote, which the KV cache holds,
 // in the same run and after a restart (the prompt tokenizer's index is saved beside the disk tier). A random model's

@@ -365,7 +365,7 @@ test('the proxy reports a cache buster, with the tokens its upstream had to comp
             { role: 'user', content: 'List the files.' }] });
     }
     const { body } = await curl(`${proxy.url}/v1/cache/busters`);
-    assert.equal(body.mode, 'report');
+    assert.equal(body.mode, 'auto');  // the built-in defaults: no --policy
     const r = body.reports.find((x) => x.client === 'proxy-buster');
     assert.ok(r, JSON.stringify(body));
     assert.equal(r.api, 'openai');
@@ -460,4 +460,34 @@ test('raw-prompt completions are forwarded to an upstream, whole and streamed', 
     }
     assert.ok(chunks >= 2, `${chunks} chunks`);
     assert.equal(text, data.choices[0].text, 'greedy: the same text streamed as whole');
+});
+
+test('without --policy the proxy runs the built-in defaults: a ping never reaches an upstream, the billing nonce is kept out', async () => {
+    const upstreamRequests = async () => {
+        let n = 0;
+        for (const u of upstreams) n += (await metrics(u.url)).keepwarm_chat_completion_requests_total ?? 0;
+        return n;
+    };
+    const before = await upstreamRequests();
+    const ping = await openai(proxy).chat.completions.create(
+        { model: 'claude-haiku-4-5', max_tokens: 1, messages: [{ role: 'user', content: 'quota' }] }).withResponse();
+    assert.match(ping.response.headers.get('x-keepwarm-policy'), /(^|; )ping-absorbed$/);
+    assert.equal(ping.data.choices[0].message.content, 'ok');
+    assert.equal(await upstreamRequests(), before, 'no upstream was asked');
+
+    const billing = () => `x-anthropic-billing-header: cc_version=2.1.197.${randomBytes(2).toString('hex').slice(0, 3)}; ` +
+        `cc_entrypoint=cli; cch=${randomBytes(3).toString('hex').slice(0, 5)};`;
+    const anthropic = new Anthropic({ baseURL: proxy.url, apiKey: 'none', maxRetries: 0 });
+    const request = () => ({ model: 'claude-sonnet-4-5', max_tokens: 3, temperature: 0, messages: [
+        { role: 'user', content: 'List the files.' }],
+    system: [{ type: 'text', text: billing() }, { type: 'text', text: 'You are a careful agent. '.repeat(60) }] });
+    await anthropic.messages.create(request());
+    const second = await anthropic.messages.create(request()).withResponse();
+    assert.match(second.response.headers.get('x-keepwarm-policy'), /span:claude-code-billing\(replace\)/);
+    const { cache_read_input_tokens: read, cache_creation_input_tokens: computed } = second.data.usage;
+    assert.ok(read > 200 && computed <= 2, `the nonce no longer costs the prefix: ${JSON.stringify(second.data.usage)}`);
+
+    const { body } = await curl(`${proxy.url}/v1/policy`);
+    assert.equal(body.source, 'built-in defaults');
+    assert.match(proxy.output(), /policy: built-in defaults/);
 });

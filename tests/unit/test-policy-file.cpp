@@ -161,12 +161,41 @@ TEST(PolicyFile, EmptyFileTurnsOnTheDefaults) {
     EXPECT_TRUE(c.ping.enabled);
     ASSERT_EQ(c.ping.matchers.size(), 1u);
     EXPECT_EQ(c.ping.matchers[0].max_tokens_at_most, 1);
+    EXPECT_EQ(c.ping.matchers[0].prompt_chars_at_most, default_ping_prompt_chars);
+    EXPECT_EQ(c.ping.matchers[0].tools, false);
     EXPECT_EQ(c.ping.reply, "ok");
     ASSERT_EQ(c.spans.size(), builtin_spans().size());
     for (size_t i = 0; i < c.spans.size(); i++) EXPECT_EQ(c.spans[i].name(), builtin_spans()[i].name);
     EXPECT_FALSE(c.options.max_tokens_cap);
     EXPECT_TRUE(c.clients.empty());
-    EXPECT_EQ(c.detect.mode, detect_mode::report);
+    EXPECT_EQ(c.detect.mode, detect_mode::automatic);  // as without a file
+}
+
+TEST(PolicyFile, TheBuiltInDefaultsAbsorbPingsKeepTheBillingNonceOutAndAdoptRulesForRandomIds) {
+    const policy_config c = builtin_policy("qwen3");
+    EXPECT_EQ(c.source, builtin_policy_source);
+    EXPECT_EQ(c.model.mode, model_mode::any);
+    EXPECT_TRUE(c.ping.enabled);
+    ASSERT_EQ(c.ping.matchers.size(), 1u);
+    const request_matcher expected = default_ping_matcher();
+    EXPECT_EQ(c.ping.matchers[0].max_tokens_at_most, expected.max_tokens_at_most);
+    EXPECT_EQ(c.ping.matchers[0].prompt_chars_at_most, expected.prompt_chars_at_most);
+    EXPECT_EQ(c.ping.matchers[0].tools, expected.tools);
+    ASSERT_EQ(c.spans.size(), 1u);  // nothing else changes what the model reads
+    EXPECT_EQ(c.spans[0].name(), "claude-code-billing");
+    EXPECT_EQ(c.detect.mode, detect_mode::automatic);
+    EXPECT_FALSE(c.options.max_tokens_cap);
+    EXPECT_TRUE(c.clients.empty());
+}
+
+TEST(PolicyFile, PingMatchersTakeThePromptSizeAndWhetherThereAreTools) {
+    const policy_config c = parse("[[ping.match]]\nprompt_chars_at_most = 10\ntools = true\n");
+    ASSERT_EQ(c.ping.matchers.size(), 1u);
+    EXPECT_EQ(c.ping.matchers[0].prompt_chars_at_most, 10);
+    EXPECT_EQ(c.ping.matchers[0].tools, true);
+    EXPECT_FALSE(c.ping.matchers[0].max_tokens_at_most);
+    expect_error("[[ping.match]]\nprompt_chars_at_most = -1\n", 2, "'ping.match.prompt_chars_at_most' must be between");
+    expect_error("[[ping.match]]\ntools = \"no\"\n", 2, "'ping.match.tools'");
 }
 
 TEST(PolicyFile, DetectModes) {

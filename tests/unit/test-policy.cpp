@@ -255,24 +255,42 @@ logit_bias = { "Hello" = 50 }
 
 // --- ping absorption ---
 
-TEST(PolicyPing, DefaultMatcherIsMaxTokensAtMostOne) {
-    request_policy p = policy_from("");
-    chat_request ping = simple_chat();
-    ping.max_tokens = 1;
-    const policy_outcome o = p.apply(ping, {});
-    EXPECT_TRUE(o.ping);
-    EXPECT_EQ(o.ping_reply, "ok");
-    EXPECT_EQ(o.fired, std::vector<std::string>{"ping-absorbed"});
+TEST(PolicyPing, DefaultMatcherIsOneTokenAFewWordsAndNoTools) {
+    for (const request_policy& p : {policy_from(""), request_policy(builtin_policy("qwen3"), "qwen3")}) {
+        chat_request ping = simple_chat();
+        ping.max_tokens = 1;
+        const policy_outcome o = p.apply(ping, {});
+        EXPECT_TRUE(o.ping);
+        EXPECT_EQ(o.ping_reply, "ok");
+        EXPECT_EQ(o.fired, std::vector<std::string>{"ping-absorbed"});
+        // Claude Code's quota check, as it sends it.
+        chat_request quota = chat({message("user", "quota")}, "claude-haiku-4-5");
+        quota.max_tokens = 1;
+        EXPECT_TRUE(p.apply(quota, {}).ping);
 
-    for (std::optional<int> max_tokens : {std::optional<int>(2), std::optional<int>()}) {
-        chat_request real = simple_chat();
-        real.max_tokens = max_tokens;
-        EXPECT_FALSE(p.apply(real, {}).ping);
+        for (std::optional<int> max_tokens : {std::optional<int>(2), std::optional<int>()}) {
+            chat_request real = simple_chat();
+            real.max_tokens = max_tokens;
+            EXPECT_FALSE(p.apply(real, {}).ping);
+        }
+        // A one-token request that means it: a classification with its text is generated.
+        chat_request classify = chat({message("user", "Review: 'Great phone, bad battery.' Positive? yes/no")});
+        classify.max_tokens = 1;
+        EXPECT_FALSE(p.apply(classify, {}).ping);
+        // A short prompt with tools is a real call too.
+        chat_request with_tools = simple_chat();
+        with_tools.max_tokens = 1;
+        with_tools.tools.push_back({.name = "f", .description = "", .parameters = "{}"});
+        EXPECT_FALSE(p.apply(with_tools, {}).ping);
+        // Every role counts: a long system prompt makes it a real request.
+        chat_request long_system = chat({message("system", std::string(40, 'x')), message("user", "hi")});
+        long_system.max_tokens = 1;
+        EXPECT_FALSE(p.apply(long_system, {}).ping);
+        // Counting tokens is never a ping: the count is what the caller wants.
+        chat_request count = simple_chat();
+        count.max_tokens = 1;
+        EXPECT_FALSE(p.apply(count, {}, policy_use::counting).ping);
     }
-    // Counting tokens is never a ping: the count is what the caller wants.
-    chat_request count = simple_chat();
-    count.max_tokens = 1;
-    EXPECT_FALSE(p.apply(count, {}, policy_use::counting).ping);
 }
 
 TEST(PolicyPing, ConfiguredMatchers) {
@@ -313,7 +331,7 @@ max_tokens_at_most = 5
 }
 
 TEST(PolicyPing, PingsSkipEveryOtherRule) {
-    request_policy p = policy_from("[options]\nmax_tokens_cap = 9\n");
+    request_policy p = policy_from("[options]\nmax_tokens_cap = 9\n[[ping.match]]\nmax_tokens_at_most = 1\n");
     chat_request ping = chat({message("system", "id 123e4567-e89b-12d3-a456-426614174000"), message("user", "hi")});
     ping.max_tokens = 1;
     const policy_outcome o = p.apply(ping, {});

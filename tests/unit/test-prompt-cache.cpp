@@ -3,6 +3,7 @@
 // prompt cold, and the accounting says which tier it came from.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -449,5 +450,91 @@ TEST(prompt_cache, a_tenants_blocks_come_back_from_ram_and_disk_to_that_tenant_o
         const result a = generate(e, other, 4, "alice");
         EXPECT_GE(a.stats.reused_disk, static_cast<int>(other.size()) / 64 * 64 - 64);
     }
+    fs::remove_all(dir);
+}
+
+// The first `n` tokens of `a` and `b` agree, and `b` goes on past `a`: `b` is `a`'s next turn.
+void expect_next_turn(const tokens& a, const tokens& b) {
+    ASSERT_GT(b.size(), a.size());
+    ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "the next turn must extend the prompt token for token";
+}
+
+// A restart keeps the tokens past the last whole block up to the end of the last prompt: the next turn, which
+// shares that prompt and renders the answer its own way, gets all of it back from disk, not cut to a block boundary
+// (the held-out restart scenario lost up to a block per conversation before tails were kept).
+TEST(prompt_cache, a_restart_loses_no_token_of_the_last_prompt) {
+    const std::string model = dense_model();
+    const fs::path dir = temp_dir("disk-tail");
+    engine_options o = base_options(model);
+    o.cache_dir = dir.string();
+    const std::string system = words(150, 61);
+    tokens first, next;
+    {
+        engine e(o);
+        e.start();
+        first = tokenize(e, chatml(system, {words(20, 62)}));
+        next = tokenize(e, chatml(system, {words(20, 62), words(15, 63)}));
+        generate(e, first);
+    }
+    expect_next_turn(first, next);
+    ASSERT_NE(first.size() % 64, 0u) << "the prompt must end inside a block for this test to mean anything";
+    const result expected = cold(model, next);
+    engine e(o);
+    e.start();
+    const result r = generate(e, next);
+    EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
+    EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens);
+    expect_same_output(r, expected);
+    fs::remove_all(dir);
+}
+
+// A conversation shorter than a block whose cells another one needs is kept in RAM whole: its next turn computes
+// only what is new.
+TEST(prompt_cache, a_conversation_shorter_than_a_block_survives_its_demotion) {
+    const std::string model = dense_model();
+    engine_options o = base_options(model);
+    o.cache_parked_sequences = 0;  // no parking: the slot's content goes to RAM when another prompt takes it
+    o.cache_block_tokens = 256;
+    engine e(o);
+    e.start();
+    // Longer than the few tokens a slot drops rather than keeps (64), shorter than a block.
+    const tokens first = tokenize(e, chatml(words(80, 71), {words(20, 72)}));
+    const tokens next = tokenize(e, chatml(words(80, 71), {words(20, 72), words(10, 73)}));
+    const tokens other = tokenize(e, chatml(words(40, 74), {words(10, 75)}));
+    expect_next_turn(first, next);
+    ASSERT_GT(first.size(), 64u);
+    ASSERT_LT(next.size(), 256u);
+    generate(e, first, 8);
+    generate(e, other, 8);  // the only slot takes the other prompt: the first conversation is demoted
+    const result r = generate(e, next, 8);
+    EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
+    EXPECT_EQ(r.stats.reused_ram + r.stats.reused_device, r.stats.reused_tokens);
+    EXPECT_GT(r.stats.reused_ram, 0);
+    expect_same_output(r, cold(model, next, 8));
+}
+
+// A hybrid model keeps the recurrent state at the prompt's end too: its tail comes back after a restart with no
+// recomputation either.
+TEST(prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
+    const std::string model = hybrid_model();
+    const fs::path dir = temp_dir("hybrid-disk-tail");
+    engine_options o = base_options(model);
+    o.cache_dir = dir.string();
+    const std::string system = words(150, 81);
+    tokens first, next;
+    {
+        engine e(o);
+        e.start();
+        first = tokenize(e, chatml(system, {words(20, 82)}));
+        next = tokenize(e, chatml(system, {words(20, 82), words(15, 83)}));
+        generate(e, first, 8);
+    }
+    expect_next_turn(first, next);
+    engine e(o);
+    e.start();
+    const result r = generate(e, next, 8);
+    EXPECT_EQ(r.stats.checkpoint_pos, static_cast<int>(first.size()));
+    EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
+    expect_same_output(r, cold(model, next, 8));
     fs::remove_all(dir);
 }
