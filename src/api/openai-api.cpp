@@ -748,12 +748,16 @@ json completion_usage_chunk_json(const std::string& id, const std::string& model
     return chunk;
 }
 
-json models_list_json(const std::string& model_id, int64_t created, const std::string& owned_by, const json& meta) {
+json model_json(const std::string& model_id, int64_t created, const std::string& owned_by, const json& meta) {
     json model{{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", owned_by}};
     if (meta.is_object() && !meta.empty()) {
         model["meta"] = meta;
     }
-    return json{{"object", "list"}, {"data", json::array({std::move(model)})}};
+    return model;
+}
+
+json models_list_json(const std::string& model_id, int64_t created, const std::string& owned_by, const json& meta) {
+    return json{{"object", "list"}, {"data", json::array({model_json(model_id, created, owned_by, meta)})}};
 }
 
 }  // namespace keepwarm::api

@@ -79,7 +79,11 @@ json completion_chunk_json(const std::string& id, const std::string& model, int6
 json completion_usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
                                  const usage_info& usage, const std::optional<timings_info>& timings = std::nullopt);
 
-// GET /v1/models with our single model; `meta` (e.g. n_ctx, n_params) is added when it is a non-empty object.
+// OpenAI's model object (GET /v1/models/{id}); `meta` (e.g. n_ctx, n_params) is added when it is a non-empty object.
+json model_json(const std::string& model_id, int64_t created, const std::string& owned_by,
+                const json& meta = json::object());
+
+// GET /v1/models with our single model (model_json).
 json models_list_json(const std::string& model_id, int64_t created, const std::string& owned_by,
                       const json& meta = json::object());
 

@@ -10,7 +10,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "api/openai-api.h"
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/listen-options.h"
@@ -24,6 +23,7 @@
 #include "routes/busters-routes.h"
 #include "routes/frontend-context.h"
 #include "routes/http-counters.h"
+#include "routes/models-routes.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
 
@@ -116,12 +116,7 @@ void register_proxy_status_routes(http::http_server& server, frontend_context& c
     server.add_route("GET", "/v1/policy", [&ctx](const http::request&, http::response_writer& w) {
         w.send(200, "application/json", ctx.policy->to_json().dump());
     });
-    const auto models = [&ctx](const http::request&, http::response_writer& w) {
-        const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
-        w.send(200, "application/json", api::models_list_json(ctx.model_id, created, "keepwarm").dump());
-    };
-    server.add_route("GET", "/v1/models", models);
-    server.add_route("GET", "/models", models);
+    register_models_routes(server, ctx);
 }
 
 int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool no_policy) {

@@ -102,6 +102,10 @@ struct engine::slot {
     std::vector<std::vector<float>> logits;  // request->keep_logits first positions
     clock::time_point admitted, prompt_started, first_token;
     clock::time_point last_used;
+    // For /slots, kept after the request leaves: its id and prompt size, and when it entered or left (wall clock).
+    std::string request_id;
+    int prompt_tokens = 0;
+    std::chrono::system_clock::time_point last_used_at{};
 
     bool busy() const { return request != nullptr; }
     bool prefilling() const { return request && prompt_done < request->prompt.size(); }
@@ -187,8 +191,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     for (int i = 0; i < options_.slots; ++i) {
         auto s = std::make_unique<slot>();
         s->id = i;
+        slot_status_.push_back(status_of(*s));
         slots_.push_back(std::move(s));
-        slot_status_.push_back({i, false, 0});
     }
 }
 
@@ -245,9 +249,22 @@ std::vector<slot_status> engine::slots() const {
     return slot_status_;
 }
 
+slot_status engine::status_of(const slot& s) {
+    return {.id = s.id,
+            .busy = s.busy(),
+            .cached_tokens = static_cast<int>(s.cached.size()),
+            .tenant = s.tenant,
+            .request_id = s.request_id,
+            .prompt_tokens = s.prompt_tokens,
+            .prompt_reused = s.reused,
+            .prompt_done = static_cast<int>(s.prompt_done),
+            .generated = s.generated,
+            .last_used = s.last_used_at};
+}
+
 void engine::publish_slot_status() {
     std::lock_guard lock(mu_);
-    for (auto& s : slots_) slot_status_[s->id] = {s->id, s->busy(), static_cast<int>(s->cached.size())};
+    for (auto& s : slots_) slot_status_[s->id] = status_of(*s);
 }
 
 engine_health engine::health() const {
@@ -399,6 +416,9 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.generated_ids.clear();
     s.admitted = clock::now();
     s.prompt_started = {};
+    s.request_id = request->request_id;
+    s.prompt_tokens = static_cast<int>(prompt.size());
+    s.last_used_at = std::chrono::system_clock::now();
     s.request = std::move(request);
     s.cuts.clear();
     if (cache_->needs_checkpoints()) {
@@ -535,10 +555,11 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     s.pending = -1;
     s.batch_index = -1;
     s.last_used = now;
+    s.last_used_at = std::chrono::system_clock::now();
     {
         // Published before the final event, so whoever sees the answer end also sees the slot free.
         std::lock_guard lock(mu_);
-        slot_status_[s.id] = {s.id, false, static_cast<int>(s.cached.size())};
+        slot_status_[s.id] = status_of(s);
     }
     request->output.push(std::move(event));
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -79,10 +80,20 @@ struct engine_counters {
     std::atomic<uint64_t> sampling_too_slow{0};  // requests ended because one token's sampling passed the limit
 };
 
+// One slot as /health, /metrics and /slots see it, published by the engine thread at every step's start and end.
+// The request fields describe the request in the slot, else the last one it served (zero and empty before the first).
 struct slot_status {
     int id = 0;
     bool busy = false;
-    int cached_tokens = 0;  // tokens whose KV this slot holds
+    int cached_tokens = 0;   // tokens whose KV this slot's sequence holds (prompt and generated)
+    std::string tenant;      // whose tokens those are
+    std::string request_id;  // the request's x-request-id (generation_request::request_id)
+    int prompt_tokens = 0;   // the request's prompt
+    int prompt_reused = 0;   // of them, taken from the prefix cache at admission
+    int prompt_done = 0;     // of them, in the KV so far (reused + computed): prefill progress
+    int generated = 0;       // tokens generated so far
+    // When a request last entered or left the slot; the epoch: never.
+    std::chrono::system_clock::time_point last_used{};
 };
 
 class engine {
@@ -126,6 +137,7 @@ private:
     void sample(slot& s);
     void fail_busy_slots(const std::string& why);
     void publish_slot_status();
+    static slot_status status_of(const slot& s);
     static bool abort_decode(void* self);
     void restore_prefix(slot& s);
     void follow_shared_prefills(slot& s);

@@ -81,6 +81,7 @@ struct generation_request {
     // Whose cache this request may reuse and extend: the tenant of its API key ("": the shared one). A tenant's
     // requests never match another tenant's cached prefixes, whatever tier holds them.
     std::string tenant;
+    std::string request_id;  // the HTTP request's x-request-id, for /slots; may be empty
     common_params_sampling sampling;
     // The sampler made from `sampling`, built by the HTTP thread before submitting (a grammar that cannot be built is
     // that request's 400, not the engine's problem). Null: the engine builds it at admission.

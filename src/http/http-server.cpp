@@ -194,6 +194,55 @@ std::string parse_cors_origin(std::string_view origin) {
     return normalized;
 }
 
+namespace {
+
+int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+// `text` with its %XX escapes decoded (and '+' as a space where `plus_is_space`, as in a query); nullopt for a '%'
+// without two hex digits after it.
+std::optional<std::string> percent_decode(std::string_view text, bool plus_is_space) {
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '%') {
+            const int high = i + 2 < text.size() ? hex_digit(text[i + 1]) : -1;
+            const int low = high >= 0 ? hex_digit(text[i + 2]) : -1;
+            if (low < 0) return std::nullopt;
+            out += static_cast<char>(high * 16 + low);
+            i += 2;
+        } else {
+            out += plus_is_space && text[i] == '+' ? ' ' : text[i];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+std::optional<std::string> path_rest(std::string_view path, std::string_view prefix) {
+    if (!path.starts_with(prefix)) return std::nullopt;
+    return percent_decode(path.substr(prefix.size()), false);
+}
+
+std::optional<std::string> query_value(std::string_view query, std::string_view name) {
+    while (!query.empty()) {
+        const size_t amp = query.find('&');
+        const std::string_view pair = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+        const size_t eq = pair.find('=');
+        const std::optional<std::string> key = percent_decode(pair.substr(0, eq), true);
+        if (!key || *key != name) continue;
+        if (eq == std::string_view::npos) return std::string();
+        if (std::optional<std::string> value = percent_decode(pair.substr(eq + 1), true)) return value;
+    }
+    return std::nullopt;
+}
+
 std::string request::header(const std::string& lowercase_name) const {
     auto it = headers.find(lowercase_name);
     return it == headers.end() ? std::string() : it->second;
@@ -240,9 +289,14 @@ struct http_server::impl {
         for (std::string& origin : options.cors_origins) origin = parse_cors_origin(origin);
     }
 
+    using method_routes = std::map<std::string, route>;
+
     server_options options;
-    // path -> method -> route; registered before start(), read-only afterwards.
-    std::map<std::string, std::map<std::string, route>> routes;
+    // Registered before start(), read-only afterwards: path -> method -> route; the "/*" routes by their prefix (the
+    // path without '*'); the error shapes of paths under a prefix that no route takes.
+    std::map<std::string, method_routes> routes;
+    std::map<std::string, method_routes> prefix_routes;
+    std::map<std::string, error_formatter> prefix_error_formats;
 
     net::io_context ioc;
     tcp::acceptor acceptor;
@@ -273,7 +327,8 @@ struct http_server::impl {
     header_list cors_headers(std::string_view origin) const;
     void linger(connection& c);
     void finish(const std::shared_ptr<connection>& c);
-    const route_options* options_for_path(std::string_view path) const;
+    const method_routes* routes_for_path(std::string_view path) const;
+    error_formatter format_for_path(std::string_view path) const;
 };
 
 namespace {
@@ -704,8 +759,7 @@ void http_server::impl::reject(const std::shared_ptr<connection>& c) {
     const auto started = std::chrono::steady_clock::now();
     std::string_view target = parser.get().target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    error_formatter format = openai_error_body;
-    if (const route_options* ro = options_for_path(target); ro && ro->format_error) format = ro->format_error;
+    const error_formatter format = format_for_path(target);
     std::string body;
     try {
         body = format(503, "server_error", c->rejected_because);
@@ -719,10 +773,35 @@ void http_server::impl::reject(const std::shared_ptr<connection>& c) {
     linger(*c);
 }
 
-const route_options* http_server::impl::options_for_path(std::string_view path) const {
-    auto it = routes.find(std::string(path));
-    if (it == routes.end() || it->second.empty()) return nullptr;
-    return &it->second.begin()->second.options;
+// The longest key of `by_prefix` that `path` starts with (and, when `strictly_longer`, is longer than); end() if none.
+// The maps are small (a few prefixes), so a scan costs less than anything cleverer.
+template <typename T>
+static typename std::map<std::string, T>::const_iterator longest_prefix(const std::map<std::string, T>& by_prefix,
+                                                                        std::string_view path, bool strictly_longer) {
+    auto best = by_prefix.end();
+    for (auto it = by_prefix.begin(); it != by_prefix.end(); ++it) {
+        if ((!strictly_longer || path.size() > it->first.size()) && path.starts_with(it->first) &&
+            (best == by_prefix.end() || it->first.size() > best->first.size())) {
+            best = it;
+        }
+    }
+    return best;
+}
+
+const http_server::impl::method_routes* http_server::impl::routes_for_path(std::string_view path) const {
+    if (auto it = routes.find(std::string(path)); it != routes.end()) return &it->second;
+    if (auto it = longest_prefix(prefix_routes, path, true); it != prefix_routes.end()) return &it->second;
+    return nullptr;
+}
+
+// The error shape of the API that `path` belongs to: its route's, else its prefix's, else OpenAI's.
+error_formatter http_server::impl::format_for_path(std::string_view path) const {
+    if (const method_routes* methods = routes_for_path(path); methods && !methods->empty()) {
+        return methods->begin()->second.options.format_error;
+    }
+    if (auto it = longest_prefix(prefix_error_formats, path, false); it != prefix_error_formats.end())
+        return it->second;
+    return openai_error_body;
 }
 
 bool http_server::impl::origin_allowed(std::string_view origin) const {
@@ -759,10 +838,9 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
         status = 400;
         message = "malformed HTTP request: " + ec.message();
     }
-    error_formatter format = openai_error_body;
     std::string_view target = head.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    if (const route_options* ro = options_for_path(target); ro && ro->format_error) format = ro->format_error;
+    const error_formatter format = format_for_path(target);
     std::string body;
     try {
         body = format(status, "invalid_request_error", message);
@@ -881,13 +959,13 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
         w.send(status, "application/json", body, extra);
     };
 
-    auto path_it = routes.find(req.path);
-    if (path_it == routes.end()) {
-        send_error(openai_error_body, 404, "invalid_request_error",
+    const method_routes* found = routes_for_path(req.path);
+    if (!found) {
+        send_error(format_for_path(req.path), 404, "invalid_request_error",
                    "Invalid URL (" + req.method + " " + req.path + ")");
         return w.reusable();
     }
-    auto& methods = path_it->second;
+    const method_routes& methods = *found;
     auto route_it = methods.find(req.method);
     if (route_it == methods.end()) {
         std::string allow;
@@ -1002,7 +1080,12 @@ http_server::~http_server() {
 
 void http_server::add_route(const std::string& method, const std::string& path, handler h, route_options options) {
     if (!options.format_error) options.format_error = openai_error_body;
-    impl_->routes[path][method] = impl::route{std::move(h), std::move(options)};
+    auto& table = path.ends_with("/*") ? impl_->prefix_routes[path.substr(0, path.size() - 1)] : impl_->routes[path];
+    table[method] = impl::route{std::move(h), std::move(options)};
+}
+
+void http_server::set_error_format(const std::string& prefix, error_formatter format) {
+    impl_->prefix_error_formats[prefix] = format ? std::move(format) : openai_error_body;
 }
 
 void http_server::start() {

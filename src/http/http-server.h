@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -102,6 +103,14 @@ struct server_options {
     std::vector<std::string> cors_origins;
 };
 
+// What a "/*" route's request path has after `prefix` (the route's path without its '*'), percent-decoded
+// ("%2F" -> "/"); nullopt if the path is not under it or an escape is malformed.
+std::optional<std::string> path_rest(std::string_view path, std::string_view prefix);
+
+// The percent-decoded value of `name` in a raw query string ("a=1&b=x%20y"); nullopt if absent. A name given without
+// '=' has the value "".
+std::optional<std::string> query_value(std::string_view query, std::string_view name);
+
 // Validates and normalizes a --cors-origin value: "*", or scheme://host[:port] lowercased, without a path or a
 // trailing slash. Throws std::invalid_argument with the reason.
 std::string parse_cors_origin(std::string_view origin);
@@ -119,8 +128,14 @@ public:
     http_server(const http_server&) = delete;
     http_server& operator=(const http_server&) = delete;
 
-    // Register before start(). Exact path match; a path with a route but another method answers 405.
+    // Register before start(). Exact path match; a path with a route but another method answers 405. A path ending
+    // in "/*" (e.g. "/v1/models/*") takes every longer path under it that no exact route takes, the longest such
+    // prefix first; its handler reads the rest from request::path (see path_rest).
     void add_route(const std::string& method, const std::string& path, handler h, route_options options = {});
+    // Paths under `prefix` (e.g. "/api/") that no route takes are answered 404 with `format`, the error shape of the
+    // API that lives there, rather than OpenAI's; so are errors found before a route is (a body over the limit, a
+    // connection over the limits). The longest matching prefix wins.
+    void set_error_format(const std::string& prefix, error_formatter format);
 
     // Binds and starts accepting. Throws std::runtime_error if the address cannot be bound.
     void start();

@@ -15,6 +15,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     : front_(front), model_(model), chat_(std::move(chat)), id_(std::move(id)) {
     gen_->received = clock.received;
     gen_->tenant = req.tenant;
+    gen_->request_id = req.id;
     if (policy::policy_outcome outcome = apply_request_policy(*front_.policy, req, chat_, id_, headers_);
         outcome.ping) {
         ping_.emplace(std::move(outcome.ping_reply));

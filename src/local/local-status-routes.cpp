@@ -1,11 +1,16 @@
 // See local-status-routes.h.
 #include "local/local-status-routes.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
-#include "api/openai-api.h"
+#include "base/request-error.h"
+#include "build-info.h"
+#include "common.h"
+#include "local/server-status.h"
+#include "routes/models-routes.h"
 
 namespace keepwarm {
 
@@ -59,6 +64,24 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
                 "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
                 index.answers_delivered_differently);
     return out.str();
+}
+
+static std::string token_text(const llama_vocab* vocab, llama_token token) {
+    return token == LLAMA_TOKEN_NULL ? std::string() : common_token_to_piece(vocab, token, true);
+}
+
+static server_props server_props_of(const frontend_context& front, const local_model& model) {
+    const engine& llm = *model.llm;
+    return {.slot_context_size = llm.slot_context_size(),
+            .total_slots = llm.options().slots,
+            .model_alias = front.model_id,
+            .model_path = model.model_path,
+            .chat_template = model.renderer->source(),
+            .bos_token = token_text(llm.vocab(), llama_vocab_bos(llm.vocab())),
+            .eos_token = token_text(llm.vocab(), llama_vocab_eos(llm.vocab())),
+            .build_info = std::string("keepwarm ") + KEEPWARM_VERSION + " (llama.cpp " + llama_build_info() + ")",
+            .default_max_tokens = llm.options().default_max_tokens,
+            .sampling = common_params_sampling{}};  // what chat_generation and raw_generation start from
 }
 
 static json cache_json(const cache_snapshot& c) {
@@ -129,18 +152,30 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
         w.send(200, "application/json", front.policy->to_json().dump());
     });
 
-    const auto models = [&front, &model](const http::request&, http::response_writer& w) {
-        const auto created = std::chrono::duration_cast<std::chrono::seconds>(front.started.time_since_epoch()).count();
-        const auto& eo = model.llm->options();
-        const json meta = {{"path", model.model_path},
-                           {"n_ctx", eo.context_size},
-                           {"n_ctx_slot", model.llm->slot_context_size()},
-                           {"slots", eo.slots},
-                           {"random_weights", model.random_weights}};
-        w.send(200, "application/json", api::models_list_json(front.model_id, created, "keepwarm", meta).dump());
-    };
-    server.add_route("GET", "/v1/models", models);
-    server.add_route("GET", "/models", models);
+    const auto& eo = model.llm->options();
+    register_models_routes(server, front,
+                           {{"path", model.model_path},
+                            {"n_ctx", eo.context_size},
+                            {"n_ctx_slot", model.llm->slot_context_size()},
+                            {"slots", eo.slots},
+                            {"random_weights", model.random_weights}});
+
+    server.add_route("GET", "/slots", [&model](const http::request& req, http::response_writer& w) {
+        const std::vector<slot_status> slots = model.llm->slots();
+        // As llama-server: a load balancer can ask for a 503 when every slot is busy.
+        if (const auto fail = http::query_value(req.query, "fail_on_no_slot");
+            fail && *fail != "0" &&
+            std::all_of(slots.begin(), slots.end(), [](const slot_status& s) { return s.busy; })) {
+            throw request_error(503, "no slot available", "unavailable_error");
+        }
+        w.send(200, "application/json", slots_json(slots, model.llm->slot_context_size(), req.tenant).dump());
+    });
+
+    // Read once: nothing in it changes while the server runs.
+    const std::string props = props_json(server_props_of(front, model)).dump();
+    server.add_route("GET", "/props", [props](const http::request&, http::response_writer& w) {
+        w.send(200, "application/json", props);
+    });
 }
 
 }  // namespace keepwarm

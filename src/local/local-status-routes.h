@@ -1,5 +1,6 @@
-// Routes that report on `keepwarm serve` rather than run the model: /health, /metrics, /v1/models, /v1/policy,
-// /v1/cache (the prefix cache: tiers, bytes, entries, hit/miss/eviction counts, and the prompt index).
+// Routes that report on `keepwarm serve` rather than run the model: /health, /metrics, /v1/models (and
+// /v1/models/{id}), /v1/policy, /v1/cache (the prefix cache: tiers, bytes, entries, hit/miss/eviction counts, and the
+// prompt index), and llama-server's /slots and /props.
 #pragma once
 
 #include <string>

@@ -14,6 +14,7 @@ raw_generation::raw_generation(frontend_context& front, local_model& model, cons
     : params_(std::move(raw.params)), id_(std::move(id)) {
     gen_->received = clock.received;
     gen_->tenant = req.tenant;
+    gen_->request_id = req.id;
     apply_raw_completion_policy(*front.policy, req, params_, id_, headers_);
     message_.role = "assistant";
     set_prompt(model, *gen_, std::move(raw.prompt));

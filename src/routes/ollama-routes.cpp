@@ -232,6 +232,9 @@ ollama::model_card make_model_card(const engine& llm, const chat_renderer& rende
 void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             raw_generation_opener open_raw, std::optional<bool> thinking_mode) {
     const http::route_options route{.format_error = ollama::error_body};
+    // Ollama's clients read a failed call's "error" as a string: a path under /api/ that no route takes is a 404 in
+    // Ollama's shape, not OpenAI's object (which the `ollama` npm client prints as "[object Object]").
+    server.set_error_format("/api/", ollama::error_body);
     // What clients probe before anything else stays open without an API key, like /health.
     const http::route_options probe{.requires_auth = false, .format_error = ollama::error_body};
 

@@ -15,9 +15,10 @@
 
 namespace keepwarm {
 
-// The generation routes, /api/version and the probes. Chat and templated generate requests go to `open`, raw ones
-// (raw=true) to `open_raw`. `thinking_mode`: whether the model's chat template has one (a request asking for `think`
-// without it is refused, as Ollama does); nullopt where it is not known here (`keepwarm proxy`: the upstream decides).
+// The generation routes, /api/version and the probes; any other path under /api/ is a 404 in Ollama's shape. Chat and
+// templated generate requests go to `open`, raw ones (raw=true) to `open_raw`. `thinking_mode`: whether the model's
+// chat template has one (a request asking for `think` without it is refused, as Ollama does); nullopt where it is not
+// known here (`keepwarm proxy`: the upstream decides).
 void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             raw_generation_opener open_raw, std::optional<bool> thinking_mode);
 

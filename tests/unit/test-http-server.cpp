@@ -279,6 +279,64 @@ TEST(HttpServer, RoutingAndRequestFields) {
     EXPECT_NE(r->header("allow").find("POST"), std::string::npos);
 }
 
+// A "/*" route takes the paths under it that no exact route takes (the longest prefix first), with its method checks
+// and error shape; paths under a prefix with an error format of its own answer 404 in that shape.
+TEST(HttpServer, PrefixRoutesAndPrefixErrorFormats) {
+    http_server s(local_options());
+    const auto shape = [](const char* name) {
+        return [name](int status, const std::string&, const std::string& message) {
+            return json{{"shape", name}, {"status", status}, {"message", message}}.dump();
+        };
+    };
+    s.add_route("GET", "/v1/models", [](const request&, response_writer& w) { reply_text(w, "list"); });
+    s.add_route("GET", "/v1/models/*", [](const request& r, response_writer& w) {
+        reply_text(w, "one:" + path_rest(r.path, "/v1/models/").value_or("?"));
+    });
+    s.add_route("GET", "/v1/models/special/*", [](const request&, response_writer& w) { reply_text(w, "special"); });
+    s.add_route(
+        "GET", "/api/tags", [](const request&, response_writer& w) { reply_text(w, "tags"); },
+        route_options{.format_error = shape("ollama")});
+    s.set_error_format("/api/", shape("ollama"));
+    s.start();
+
+    const auto get = [&](const std::string& method, const std::string& target) {
+        auto r = roundtrip(s.port(), make_request(method, target, method == "GET" ? "" : "{}"));
+        EXPECT_TRUE(r) << target;
+        return r.value_or(response{});
+    };
+    EXPECT_EQ(get("GET", "/v1/models").body, "list");
+    EXPECT_EQ(get("GET", "/v1/models/qwen3:0.6b").body, "one:qwen3:0.6b");
+    EXPECT_EQ(get("GET", "/v1/models/org/name").body, "one:org/name");
+    EXPECT_EQ(get("GET", "/v1/models/org%2Fname?x=1").body, "one:org/name");
+    EXPECT_EQ(get("GET", "/v1/models/special/x").body, "special");
+    EXPECT_EQ(get("GET", "/v1/models/").status, 404) << "an empty rest is no model";
+    response r = get("POST", "/v1/models/x");
+    EXPECT_EQ(r.status, 405);
+    EXPECT_EQ(r.header("allow"), "GET");
+
+    r = get("GET", "/api/nope");
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(r.body_json()["shape"], "ollama");
+    EXPECT_EQ(r.body_json()["message"], "Invalid URL (GET /api/nope)");
+    EXPECT_EQ(get("POST", "/api/tags").body_json()["shape"], "ollama") << "405 in the route's shape";
+    r = get("GET", "/apix");
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(r.body_json()["error"]["code"], 404) << "outside the prefix: OpenAI's shape";
+}
+
+TEST(HttpServer, PathRestAndQueryValue) {
+    EXPECT_EQ(path_rest("/v1/models/a%3Ab", "/v1/models/"), "a:b");
+    EXPECT_EQ(path_rest("/v1/models/a+b", "/v1/models/"), "a+b") << "'+' is a space only in a query";
+    EXPECT_EQ(path_rest("/v1/models/a%2", "/v1/models/"), std::nullopt);
+    EXPECT_EQ(path_rest("/v1/other", "/v1/models/"), std::nullopt);
+    EXPECT_EQ(query_value("a=1&fail_on_no_slot=1", "fail_on_no_slot"), "1");
+    EXPECT_EQ(query_value("flag&b=x+y%21", "flag"), "");
+    EXPECT_EQ(query_value("flag&b=x+y%21", "b"), "x y!");
+    EXPECT_EQ(query_value("ab=1", "a"), std::nullopt);
+    EXPECT_EQ(query_value("", "a"), std::nullopt);
+    EXPECT_EQ(query_value("a=%zz&a=2", "a"), "2") << "a malformed value is skipped";
+}
+
 // One access line per request, as it ends: method, path (no query), status, client, duration and the id the response
 // carried in x-request-id; also for a request refused before any handler (404) and one that could not be read (400).
 TEST(HttpServer, EachRequestGetsAnIdAndOneAccessLine) {

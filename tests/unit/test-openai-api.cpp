@@ -485,6 +485,8 @@ TEST(OpenAiFormat, CompletionsAndModels) {
     EXPECT_EQ(models["data"][0]["owned_by"], "keepwarm");
     EXPECT_EQ(models["data"][0]["meta"]["n_ctx"], 4096);
     EXPECT_FALSE(models_list_json("qwen", 77, "keepwarm")["data"][0].contains("meta"));
+    EXPECT_EQ(model_json("qwen", 77, "keepwarm", json{{"n_ctx", 4096}}), models["data"][0])
+        << "GET /v1/models/{id} answers the object the list holds";
 }
 
 TEST(OpenAiFormat, Ids) {
