@@ -10,10 +10,12 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "base/logger.h"
 #include "cache/block-key.h"
+#include "cache/cache-dir-lock.h"
 #include "commands/listen-options.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
@@ -93,6 +95,7 @@ int run_serve(serve_options opts) {
     std::signal(SIGPIPE, SIG_IGN);
 
     init_llama_runtime(opts.engine.verbose);
+    std::optional<cache_dir_lock> dir_lock;  // first in, last out: held until the engine's last write is done
     frontend_context ctx;
     local_model model;
     if (opts.engine.model_path.empty()) {
@@ -112,6 +115,8 @@ int run_serve(serve_options opts) {
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     if (opts.engine.cache_disk_bytes > 0) {
         opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
+        // Before the model loads, so a second server on the directory stops at once, naming the first.
+        dir_lock.emplace(opts.engine.cache_dir, "keepwarm serve");
     }
 
     model.llm = std::make_unique<engine>(opts.engine);
@@ -155,6 +160,8 @@ int run_serve(serve_options opts) {
     register_busters_routes(server, ctx);
     model.llm->start();
     server.start();
+    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    if (dir_lock) dir_lock->describe("keepwarm serve on " + url);
 
     const auto& eo = model.llm->options();
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
@@ -168,7 +175,7 @@ int run_serve(serve_options opts) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
     }
-    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+    std::cout << "listening on " << url << std::endl;
 
     int sig = 0;
     sigwait(&signals, &sig);
