@@ -3,31 +3,15 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "bench/depth-bench.h"
 #include "commands/doctor-command.h"
+#include "commands/llama-server-flags.h"
 #include "commands/model-commands.h"
 #include "commands/proxy-command.h"
 #include "commands/serve-command.h"
-
-namespace {
-// llama-server's multi-letter single-dash flags, so its command lines work here too (CLI11 only knows -x and --xx).
-std::vector<std::string> llama_style_aliases(int argc, char** argv) {
-    static const std::map<std::string, std::string> aliases = {
-        {"-np", "--parallel"},      {"-ngl", "--gpu-layers"}, {"-ctk", "--cache-type-k"},
-        {"-ctv", "--cache-type-v"}, {"-ub", "--ubatch-size"}, {"-tb", "--threads-batch"},
-    };
-    std::vector<std::string> args;
-    for (int i = 1; i < argc; ++i) {
-        auto it = aliases.find(argv[i]);
-        args.push_back(it != aliases.end() ? it->second : argv[i]);
-    }
-    return args;
-}
-}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"keepwarm: an LLM server that keeps the KV cache of agent prompts warm"};
@@ -42,7 +26,8 @@ int main(int argc, char** argv) {
     keepwarm::add_proxy_command(app);
 
     try {
-        std::vector<std::string> args = llama_style_aliases(argc, argv);
+        // llama-server's command lines work here too: its -ngl, -fa, ... (CLI11 only knows -x and --xx).
+        std::vector<std::string> args = keepwarm::expand_llama_server_flags({argv + 1, argv + argc});
         std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
         app.parse(args);
     } catch (const CLI::ParseError& e) {

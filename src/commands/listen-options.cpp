@@ -30,6 +30,9 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
            "--api-keys-file", tenancy.api_keys_file,
            "API keys, one 'TENANT KEY' per line: each tenant gets its own " + kept_apart + " (README: Security)")
         ->check(CLI::ExistingFile);
+    cmd.add_option("--api-key-file", tenancy.shared_keys_file,
+                   "llama-server's keys file: one key per line ('#' comments), all sharing one " + kept_apart)
+        ->check(CLI::ExistingFile);
     cmd.add_flag("--shared-cache", tenancy.shared_cache,
                  "Let the keys of --api-keys-file share their " + kept_apart + ", as if they were one tenant");
     cmd.add_flag("--log-prompts", tenancy.log_prompts,
@@ -52,8 +55,8 @@ void add_log_options(CLI::App& cmd) {
 std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http,
                                        frontend_context& ctx, policy::policy_config& policy,
                                        const std::string& command) {
-    std::vector<std::string> tenants =
-        http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file, tenancy.shared_cache);
+    std::vector<std::string> tenants = http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file,
+                                                               tenancy.shared_cache, tenancy.shared_keys_file);
     ctx.log_prompts = tenancy.log_prompts;
     ctx.reuse_report = !tenancy.no_reuse_report;
     if (!tenants.empty() && policy.detect.mode == policy::detect_mode::automatic) {

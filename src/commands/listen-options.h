@@ -19,13 +19,14 @@ CLI::Validator cors_origin_check();
 
 struct tenancy_options {
     std::string api_keys_file;
+    std::string shared_keys_file;  // llama-server's --api-key-file: a key per line, all of one tenant
     bool shared_cache = false;
     bool log_prompts = false;
     bool no_reuse_report = false;
 };
 
-// Adds --api-keys-file, --shared-cache, --log-prompts and --no-reuse-report. `kept_apart`: what each tenant gets of
-// its own, for the help text ("cache", "routing and reports").
+// Adds --api-keys-file, --api-key-file (llama-server's), --shared-cache, --log-prompts and --no-reuse-report.
+// `kept_apart`: what each tenant gets of its own, for the help text ("cache", "routing and reports").
 void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart);
 
 // Adds --log-level (error, warn, info, debug) and --log-format (text, json). They set the process's log

@@ -10,12 +10,15 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "cache/block-key.h"
+#include "cache/cache-dir-lock.h"
 #include "commands/listen-options.h"
+#include "commands/llama-server-flags.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "http/http-server.h"
@@ -42,7 +45,8 @@ struct serve_options {
     http::server_options http;
     std::string cache_type_k = "f16";
     std::string cache_type_v = "f16";
-    std::string model_alias;
+    std::vector<std::string> model_aliases;  // the first is the name reported; the others map to it
+    common_params_sampling sampling;         // what requests that leave a sampling field unset get (--temp, ...)
     std::string chat_template_file;
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
     std::string policy_file;
@@ -77,6 +81,7 @@ int run_serve(serve_options opts) {
     const sigset_t signals = block_stop_signals();
 
     init_llama_runtime(opts.engine.verbose);
+    std::optional<cache_dir_lock> dir_lock;  // first in, last out: held until the engine's last write is done
     frontend_context ctx;
     local_model model;
     if (opts.engine.model_path.empty()) {
@@ -84,10 +89,14 @@ int run_serve(serve_options opts) {
     }
     model.model_path = opts.engine.model_path;
     model.random_weights = model_has_random_weights(model.model_path);
-    ctx.model_id =
-        !opts.model_alias.empty() ? opts.model_alias : std::filesystem::path(model.model_path).stem().string();
+    ctx.model_id = !opts.model_aliases.empty() && !opts.model_aliases.front().empty()
+                       ? opts.model_aliases.front()
+                       : std::filesystem::path(model.model_path).stem().string();
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
     policy::policy_config policy_config = select_policy(opts.policy_file, opts.no_policy, ctx.model_id);
+    for (size_t i = 1; i < opts.model_aliases.size(); ++i) {
+        policy_config.model.aliases.push_back({opts.model_aliases[i], ctx.model_id});
+    }
     const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     ctx.busters = make_busters_detector(ctx);
@@ -95,6 +104,8 @@ int run_serve(serve_options opts) {
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     if (opts.engine.cache_disk_bytes > 0) {
         opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
+        // Before the model loads, so a second server on the directory stops at once, naming the first.
+        dir_lock.emplace(opts.engine.cache_dir, "keepwarm serve");
     }
 
     model.llm = std::make_unique<engine>(opts.engine);
@@ -105,6 +116,7 @@ int run_serve(serve_options opts) {
     const std::string template_override = opts.chat_template_file.empty() ? "" : read_file(opts.chat_template_file);
     model.renderer = std::make_unique<chat_renderer>(model.llm->model(), template_override);
     model.tokenizer = std::make_unique<prompt_tokenizer>(model.llm->vocab());
+    model.default_sampling = opts.sampling;
     // Each tenant's index shares the default budget, so many tenants do not multiply the memory it may take.
     prompt_tokenizer::options tenant_index;
     tenant_index.token_budget =
@@ -138,6 +150,8 @@ int run_serve(serve_options opts) {
     register_busters_routes(server, ctx);
     model.llm->start();
     server.start();
+    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    if (dir_lock) dir_lock->describe("keepwarm serve on " + url);
 
     const auto& eo = model.llm->options();
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
@@ -151,7 +165,7 @@ int run_serve(serve_options opts) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
     }
-    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+    std::cout << "listening on " << url << std::endl;
 
     int sig = 0;
     sigwait(&signals, &sig);
@@ -178,7 +192,10 @@ void add_serve_command(CLI::App& app) {
     auto& h = opts->http;
     cmd->add_option("-m,--model", e.model_path, "GGUF model file (default: a generated demo model with random weights)")
         ->check(CLI::ExistingFile);
-    cmd->add_option("--alias", opts->model_alias, "Model name reported to clients (default: the file name)");
+    cmd->add_option("-a,--alias", opts->model_aliases,
+                    "Model name reported to clients (default: the file name); NAME,OTHER,...: the other names are "
+                    "aliases of the first")
+        ->delimiter(',');
     cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
@@ -221,7 +238,32 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
     cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
-    cmd->add_option("--gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1: all)")->capture_default_str();
+    cmd->add_option("--gpu-layers,--n-gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1, all or auto: all)")
+        ->transform(CLI::Transformer({{"all", "-1"}, {"auto", "-1"}}))
+        ->capture_default_str();
+    cmd->add_option_function<std::string>(
+           "--flash-attn",
+           [&e](const std::string& v) {
+               e.flash_attn = v == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                              : v == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                           : LLAMA_FLASH_ATTN_TYPE_AUTO;
+           },
+           "-fa: flash attention; auto turns it on where the backend has it")
+        ->expected(0, 1)
+        ->default_str("on")  // what the flag alone means (llama-server's former -fa)
+        ->option_text("on|off|auto (default auto; alone: on)")
+        ->check(CLI::IsMember({"on", "off", "auto"}));
+    // Callbacks run in this order: --mlock wins over --no-mmap, --load-mode over both.
+    cmd->add_flag_callback(
+        "--no-mmap", [&e] { e.load_mode = LLAMA_LOAD_MODE_NONE; },
+        "Read the model into memory instead of mapping the file (slower start)");
+    cmd->add_flag_callback(
+        "--mlock", [&e] { e.load_mode = LLAMA_LOAD_MODE_MLOCK; },
+        "Read the model into memory and lock it there (never swapped out)");
+    cmd->add_option_function<std::string>(
+           "--load-mode", [&e](const std::string& v) { e.load_mode = llama_load_mode_from_str(v.c_str()); },
+           "-lm: how the model file is read: auto (map it), none, mmap, mlock, mmap+mlock, dio")
+        ->check(CLI::IsMember({"auto", "none", "mmap", "mlock", "mmap+mlock", "dio"}));
     cmd->add_option("--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
         ->capture_default_str();
     cmd->add_option("--cache-type-v", opts->cache_type_v, "KV cache type for V: f16, q8_0, q4_0, bf16, f32")
@@ -253,7 +295,7 @@ void add_serve_command(CLI::App& app) {
                         "billing nonce kept out of the prompt, automatic rules for random ids)")
             ->check(CLI::ExistingFile);
     add_no_policy_flag(*cmd, policy_option, opts->no_policy);
-    cmd->add_option("-n,--n-predict", e.default_max_tokens,
+    cmd->add_option("-n,--n-predict,--predict", e.default_max_tokens,
                     "Tokens generated for a request that sets no limit (-1: until end of generation or full context)")
         ->capture_default_str()
         ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
@@ -277,7 +319,21 @@ void add_serve_command(CLI::App& app) {
                     "After SIGINT/SIGTERM, exit within this many seconds even if a clean stop has not finished")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    auto& sampling = opts->sampling;
+    cmd->add_option("--temp,--temperature", sampling.temp, "Temperature of requests that set none")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 2.0));
+    cmd->add_option("--top-k", sampling.top_k, "top_k of requests that set none (0: off)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--top-p", sampling.top_p, "top_p of requests that set none (1: off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--min-p", sampling.min_p, "min_p of requests that set none (0: off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
+    add_llama_server_flags(*cmd);
     cmd->callback([opts] { run_command("serve", [&] { return run_serve(*opts); }); });
 }
 

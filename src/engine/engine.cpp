@@ -121,6 +121,7 @@ engine::engine(engine_options options) : options_(std::move(options)) {
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = options_.gpu_layers;
+    mparams.load_mode = options_.load_mode;
     model_.reset(llama_model_load_from_file(options_.model_path.c_str(), mparams));
     if (!model_) throw std::runtime_error("failed to load model from '" + options_.model_path + "'");
 
@@ -145,6 +146,7 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     cparams.n_threads_batch = options_.threads_batch > 0 ? options_.threads_batch : threads;
     cparams.type_k = options_.cache_type_k;
     cparams.type_v = options_.cache_type_v;
+    cparams.flash_attn_type = options_.flash_attn;
     cparams.no_perf = true;
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
@@ -167,11 +169,14 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     slot_context_size_ = options_.context_size / options_.slots;
     if (!cache_options.disk_dir.empty()) {
         // Serialized KV depends on the model and the cache types, and what an entry covers on the block size;
-        // entries written under any other are never loaded.
+        // entries written under any other are never loaded. Without flash attention V is stored transposed, and a
+        // state saved one way cannot be read the other. Auto turns it on where the backend supports it (the CPU's
+        // does), so only "off" is named: existing caches keep theirs.
         cache_options.model_fingerprint = model_fingerprint(
             options_.model_path,
             std::string("k=") + ggml_type_name(options_.cache_type_k) + " v=" + ggml_type_name(options_.cache_type_v) +
-                " block=" + std::to_string(options_.cache_block_tokens) + " state=llama.cpp-80fb11a");
+                " block=" + std::to_string(options_.cache_block_tokens) + " state=llama.cpp-80fb11a" +
+                (options_.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED ? " fa=off" : ""));
     }
     cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
 

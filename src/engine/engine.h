@@ -31,7 +31,9 @@ struct engine_options {
     int threads_batch = 0;    // 0: same as threads (prefill)
     ggml_type cache_type_k = GGML_TYPE_F16;
     ggml_type cache_type_v = GGML_TYPE_F16;
-    int gpu_layers = -1;  // -1: all that fit (no effect on CPU-only machines)
+    int gpu_layers = -1;                                            // -1: all that fit (no effect on CPU-only machines)
+    llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;  // -fa on|off|auto, as llama-server
+    llama_load_mode load_mode = LLAMA_LOAD_MODE_AUTO;               // how the model file is read (--no-mmap, --mlock)
     bool verbose = false;
     // Prefix cache (see cache/prompt-cache.h).
     int cache_parked_sequences = 8;

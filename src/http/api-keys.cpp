@@ -25,7 +25,7 @@ bool blank(char c) {
 
 }  // namespace
 
-std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::string& source) {
+std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::string& source, bool key_per_line) {
     if (text.size() > max_api_keys_file_bytes) {
         throw std::invalid_argument(source + ": larger than " + std::to_string(max_api_keys_file_bytes) +
                                     " bytes; a keys file holds at most " + std::to_string(max_api_keys) + " keys");
@@ -46,11 +46,19 @@ std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::stri
         if (line.empty() || line.front() == '#') continue;
 
         size_t i = 0;
-        while (i < line.size() && !blank(line[i])) ++i;
+        while (!key_per_line && i < line.size() && !blank(line[i])) ++i;
         const std::string_view tenant = line.substr(0, i);
         while (i < line.size() && blank(line[i])) ++i;
         const std::string_view key = line.substr(i);
 
+        if (key_per_line) {
+            for (const char c : key) {
+                if (blank(c)) {
+                    fail(source, line_no,
+                         "one key per line, without spaces (for 'TENANT KEY' lines use --api-keys-file)");
+                }
+            }
+        }
         for (const char c : tenant) {
             if (!tenant_char(c)) fail(source, line_no, "a tenant name holds only A-Z a-z 0-9 . _ - (then a key)");
         }
@@ -80,18 +88,21 @@ std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::stri
         line_of_key.emplace(std::string(key), line_no);
         keys.push_back({std::string(key), std::string(tenant)});
     }
-    if (keys.empty()) throw std::invalid_argument(source + ": no keys (expected lines of 'TENANT KEY')");
+    if (keys.empty()) {
+        throw std::invalid_argument(source + ": no keys (expected lines of " +
+                                    (key_per_line ? "one key" : "'TENANT KEY'") + ")");
+    }
     return keys;
 }
 
-std::vector<api_key_entry> load_api_keys_file(const std::string& path) {
+std::vector<api_key_entry> load_api_keys_file(const std::string& path, bool key_per_line) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::invalid_argument(path + ": cannot be read");
     std::string text(max_api_keys_file_bytes + 1, '\0');
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     if (in.bad()) throw std::invalid_argument(path + ": read failed");
     text.resize(static_cast<size_t>(in.gcount()));
-    return parse_api_keys(text, path);
+    return parse_api_keys(text, path, key_per_line);
 }
 
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys) {
@@ -112,7 +123,15 @@ std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool 
 }
 
 std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
-                                           const std::string& keys_file, bool shared_cache) {
+                                           const std::string& keys_file, bool shared_cache,
+                                           const std::string& shared_keys_file) {
+    if (!shared_keys_file.empty()) {
+        // llama-server's keys are all alike, one server's: the shared tenant, beside --api-key if there is one.
+        if (!keys_file.empty()) throw std::invalid_argument("give either --api-key-file or --api-keys-file");
+        if (shared_cache) throw std::invalid_argument("--shared-cache goes with --api-keys-file, not --api-key-file");
+        keys = load_api_keys_file(shared_keys_file, /*key_per_line=*/true);
+        return {};
+    }
     if (keys_file.empty()) {
         if (shared_cache) throw std::invalid_argument("--shared-cache needs --api-keys-file");
         return {};

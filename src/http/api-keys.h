@@ -27,11 +27,12 @@ inline constexpr size_t max_api_key_length = 512;
 // with '#' are ignored. TENANT: 1-64 of [A-Za-z0-9._-]; KEY: 8-512 printable ASCII characters without spaces.
 // Several keys may name the same tenant (a key being rotated). A key may appear only once. Throws
 // std::invalid_argument "SOURCE:LINE: what is wrong" (never the key itself).
-std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::string& source);
+// `key_per_line`: llama-server's --api-key-file instead: each line is a key (same rules), all of the shared tenant.
+std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::string& source, bool key_per_line = false);
 
 // Reads and parses a keys file (at most max_api_keys_file_bytes). Throws std::invalid_argument as above, or naming
 // the file when it cannot be read.
-std::vector<api_key_entry> load_api_keys_file(const std::string& path);
+std::vector<api_key_entry> load_api_keys_file(const std::string& path, bool key_per_line = false);
 
 // The distinct tenant names of `keys`, in first-seen order.
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
@@ -40,11 +41,14 @@ std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
 // then every key's tenant becomes the shared one (""), as with a single --api-key.
 std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool shared_cache);
 
-// What `serve` and `proxy` do with --api-key, --api-keys-file and --shared-cache: fills `keys` from the file and
-// returns the isolated tenants' names (none when every key shares the one tenant: a single key, one tenant name, or
-// --shared-cache). Throws std::invalid_argument naming the file's line, or for flags that do not go together.
+// What `serve` and `proxy` do with --api-key, --api-keys-file, --shared-cache and llama-server's --api-key-file
+// (`shared_keys_file`: a key per line, every key of the one shared tenant, as many as with --api-key): fills `keys`
+// from the file and returns the isolated tenants' names (none when every key shares the one tenant: a single key,
+// one tenant name, --shared-cache, or a key-per-line file). Throws std::invalid_argument naming the file's line, or
+// for flags that do not go together.
 std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
-                                           const std::string& keys_file, bool shared_cache);
+                                           const std::string& keys_file, bool shared_cache,
+                                           const std::string& shared_keys_file = "");
 // One line for the start-up banner.
 std::string describe_tenants(const std::string& single_key, const std::vector<api_key_entry>& keys,
                              const std::vector<std::string>& tenants);

@@ -22,6 +22,8 @@ struct local_model {
     // client reads) never depend on what another tenant's model answered. Filled at start-up, read-only afterwards.
     std::map<std::string, std::unique_ptr<prompt_tokenizer>> tenant_tokenizers;
     std::string model_path;
+    // What a request's unset sampling fields take (--temp, --top-k, --top-p, --min-p; else llama.cpp's defaults).
+    common_params_sampling default_sampling;
     bool random_weights = false;  // generated test model: output is noise
 
     // The prompt tokenizer of a tenant's requests ("": the shared one). Throws std::out_of_range for a tenant that

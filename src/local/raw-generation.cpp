@@ -18,7 +18,7 @@ raw_generation::raw_generation(frontend_context& front, local_model& model, cons
     apply_raw_completion_policy(*front.policy, req, params_, id_, headers_);
     message_.role = "assistant";
     set_prompt(model, *gen_, std::move(raw.prompt));
-    gen_->sampling = to_sampling_params(params_.sampling, common_params_sampling{});
+    gen_->sampling = to_sampling_params(params_.sampling, model.default_sampling);
     if (!params_.json_schema.empty()) {
         try {
             gen_->sampling.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER,

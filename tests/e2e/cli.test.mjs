@@ -2,6 +2,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { promisify } from 'node:util';
 import { binary, testModel } from './harness.mjs';
 
@@ -40,7 +43,9 @@ test('bad arguments get a clear error and a non-zero exit, never a crash', async
     const serve = await fails(['serve', '-m', '/nonexistent/model.gguf']);
     assert.ok(serve.code > 0);
     assert.match(serve.stderr, /nonexistent/);
-    const notGguf = await fails(['serve', '-m', '/etc/hostname', '--port', '0']);
+    // A directory of its own: the default one may be locked by a server running beside the tests.
+    const notGguf = await fails(['serve', '-m', '/etc/hostname', '--port', '0', '--cache-dir',
+        mkdtempSync(path.join(os.tmpdir(), 'keepwarm-cli-'))]);
     assert.ok(notGguf.code > 0);
     assert.match(notGguf.stderr, /failed to load model/);
 });

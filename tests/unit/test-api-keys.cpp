@@ -102,3 +102,41 @@ TEST(api_keys, configure_tenants_reads_the_file_and_refuses_mixed_flags) {
     EXPECT_THROW(configure_tenants("", keys, (dir / "no-such-keys-file").string(), false), std::invalid_argument);
     std::filesystem::remove(file);
 }
+
+// llama-server's --api-key-file: a key per line, every key of the one shared tenant, the same rules for each key.
+TEST(api_keys, a_key_per_line_file_gives_shared_keys_and_names_its_mistakes) {
+    const auto keys = parse_api_keys("# llama-server\nkey-one-0123\n\n  key-two-4567 \r\n", "k", true);
+    ASSERT_EQ(keys.size(), 2u);
+    EXPECT_EQ(keys[0].key, "key-one-0123");
+    EXPECT_EQ(keys[1].key, "key-two-4567");
+    EXPECT_EQ(keys[0].tenant, "");
+    EXPECT_EQ(keys[1].tenant, "");
+    auto error = [](const std::string& text) {
+        try {
+            parse_api_keys(text, "k", true);
+        } catch (const std::invalid_argument& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    EXPECT_EQ(error("alice key-one-0123\n"),
+              "k:1: one key per line, without spaces (for 'TENANT KEY' lines use --api-keys-file)");
+    EXPECT_EQ(error("key-one-0123\nshort\n"), "k:2: the key has 5 characters; keys have 8 to 512");
+    EXPECT_EQ(error("key-one-0123\nkey-one-0123\n"), "k:2: the same key as line 1 (each key names one tenant)");
+    EXPECT_EQ(error("# nothing\n"), "k: no keys (expected lines of one key)");
+}
+
+TEST(api_keys, configure_tenants_takes_a_key_per_line_file_as_one_shared_tenant) {
+    const auto dir = std::filesystem::temp_directory_path();
+    const auto file = dir / ("keepwarm-shared-keys-" + std::to_string(::getpid()) + ".txt");
+    std::ofstream(file) << "key-a-0123\nkey-b-0123\n";
+    std::vector<api_key_entry> keys;
+    EXPECT_TRUE(configure_tenants("", keys, "", false, file.string()).empty());
+    EXPECT_EQ(keys.size(), 2u);
+    keys.clear();
+    EXPECT_TRUE(configure_tenants("single-key", keys, "", false, file.string()).empty()) << "beside --api-key";
+    EXPECT_EQ(keys.size(), 2u);
+    EXPECT_THROW(configure_tenants("", keys, file.string(), false, file.string()), std::invalid_argument);
+    EXPECT_THROW(configure_tenants("", keys, "", true, file.string()), std::invalid_argument);
+    std::filesystem::remove(file);
+}

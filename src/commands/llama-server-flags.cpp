@@ -1,0 +1,140 @@
+// See llama-server-flags.h. README's "Coming from llama-server" lists the same flags for users.
+#include "commands/llama-server-flags.h"
+
+#include <map>
+
+#include "base/logger.h"
+
+namespace keepwarm {
+
+namespace {
+
+// llama-server's multi-letter single-dash names (its `--help`) that keepwarm knows by a long name. The long names
+// are serve's options, accepted or refused (add_llama_server_flags).
+const std::map<std::string, std::string>& single_dash_names() {
+    static const std::map<std::string, std::string> names = {
+        {"-np", "--parallel"},           {"-ngl", "--gpu-layers"},     {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"},      {"-ub", "--ubatch-size"},     {"-tb", "--threads-batch"},
+        {"-fa", "--flash-attn"},         {"-lm", "--load-mode"},       {"-cb", "--cont-batching"},
+        {"-nocb", "--no-cont-batching"}, {"-to", "--timeout"},         {"-hf", "--hf-repo"},
+        {"-hfr", "--hf-repo"},           {"-hff", "--hf-file"},        {"-hft", "--hf-token"},
+        {"-hfd", "--hf-repo-draft"},     {"-hfrd", "--hf-repo-draft"}, {"-mu", "--model-url"},
+        {"-dr", "--docker-repo"},
+    };
+    return names;
+}
+
+bool single_dash_word(const std::string& arg) {
+    if (arg.size() < 3 || arg[0] != '-' || arg[1] == '-') return false;
+    for (size_t i = 1; i < arg.size(); ++i) {
+        const char c = arg[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return false;
+    }
+    return true;
+}
+
+[[noreturn]] void refuse(const std::string& message) {
+    throw CLI::ParseError(message, refused_flag_exit_code);
+}
+
+const std::string download_advice =
+    "keepwarm does not download models: download the GGUF file first (e.g. `huggingface-cli download "
+    "Qwen/Qwen3-8B-GGUF Qwen3-8B-Q4_K_M.gguf --local-dir .`, or `curl -LO URL`) and pass it with -m FILE";
+
+// A refused flag: hidden from the help; its value, if any, is optional so that the message below is what the user
+// reads, not "argument missing".
+void add_refused(CLI::App& serve, const std::string& names, bool takes_value, std::string message) {
+    if (takes_value) {
+        serve.add_option_function<std::string>(names, [message](const std::string&) { refuse(message); })
+            ->expected(0, 1)
+            ->group("");
+    } else {
+        serve.add_flag_function(names, [message](int64_t) { refuse(message); })->group("");
+    }
+}
+
+}  // namespace
+
+std::vector<std::string> expand_llama_server_flags(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    out.reserve(args.size());
+    bool options_ended = false;
+    for (const std::string& arg : args) {
+        if (options_ended || arg == "--") {
+            options_ended = true;
+            out.push_back(arg);
+            continue;
+        }
+        if (const auto it = single_dash_names().find(arg); it != single_dash_names().end()) {
+            out.push_back(it->second);
+        } else if (single_dash_word(arg)) {
+            refuse("'" + arg +
+                   "' is not an option of keepwarm: options longer than one letter start with two dashes "
+                   "(`keepwarm serve --help` lists them; README: Coming from llama-server)");
+        } else {
+            out.push_back(arg);
+        }
+    }
+    return out;
+}
+
+void add_llama_server_flags(CLI::App& serve) {
+    const std::string group = "llama-server flags that keepwarm follows anyway";
+    serve.add_flag("--jinja")
+        ->description("Chat templates are always the model's Jinja template (or --chat-template-file)")
+        ->group(group);
+    serve.add_flag("--cont-batching")
+        ->description("Busy slots are always decoded together (continuous batching)")
+        ->group(group);
+    serve.add_flag("--no-webui")->description("There is no web UI")->group(group);
+    serve.add_flag("--metrics")->description("GET /metrics (Prometheus) is always on")->group(group);
+    serve
+        .add_flag_function(
+            "--slots,--no-slots",
+            [](int64_t) {
+                log::info("serve",
+                          "--slots/--no-slots: GET /slots is always on; it shows counts and no prompt text, and "
+                          "needs the API key like every route");
+            },
+            "GET /slots is always on (counts, no prompt text; behind the API key like every route)")
+        ->group(group);
+    serve
+        .add_option_function<std::string>(
+            "--reasoning-format",
+            [](const std::string& format) {
+                if (format == "none" || format == "deepseek-legacy") {
+                    refuse("--reasoning-format " + format +
+                           ": keepwarm always returns reasoning apart from the answer (OpenAI: "
+                           "message.reasoning_content, Anthropic: thinking blocks, Ollama: message.thinking), as "
+                           "with deepseek; leave the flag out");
+                }
+            },
+            "Reasoning is always returned apart from the answer: deepseek (auto is the same); none and "
+            "deepseek-legacy are refused")
+        ->check(CLI::IsMember({"auto", "deepseek", "none", "deepseek-legacy"}))
+        ->group(group);
+
+    add_refused(serve, "--hf-repo", true, "-hf/--hf-repo: " + download_advice);
+    add_refused(serve, "--hf-file", true, "-hff/--hf-file: " + download_advice);
+    add_refused(serve, "--hf-token", true, "-hft/--hf-token: " + download_advice);
+    add_refused(serve, "--hf-repo-draft", true,
+                "-hfd/--hf-repo-draft: keepwarm has no speculative decoding (no draft model), and does not download "
+                "models");
+    add_refused(serve, "--model-url", true, "-mu/--model-url: " + download_advice);
+    add_refused(serve, "--docker-repo", true, "-dr/--docker-repo: " + download_advice);
+    add_refused(
+        serve, "--no-jinja", false,
+        "--no-jinja: keepwarm always renders chats with a Jinja template, the model's or --chat-template-file's");
+    add_refused(serve, "--no-cont-batching", false,
+                "-nocb/--no-cont-batching: keepwarm always decodes busy slots together; --parallel 1 serves one "
+                "request at a time");
+    add_refused(serve, "--timeout", true,
+                "-to/--timeout: keepwarm has no single read/write timeout: --header-timeout bounds a request's head "
+                "(default 10 s), --idle-timeout a keep-alive wait and a request body (default 120 s); a generation "
+                "is never cut short by time (a client that leaves cancels it)");
+    add_refused(serve, "--threads-http", true,
+                "--threads-http: keepwarm serves each connection on its own thread; --max-connections bounds them "
+                "(more get 503), and --parallel sets how many requests are decoded at once");
+}
+
+}  // namespace keepwarm
