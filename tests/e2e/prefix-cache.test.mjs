@@ -139,7 +139,9 @@ test('a demotion and a restart lose no cached token: the next turn computes only
     await complete(server, chat(words(60, 12), 'another conversation takes the only slot'));
     const next = await complete(server, nextTurn(short, first.choices[0].message.content, 'and a follow-up'));
     assert.equal(next.usage.prompt_tokens_details.cached_tokens, first.usage.prompt_tokens, JSON.stringify(next.timings));
-    assert.equal(next.timings.cache_ram_n, first.usage.prompt_tokens, 'all of it from RAM');
+    // From RAM, but for the few tokens the other conversation's template opening shares on the device.
+    assert.equal(next.timings.cache_ram_n + next.timings.cache_device_n, first.usage.prompt_tokens);
+    assert.ok(next.timings.cache_ram_n > 64, JSON.stringify(next.timings));
 
     const long = chat(words(400, 13), 'a question before the restart');
     const before = await complete(server, long);
