@@ -73,7 +73,7 @@ test('llama-server flags with the same meaning start a server that follows them'
     assert.equal(first.usage.completion_tokens, 6);
     assert.equal(first.choices[0].finish_reason, 'length');
     assert.equal(second.choices[0].message.content, first.choices[0].message.content);
-    assert.match(server.output(), /no \/slots endpoint/);
+    assert.match(server.output(), /GET \/slots is always on/);
 });
 
 test('--api-key-file takes llama-server\'s file: one key per line, all of one shared cache', async () => {
