@@ -495,7 +495,13 @@ chat_request parse_chat_request(const json& body) {
     parse_thinking(body, req);
     req.json_schema = parse_response_format(body);
     parse_n(body);
-    // logprobs / top_logprobs are accepted and ignored: we do not return token probabilities.
+    // Token probabilities are not returned yet: a client that asks for them is told, not given an answer without.
+    if (get_bool(body, "logprobs", "logprobs").value_or(false)) {
+        fail("'logprobs' is not supported: keepwarm does not return token probabilities (send false or leave it out)");
+    }
+    if (auto top = get_integer(body, "top_logprobs", "top_logprobs"); top && *top > 0) {
+        fail("'top_logprobs' is not supported: keepwarm does not return token probabilities");
+    }
     return req;
 }
 
@@ -530,6 +536,9 @@ completion_request parse_completion_request(const json& body) {
     }
     if (auto suffix = get_string(body, "suffix", "suffix"); suffix && !suffix->empty()) {
         fail("'suffix' is not supported");
+    }
+    if (auto logprobs = get_integer(body, "logprobs", "logprobs"); logprobs && *logprobs > 0) {
+        fail("'logprobs' is not supported: keepwarm does not return token probabilities");
     }
     if (auto best_of = get_integer(body, "best_of", "best_of"); best_of && *best_of != 1) {
         fail("'best_of' must be 1: multiple candidates per request are not supported");

@@ -152,11 +152,22 @@ TEST(OpenAiParse, MaxTokens) {
     EXPECT_FALSE(parse_chat_request(chat_with("max_tokens", nullptr)).max_tokens.has_value());
 }
 
+// Token probabilities are not returned: asking for them is a 400 that says so, not an answer without them.
+TEST(OpenAiParse, AskingForLogprobsIsRefusedNotIgnored) {
+    const auto chat = [](const char* extra) {
+        return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],)") + extra + "}");
+    };
+    expect_400(parse_chat_request, chat(R"("logprobs":true)"), "'logprobs' is not supported");
+    expect_400(parse_chat_request, chat(R"("top_logprobs":5)"), "'top_logprobs' is not supported");
+    EXPECT_NO_THROW(parse_chat_request(chat(R"("logprobs":false,"top_logprobs":null)")));
+    EXPECT_NO_THROW(parse_completion_request(json::parse(R"({"prompt":"x","logprobs":0})")));
+}
+
 TEST(OpenAiParse, StreamSamplingAndExtras) {
     auto r = parse_chat_request(body_of(R"({"messages":[{"role":"user","content":"x"}],
         "stream":true,"stream_options":{"include_usage":true},
         "temperature":0.5,"top_p":0.9,"min_p":0.1,"top_k":20,"repeat_penalty":1.1,"repeat_last_n":-1,
-        "presence_penalty":0.5,"frequency_penalty":-0.5,"seed":42,"n":1,"logprobs":true,"top_logprobs":3,
+        "presence_penalty":0.5,"frequency_penalty":-0.5,"seed":42,"n":1,"logprobs":false,"top_logprobs":0,
         "user":"u","metadata":{"a":1},
         "response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}},
         "chat_template_kwargs":{"enable_thinking":false,"custom":"v"}})"));
@@ -316,6 +327,7 @@ TEST(OpenAiParse, Completion) {
     bad(R"({"prompt":"x","echo":true})", "'echo' is not supported");
     bad(R"({"prompt":"x","suffix":"y"})", "'suffix' is not supported");
     bad(R"({"prompt":"x","best_of":3})", "'best_of' must be 1");
+    bad(R"({"prompt":"x","logprobs":2})", "'logprobs' is not supported");
     bad(R"({"prompt":"x","n":3})", "'n' must be 1");
     bad(R"({"prompt":"x","max_tokens":-1})", "'max_tokens' must be a positive integer");
     bad(R"({"prompt":"x","top_p":"a"})", "'top_p' must be a number");
