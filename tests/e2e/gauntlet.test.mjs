@@ -88,7 +88,8 @@ test('a written workload replays against a running server given by --target', as
     assert.equal(lines[0].api, 'openai');
     assert.match(lines[0].body.messages[0].content, /^x-anthropic-billing-header: .*cch=[0-9a-f]{5};\n/);
 
-    const server = await startServer(['--parallel', '1', '-c', '4096']);
+    // --no-policy: the built-in defaults would keep the nonce out, and this checks what the ideal is measured against.
+    const server = await startServer(['--parallel', '1', '-c', '4096', '--no-policy']);
     try {
         const json = path.join(dir, 'report.json');
         const r = await keepwarm(['bench', 'gauntlet', '--workload', file, '-m', model, '--target',
