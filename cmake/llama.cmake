@@ -49,3 +49,20 @@ target_link_libraries(keepwarm_llama INTERFACE
 add_library(keepwarm::llama ALIAS keepwarm_llama)
 
 file(GLOB KEEPWARM_LLAMA_RUNTIME_LIBS ${llama_lib}/*.so)
+
+# The CUDA backend (scripts/fetch-llama-cuda.sh): when this machine has an NVIDIA driver, or KEEPWARM_GPU=cuda, one
+# more library next to the binary, which the runtime loads only where a CUDA device is present.
+set(KEEPWARM_GPU "$ENV{KEEPWARM_GPU}" CACHE STRING "GPU backend: auto (CUDA when an NVIDIA driver is present), cuda, cpu")
+execute_process(
+    COMMAND ${CMAKE_COMMAND} -E env KEEPWARM_GPU=${KEEPWARM_GPU} ${CMAKE_CURRENT_LIST_DIR}/../scripts/fetch-llama-cuda.sh
+    OUTPUT_VARIABLE cuda_dir OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE fetch_result)
+if(NOT fetch_result EQUAL 0)
+    message(FATAL_ERROR "scripts/fetch-llama-cuda.sh failed; see its output above (KEEPWARM_GPU=cpu builds without)")
+endif()
+set(KEEPWARM_LLAMA_CUDA_LIB "")
+if(cuda_dir)
+    set(KEEPWARM_LLAMA_CUDA_LIB ${cuda_dir}/libggml-cuda.so)
+    list(APPEND KEEPWARM_LLAMA_RUNTIME_LIBS ${KEEPWARM_LLAMA_CUDA_LIB})
+    message(STATUS "CUDA backend: ${KEEPWARM_LLAMA_CUDA_LIB}")
+endif()

@@ -158,7 +158,7 @@ int run_serve(serve_options opts) {
               << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
               << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
-              << "  compute: " << compute_features() << "\n"
+              << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model())) << "\n"
               << "  policy: " << describe_policy(*ctx.policy) << "\n"
               << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
     if (model.random_weights) {

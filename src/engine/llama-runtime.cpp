@@ -2,6 +2,7 @@
 #include "engine/llama-runtime.h"
 
 #include <dlfcn.h>
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -41,7 +43,112 @@ std::filesystem::path ggml_library_dir() {
     const auto path = std::filesystem::canonical(info.dli_fname, ec);
     return ec ? std::filesystem::path{} : path.parent_path();
 }
+
+// Why the GPU backend found next to the binary gives no device, when it does not (set once, by init).
+std::string g_gpu_problem;
+
+bool is_gpu_backend_file(const std::string& name) {
+    return name.starts_with("libggml-cuda") && name.ends_with(".so");
+}
+
+bool has_gpu_backend_file(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (is_gpu_backend_file(entry.path().filename().string())) return true;
+    }
+    return false;
+}
+
+// The CUDA backend links the CUDA 13 runtime by soname. Where the toolkit is installed but not on the loader's path
+// (/usr/local/cuda/lib64 is not, on most machines), load it from there first, so the backend's dependencies resolve
+// to it. And give the driver's cache of compiled kernels room for all of ggml's: on a GPU the prebuilt backend has
+// no machine code for (Hopper), the driver compiles them from PTX at first use, minutes that a restart should not
+// pay again (its default cache, 256 MiB, does not keep them all).
+void prepare_cuda_runtime(const std::filesystem::path& dir) {
+    if (!has_gpu_backend_file(dir)) return;
+    setenv("CUDA_CACHE_MAXSIZE", "4294967296", /*overwrite=*/0);
+    for (const char* soname : {"libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"}) {
+        if (dlopen(soname, RTLD_NOW | RTLD_GLOBAL)) continue;
+        for (const char* folder : {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"}) {
+            if (dlopen((std::string(folder) + "/" + soname).c_str(), RTLD_NOW | RTLD_GLOBAL)) break;
+        }
+    }
+}
+
+// After loading: no GPU device, but a GPU backend was there to load.
+std::string find_gpu_problem(const std::vector<std::filesystem::path>& dirs) {
+    if (ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA"); cuda && ggml_backend_reg_dev_count(cuda) == 0) {
+        return "the CUDA backend sees no device (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)";
+    }
+    for (const auto& dir : dirs) {
+        if (std::string problem = gpu_backend_problem(dir); !problem.empty()) return problem;
+    }
+    return "";
+}
+
+bool is_gpu(ggml_backend_dev_t dev) {
+    const auto type = ggml_backend_dev_type(dev);
+    return type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
+}
 }  // namespace
+
+std::string gpu_backend_problem(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string file = entry.path().filename().string();
+        if (!is_gpu_backend_file(file)) continue;
+        void* handle = dlopen(entry.path().c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!handle) {
+            const char* error = dlerror();
+            std::string why = file + " cannot be loaded: " + (error ? error : "unknown error");
+            if (why.find("libcudart") != std::string::npos || why.find("libcublas") != std::string::npos) {
+                why += " (install the CUDA 13 runtime, or add the folder that holds it to LD_LIBRARY_PATH)";
+            }
+            return why;
+        }
+        using score_fn = int (*)();
+        const auto score = reinterpret_cast<score_fn>(dlsym(handle, "ggml_backend_score"));
+        const bool unsupported = score && score() == 0;
+        dlclose(handle);
+        if (unsupported) return file + ": its backend finds no usable GPU on this machine";
+    }
+    return "";
+}
+
+std::vector<gpu_device> gpu_devices() {
+    std::vector<gpu_device> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (!is_gpu(dev)) continue;
+        gpu_device d{ggml_backend_dev_name(dev), ggml_backend_dev_description(dev)};
+        ggml_backend_dev_memory(dev, &d.free_bytes, &d.total_bytes);
+        out.push_back(std::move(d));
+    }
+    return out;
+}
+
+std::string describe_compute(int gpu_layers, int model_layers) {
+    const std::vector<gpu_device> gpus = gpu_devices();
+    if (gpus.empty()) {
+        std::string line = "CPU, " + compute_features();
+        if (!g_gpu_problem.empty()) line += "; GPU backend not used: " + g_gpu_problem;
+        return line;
+    }
+    const auto gib = [](size_t bytes) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / (1ull << 30));
+        return std::string(text);
+    };
+    std::string line;
+    for (const gpu_device& gpu : gpus) {
+        line += (line.empty() ? "" : ", ") + gpu.name + " " + gpu.description + " (" + gib(gpu.free_bytes) + " of " +
+                gib(gpu.total_bytes) + " GiB free)";
+    }
+    // As llama.cpp counts them: the blocks and the output layer.
+    const int offloadable = model_layers + 1;
+    const int offloaded = gpu_layers < 0 ? offloadable : std::min(gpu_layers, offloadable);
+    return line + "; " + std::to_string(offloaded) + "/" + std::to_string(offloadable) + " layers on the GPU";
+}
 
 std::string executable_dir() {
     std::error_code ec;
@@ -79,12 +186,14 @@ void init_llama_runtime(bool verbose) {
             if (loaded) break;
             std::error_code ec;
             if (fs::exists(candidate / "libggml-base.so", ec) || fs::exists(candidate / "libggml-cpu-x64.so", ec)) {
+                prepare_cuda_runtime(candidate);
                 ggml_backend_load_all_from_path(candidate.c_str());
                 loaded = ggml_backend_dev_count() > 0;
                 if (loaded) break;
             }
         }
         if (!loaded) ggml_backend_load_all();
+        if (gpu_devices().empty()) g_gpu_problem = find_gpu_problem(candidates);
         llama_backend_init();
     });
 }

@@ -2,7 +2,10 @@
 // backend shipped next to the binary) and routes llama.cpp's log through keepwarm's verbosity.
 #pragma once
 
+#include <cstddef>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 namespace keepwarm {
 
@@ -13,6 +16,23 @@ void init_llama_runtime(bool verbose = false);
 
 // The instruction sets the loaded compute backends use, e.g. "AVX2 AVX512 AMX_INT8 ...".
 std::string compute_features();
+
+// A GPU the loaded backends run on.
+struct gpu_device {
+    std::string name;         // the backend's name for it, e.g. "CUDA0"
+    std::string description;  // e.g. "NVIDIA H200"
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+};
+std::vector<gpu_device> gpu_devices();
+
+// Why a GPU backend library in `dir` (libggml-cuda*.so) gives this process no device: the loader's error (the CUDA
+// runtime missing, say) or the backend's own "not on this machine" (no device, no driver). "" when there is none.
+std::string gpu_backend_problem(const std::filesystem::path& dir);
+
+// The start-up banner's line: the GPU used and how many of the model's layers are on it, or the CPU's features
+// and, where a GPU backend was found but not used, why. `gpu_layers` < 0: all.
+std::string describe_compute(int gpu_layers, int model_layers);
 
 // Directory holding the running executable.
 std::string executable_dir();

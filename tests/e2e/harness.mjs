@@ -24,8 +24,9 @@ export async function testModel(preset = 'tiny') {
 
 // Starts the keepwarm binary with `args` (serve, proxy, ...) and resolves once it listens: { url, proc, output(),
 // stop(signal) }. stop() resolves with the exit code or signal, and kills the process if it takes over 10 s.
-export async function startProcess(args, { env = {}, timeoutMs = 120_000 } = {}) {
-    const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+// `executable`: a copy of the binary elsewhere (with the libraries beside it that it should load).
+export async function startProcess(args, { env = {}, timeoutMs = 120_000, executable = binary } = {}) {
+    const proc = spawn(executable, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
     let output = '';
     const url = await new Promise((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`${args[0]} did not start:\n${output}`)), timeoutMs);
@@ -63,11 +64,11 @@ export async function startProcess(args, { env = {}, timeoutMs = 120_000 } = {})
 
 // Starts `keepwarm serve` with the given extra arguments; resolves once it listens. Each server gets its own
 // disk-cache folder (a fresh temporary one unless `cacheDir` is given, e.g. to restart on the same cache).
-export async function startServer(args = [], { preset = 'tiny', env = {}, cacheDir } = {}) {
+export async function startServer(args = [], { preset = 'tiny', env = {}, cacheDir, executable } = {}) {
     const model = await testModel(preset);
     cacheDir ??= mkdtempSync(path.join(os.tmpdir(), 'keepwarm-e2e-'));
     const server = await startProcess(['serve', '-m', model, '--port', '0', '-t', '1', '--cache-dir', cacheDir, ...args],
-        { env });
+        { env, executable });
     return {
         ...server,
         cacheDir,

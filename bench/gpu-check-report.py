@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""The table of bench/gpu-check.sh: reads gpu-check.json and the per-step JSON files in DIR, prints Markdown."""
+
+import json
+import os
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def main(folder):
+    check = load(os.path.join(folder, "gpu-check.json")) or {}
+    print("## keepwarm on the GPU\n")
+    for line in check.get("machine", []):
+        print(f"- {line}")
+    print(f"- keepwarm compute: {check.get('compute', '?')}\n")
+    print("| step | status | seconds |\n| --- | --- | ---: |")
+    for name, value in check.items():
+        if isinstance(value, dict) and "status" in value:
+            print(f"| {name} | {value['status']} | {value.get('seconds', 0):.0f} |")
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("ttft-") and name.endswith(".json")):
+            continue
+        r = load(os.path.join(folder, name))
+        if not r or "ratios" not in r:
+            continue
+        kw, ls = r["servers"]["keepwarm"], r["servers"]["llama-server"]
+        print(f"\n### TTFT on {r['model']} (context {r['ctx']}, one slot, all layers on the GPU)\n")
+        print("| tokens | cold keepwarm ms | cold llama-server ms | cold ratio | warm keepwarm ms | "
+              "warm llama-server ms | warm ratio | warm prompt_n keepwarm / llama-server |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for a, b, q in zip(kw, ls, r["ratios"]):
+            print(f"| {a['size']:,} | {a['cold']['ttft_ms']:,.1f} | {b['cold']['ttft_ms']:,.1f} | {q['cold']:.2f}x | "
+                  f"{a['warm_ttft_ms']:,.1f} | {b['warm_ttft_ms']:,.1f} | {q['warm']:.2f}x | "
+                  f"{a['warm'][-1]['prompt_n']} / {b['warm'][-1]['prompt_n']} |")
+        print("\nratio: llama-server's time / keepwarm's (above 1: keepwarm is faster)")
+    depth = load(os.path.join(folder, "depth-8b.json"))
+    if depth:
+        print("\n### bench depth, 8B-class q4_0\n")
+        print("```\n" + json.dumps(depth, indent=None)[:4000] + "\n```")
+    gauntlet = load(os.path.join(folder, "gauntlet-bench-dense.json"))
+    if gauntlet:
+        print("\n### gauntlet, bench-dense (shortened)\n")
+        print("```\n" + json.dumps(gauntlet.get("summary", gauntlet), indent=None)[:4000] + "\n```")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")

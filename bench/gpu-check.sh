@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# keepwarm on an NVIDIA GPU, in one run: the build, the tests that touch the KV cache on the GPU, and the numbers
+# side by side with the pinned llama-server on the same libraries and model. Writes gpu-check.json (and each
+# step's log) to --out and prints a table. Sized to finish within 8 minutes on one H100/H200-class GPU.
+#
+#   bench/gpu-check.sh [--out DIR] [--budget-s 480]
+#       on a GPU machine with this checkout: installs (scripts/install-deps.sh), builds with the CUDA backend
+#       (KEEPWARM_GPU=cuda: scripts/fetch-llama-cuda.sh, a source build when nvcc is there and the prebuilt has no
+#       machine code for this GPU), builds llama-server (bench/build-llama-server.sh) with the same backend.
+#   bench/gpu-check.sh --make-bundle DIR
+#       on a build machine: packs the built binaries (build/), llama-server, the tokenizers and templates that
+#       `keepwarm mkmodel` needs and the CUDA backend (KEEPWARM_CUDA_LIB, else scripts/fetch-llama-cuda.sh with
+#       KEEPWARM_GPU=cuda) into DIR, for a GPU machine that cannot install or build;
+#   bench/gpu-check.sh --bundle DIR [--out DIR]
+#       on that GPU machine: runs the checks with the bundle's binaries.
+#
+# Steps, each with its own time limit, results written as they come (a step that fails or runs out of time is
+# recorded as such and the next one runs):
+#   1. the start-up line of `keepwarm serve` names the GPU and 37/37 layers (or the check stops: nothing below
+#      would measure a GPU);
+#   2. unit tests that run a model (prefix cache, engine, local generation, runtime) on the GPU;
+#   3. the end-to-end prefix-cache tests, where Node.js and tests/e2e/node_modules are there;
+#   4. cold and warm-turn TTFT at 8K/16K/32K/44K tokens (bench/gpu-ttft.py), keepwarm vs llama-server, on the
+#      bench-dense and bench-hybrid presets and an 8B-class shape (qwen3: 36 layers, width 4096, 32/8 heads,
+#      ff 12288, q4_0: 4.4 GiB);
+#   5. `keepwarm bench depth` on the 8B shape;
+#   6. the gauntlet (`keepwarm bench gauntlet --launch`, keepwarm vs llama-server) on bench-dense, shortened.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+log() { echo "gpu-check: $*" >&2; }
+
+out="$repo/gpu-check"
+bundle=""
+make_bundle=""
+budget=480
+allow_cpu=0
+quick=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --out) out="$2"; shift 2 ;;
+        --bundle) bundle="$2"; shift 2 ;;
+        --make-bundle) make_bundle="$2"; shift 2 ;;
+        --budget-s) budget="$2"; shift 2 ;;
+        --allow-cpu) allow_cpu=1; shift ;;  # try the script itself on a machine without a GPU
+        --quick) quick=1; shift ;;          # small sizes and models: the script's own trial run on a CPU
+        -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) log "unknown argument $1"; exit 2 ;;
+    esac
+done
+
+unit_tests="test-llama-runtime test-prompt-cache test-engine test-local-generation test-depth-bench"
+vocabs=(qwen2 qwen35 llama-bpe)
+
+if [[ -n "$make_bundle" ]]; then
+    set -e
+    llama_dir="$("$repo/scripts/fetch-llama.sh")"
+    cuda_lib="${KEEPWARM_CUDA_LIB:-}"
+    [[ -n "$cuda_lib" ]] || cuda_lib="$(KEEPWARM_GPU=cuda "$repo/scripts/fetch-llama-cuda.sh")/libggml-cuda.so"
+    server="$("$here/build-llama-server.sh")"
+    stage="$(mktemp -d)"
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/bin/lib" "$stage/bin/tests" "$stage/llama-source/models/templates" "$stage/llama-server"
+    cp "$repo/build/keepwarm" "$stage/bin/"
+    cp "$repo"/build/lib/libggml-cpu-*.so "$repo"/build/lib/libggml-base.so "$repo"/build/lib/libllama*.so \
+        "$repo"/build/lib/libggml.v0.4.0.so "$stage/bin/lib/"
+    for t in $unit_tests; do cp "$repo/build/tests/$t" "$stage/bin/tests/"; done
+    cp "$(readlink -f "$server")" "$stage/llama-server/llama-server"
+    for v in "${vocabs[@]}"; do cp "$llama_dir/source/models/ggml-vocab-$v.gguf" "$stage/llama-source/models/"; done
+    cp "$llama_dir"/source/models/templates/*.jinja "$stage/llama-source/models/templates/"
+    mkdir -p "$make_bundle"
+    tar -C "$stage" -cJf "$make_bundle/keepwarm-bundle.tar.xz" .
+    cp "$cuda_lib" "$make_bundle/libggml-cuda.so"
+    du -sh "$make_bundle"/* >&2
+    exit 0
+fi
+
+mkdir -p "$out"
+json="$out/gpu-check.json"
+started=$(date +%s)
+results=()  # JSON fragments "name": {...}
+left() { echo $((budget - ($(date +%s) - started))); }
+record() { # name json-object
+    results+=("\"$1\": $2")
+    { echo "{"; local i; for ((i = 0; i < ${#results[@]}; i++)); do
+        echo "  ${results[$i]}$([[ $i -lt $((${#results[@]} - 1)) ]] && echo ,)"; done; echo "}"; } >"$json"
+}
+# step NAME SECONDS CMD...: runs with a limit (never past the budget), logs to $out/NAME.log, records status.
+step() {
+    local name="$1" limit="$2"; shift 2
+    local remaining; remaining=$(left)
+    ((limit > remaining)) && limit=$remaining
+    if ((limit < 10)); then log "$name: skipped, out of time"; record "$name" '{"status": "skipped: out of time"}'; return 1; fi
+    log "$name (up to ${limit} s)"
+    local t0 rc; t0=$(date +%s%N)
+    # bash -c: a step may be one of the functions below (exported).
+    timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" >"$out/$name.log" 2>&1; rc=$?
+    local secs; secs=$(python3 -c "print(round(($(date +%s%N) - $t0) / 1e9, 1))")
+    local status=passed
+    ((rc == 124 || rc == 137)) && status="timed out"
+    ((rc != 0 && rc != 124 && rc != 137)) && status="failed (exit $rc)"
+    log "$name: $status in $secs s"
+    record "$name" "{\"status\": \"$status\", \"seconds\": ${secs}}"
+    return $rc
+}
+
+# --- binaries -----------------------------------------------------------------------------------------------
+work="$(mktemp -d)"
+if [[ -n "$bundle" ]]; then
+    tar -C "$work" -xJf "$bundle/keepwarm-bundle.tar.xz"
+    cp "$bundle/libggml-cuda.so" "$work/bin/lib/"
+    cp "$work"/bin/lib/*.so "$work/llama-server/"
+    keepwarm="$work/bin/keepwarm"
+    tests_dir="$work/bin/tests"
+    llama_server="$work/llama-server/llama-server"
+    export KEEPWARM_LLAMA_SOURCE_DIR="$work/llama-source"
+    # The test binaries find their libraries through their run path (../lib from tests/, as in build/).
+else
+    (cd "$repo" && scripts/install-deps.sh) >"$out/install.log" 2>&1 || { log "install failed: $out/install.log"; exit 1; }
+    KEEPWARM_GPU=cuda cmake -S "$repo" -B "$repo/build-gpu" -DCMAKE_BUILD_TYPE=Release -DKEEPWARM_GPU=cuda \
+        >"$out/build.log" 2>&1 &&
+        cmake --build "$repo/build-gpu" -j"$(nproc)" --target keepwarm $unit_tests >>"$out/build.log" 2>&1 ||
+        { log "build failed: $out/build.log"; exit 1; }
+    keepwarm="$repo/build-gpu/keepwarm"
+    tests_dir="$repo/build-gpu/tests"
+    llama_server="$(JOBS=$(nproc) "$here/build-llama-server.sh" 2>>"$out/build.log")"
+    cp "$repo/build-gpu/lib/libggml-cuda.so" "$(dirname "$(readlink -f "$llama_server")")/"
+fi
+models="$work/models"
+mkdir -p "$models"
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
+} | tee "$out/machine.txt" >&2
+record machine "$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().splitlines()))' "$out/machine.txt")"
+
+# The 8B-class model takes a minute to generate: start it now, beside the tests.
+big_layers=36
+sizes=8192,16384,32768,45056
+gauntlet_size=(--system-tokens 16384 --turns 3)
+if ((quick)); then big_layers=1; sizes=1024,2048; gauntlet_size=(--system-tokens 1024 --turns 1); fi
+gen8b() {
+    "$keepwarm" mkmodel --arch qwen3 --layers $big_layers --width 4096 --heads 32 --kv-heads 8 --head-dim 128 --ff 12288 \
+        --ctx 65536 --vocab qwen2 --template Qwen-Qwen3-0.6B --type q4_0 -o "$models/qwen3-8b-shape-q4_0.gguf"
+}
+gen8b >"$out/mkmodel-8b.log" 2>&1 &
+gen8b_pid=$!
+"$keepwarm" mkmodel --preset bench-dense -o "$models/bench-dense.gguf" >"$out/mkmodel.log" 2>&1
+"$keepwarm" mkmodel --preset bench-hybrid -o "$models/bench-hybrid.gguf" >>"$out/mkmodel.log" 2>&1
+
+# --- 1. the GPU is used --------------------------------------------------------------------------------------
+"$keepwarm" serve -m "$models/bench-dense.gguf" -c 4096 --port 0 --cache-disk 0 >"$out/serve-banner.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 100); do grep -q "listening on" "$out/serve-banner.log" && break; sleep 0.2; done
+kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
+compute="$(sed -n 's/^  compute: //p' "$out/serve-banner.log")"
+log "compute: $compute"
+record compute "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$compute")"
+if [[ "$compute" != *"layers on the GPU"* && $allow_cpu -eq 0 ]]; then
+    log "keepwarm does not use a GPU here (see $out/serve-banner.log); stopping"
+    exit 1
+fi
+
+ttft() { # model sizes
+    python3 "$here/gpu-ttft.py" --model "$1" --keepwarm "$keepwarm" --llama-server "$llama_server" --sizes "$2" \
+        --work-dir "$out" --json "$out/ttft-$(basename "$1" .gguf).json"
+}
+
+# --- 2. unit tests on the GPU --------------------------------------------------------------------------------
+unit() {
+    local pids=() t rc=0
+    for t in $unit_tests; do
+        local filter='*'
+        # Its other tests load stub libraries from the build tree it was built in.
+        [[ $t == test-llama-runtime ]] && filter='DescribeCompute.*'
+        "$tests_dir/$t" --gtest_brief=1 --gtest_filter="$filter" >"$out/unit-$t.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for t in $unit_tests; do echo "$t: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/unit-$t.log" | tr '\n' ' ')"; done
+    return $rc
+}
+export -f unit ttft
+export out tests_dir unit_tests keepwarm llama_server here
+step unit 150 unit
+cat "$out/unit.log" >&2
+
+# --- 3. end-to-end tests -------------------------------------------------------------------------------------
+if command -v node >/dev/null && [[ -d "$repo/tests/e2e/node_modules" ]]; then
+    KEEPWARM_BINARY="$keepwarm" step e2e 120 node --test "$repo/tests/e2e/prefix-cache.test.mjs"
+else
+    log "e2e: skipped (needs Node.js and tests/e2e/node_modules: scripts/install-deps.sh)"
+    record e2e '{"status": "skipped: no Node.js or tests/e2e/node_modules on this machine"}'
+fi
+
+# --- 4. TTFT, side by side -----------------------------------------------------------------------------------
+step ttft-bench-dense 60 ttft "$models/bench-dense.gguf" $sizes
+step ttft-bench-hybrid 60 ttft "$models/bench-hybrid.gguf" $sizes
+wait "$gen8b_pid" || log "the 8B-class model was not generated: $out/mkmodel-8b.log"
+step ttft-8b 150 ttft "$models/qwen3-8b-shape-q4_0.gguf" $sizes
+
+# --- 5. depth ------------------------------------------------------------------------------------------------
+step depth-8b 60 "$keepwarm" bench depth -m "$models/qwen3-8b-shape-q4_0.gguf" --depths 0,8192,32768 --kv f16,q8_0 \
+    -p 512 -n 64 --json "$out/depth-8b.json"
+
+# --- 6. gauntlet ---------------------------------------------------------------------------------------------
+step gauntlet-bench-dense 150 "$keepwarm" bench gauntlet --launch --servers keepwarm,llama-server \
+    --llama-server "$llama_server" --policy "$repo/etc/keepwarm-policy.toml" -m "$models/bench-dense.gguf" \
+    -c 65536 --parallel 2 "${gauntlet_size[@]}" --agents 3 --tool-rounds 1 --killers all \
+    --work-dir "$work/gauntlet" --json "$out/gauntlet-bench-dense.json"
+
+python3 "$here/gpu-check-report.py" "$out" | tee "$out/gpu-check.md"
+log "done in $(($(date +%s) - started)) s; results in $out"
