@@ -63,10 +63,13 @@ if [[ -n "$make_bundle" ]]; then
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/bin/lib" "$stage/bin/tests" "$stage/llama-source/models/templates" "$stage/llama-server"
     cp "$repo/build/keepwarm" "$stage/bin/"
-    cp "$repo"/build/lib/libggml-cpu-*.so "$repo"/build/lib/libggml-base.so "$repo"/build/lib/libllama*.so \
-        "$repo"/build/lib/libggml.v0.4.0.so "$stage/bin/lib/"
+    cp "$repo"/build/lib/libggml-cpu-*.so "$repo"/build/lib/libggml-base.so "$repo"/build/lib/libllama-common.so \
+        "$repo"/build/lib/libllama.v0.4.0.so "$repo"/build/lib/libggml.v0.4.0.so "$stage/bin/lib/"
     for t in $unit_tests; do cp "$repo/build/tests/$t" "$stage/bin/tests/"; done
     cp "$(readlink -f "$server")" "$stage/llama-server/llama-server"
+    # The Debian libraries keepwarm links (xxhash, re2, toml++): the GPU machine may have other versions or none.
+    ldd "$repo/build/keepwarm" "$stage"/bin/tests/* | awk '$3 ~ /^\/(usr\/)?lib\// {print $3}' | sort -u |
+        grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' | xargs -r cp -L -t "$stage/bin/lib/"
     for v in "${vocabs[@]}"; do cp "$llama_dir/source/models/ggml-vocab-$v.gguf" "$stage/llama-source/models/"; done
     cp "$llama_dir"/source/models/templates/*.jinja "$stage/llama-source/models/templates/"
     mkdir -p "$make_bundle"
@@ -108,7 +111,8 @@ step() {
 # --- binaries -----------------------------------------------------------------------------------------------
 work="$(mktemp -d)"
 if [[ -n "$bundle" ]]; then
-    tar -C "$work" -xJf "$bundle/keepwarm-bundle.tar.xz"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "$bundle/keepwarm-bundle.tar.xz" "$work"  # no xz needed there
     cp "$bundle/libggml-cuda.so" "$work/bin/lib/"
     cp "$work"/bin/lib/*.so "$work/llama-server/"
     keepwarm="$work/bin/keepwarm"

@@ -93,7 +93,8 @@ def text_of(server, size, seed):
 
 
 def run_server(server, sizes, warm_turns):
-    server.turn([{"role": "user", "content": "warm-up"}])
+    # Warm-up: a conversation of its own, long enough to allocate the prefill's buffers (and load the GPU's kernels).
+    server.turn([{"role": "user", "content": text_of(server, min(sizes[0], 2048), seed=1)}])
     rows = []
     for i, size in enumerate(sizes):
         system = text_of(server, size - 40, seed=1000 + i)
@@ -138,6 +139,11 @@ def main():
         log = os.path.join(args.work_dir, f"{name}-{label}.log")
         with Server(label, argv, log) as server:
             results["servers"][label] = run_server(server, sizes, args.warm_turns)
+        # What each says it computed on: keepwarm's start-up line, llama.cpp's count of offloaded layers.
+        with open(log, errors="replace") as f:
+            said = [line.strip() for line in f if "compute:" in line or "offloaded" in line]
+        results.setdefault("compute", {})[label] = said
+        print(f"  {label}: {' | '.join(said) or 'no compute line in its log'}", flush=True)
     kw, ls = results["servers"]["keepwarm"], results["servers"]["llama-server"]
     results["ratios"] = [{"size": a["size"], "cold": round(b["cold"]["ttft_ms"] / a["cold"]["ttft_ms"], 3),
                           "warm": round(b["warm_ttft_ms"] / a["warm_ttft_ms"], 3) if a["warm"] else None}
