@@ -12,10 +12,11 @@ namespace keepwarm {
 
 struct request_error : std::runtime_error {
     int status;
-    std::string type;  // the API's error type, e.g. "invalid_request_error", "exceed_context_size_error"
+    std::string type;       // the API's error type, e.g. "invalid_request_error", "exceed_context_size_error"
+    int retry_after_s = 0;  // > 0: the edge sends Retry-After (a 503 of a full queue: try again soon)
 
-    request_error(int status, std::string message, std::string type = "invalid_request_error")
-        : std::runtime_error(std::move(message)), status(status), type(std::move(type)) {}
+    request_error(int status, std::string message, std::string type = "invalid_request_error", int retry_after_s = 0)
+        : std::runtime_error(std::move(message)), status(status), type(std::move(type)), retry_after_s(retry_after_s) {}
 };
 
 }  // namespace keepwarm

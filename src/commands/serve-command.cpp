@@ -315,6 +315,10 @@ void add_serve_command(CLI::App& app) {
                     "/health answers 503 when the engine makes no progress within one step for this many seconds")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-queue", e.max_queue,
+                    "Requests that may wait for a slot; one more gets a 503 with Retry-After at once (0: no limit)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--shutdown-timeout", opts->shutdown_seconds,
                     "After SIGINT/SIGTERM, exit within this many seconds even if a clean stop has not finished")
         ->capture_default_str()

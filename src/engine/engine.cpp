@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/logger.h"
+#include "base/request-error.h"
 #include "cache/block-key.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
@@ -239,6 +240,12 @@ void engine::submit(std::shared_ptr<generation_request> request) {
     request->submitted = clock::now();
     {
         std::lock_guard lock(mu_);
+        if (options_.max_queue > 0 && queue_.size() >= static_cast<size_t>(options_.max_queue)) {
+            throw request_error(503,
+                                "the server is busy: " + std::to_string(queue_.size()) +
+                                    " requests are waiting for a slot (--max-queue); try again shortly",
+                                "server_error", /*retry_after_s=*/1);
+        }
         queue_.push_back(std::move(request));
     }
     wake_.notify_one();

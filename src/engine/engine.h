@@ -57,6 +57,9 @@ struct engine_options {
     size_t grammar_max_alternatives = 1024;
     // /health reports the engine stalled when a step has made no progress for this long.
     double stall_seconds = 10;
+    // Requests that may wait for a slot (0: no limit). One more is refused at once with a 503 and Retry-After, so a
+    // burst cannot pile up work that its clients will have given up on before it starts.
+    int max_queue = 64;
 };
 
 // What /health says about the engine thread. Read from any thread.

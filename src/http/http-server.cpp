@@ -1055,7 +1055,11 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
         r.fn(req, w);
     } catch (const request_error& e) {
         threw_after_start = w.started();
-        if (!w.started()) send_error(r.options.format_error, e.status, e.type, e.what());
+        if (!w.started()) {
+            header_list extra;
+            if (e.retry_after_s > 0) extra.push_back({"Retry-After", std::to_string(e.retry_after_s)});
+            send_error(r.options.format_error, e.status, e.type, e.what(), extra);
+        }
     } catch (const std::exception& e) {
         threw_after_start = w.started();
         if (!w.started()) send_error(r.options.format_error, 500, "server_error", e.what());

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "base/request-error.h"
 #include "common.h"
 #include "engine/engine.h"
 #include "generated-models.h"
@@ -287,4 +288,31 @@ TEST(engine_limits, health_reports_a_step_that_makes_no_progress) {
     // The step that pushed the final event ends right after it.
     for (int i = 0; i < 100 && e->health().stalled; ++i) std::this_thread::sleep_for(10ms);
     EXPECT_FALSE(e->health().stalled);
+}
+
+// Issue 16: a burst of requests could pile up without bound behind busy slots. One past --max-queue is refused at
+// once (503 with Retry-After); the ones already waiting are served.
+TEST(engine_limits, a_request_past_the_queue_limit_is_refused_at_once_and_the_waiting_one_is_served) {
+    auto e = limited_engine([](engine_options& o) { o.max_queue = 1; });
+    std::vector<std::shared_ptr<generation_request>> busy;
+    for (const char* text : {"Tell a story that never ends.", "Count to a million."}) {
+        busy.push_back(plain_request(*e, text, 100000));
+        e->submit(busy.back());
+        ASSERT_TRUE(busy.back()->output.pop(30s));  // both slots generate
+    }
+    auto waiting = plain_request(*e, "Say hello", 3);
+    e->submit(waiting);
+    EXPECT_EQ(e->queued(), 1);
+    try {
+        e->submit(plain_request(*e, "One too many", 3));
+        ADD_FAILURE() << "a request past --max-queue was queued";
+    } catch (const request_error& refused) {
+        EXPECT_EQ(refused.status, 503);
+        EXPECT_EQ(refused.retry_after_s, 1);
+        EXPECT_NE(std::string(refused.what()).find("--max-queue"), std::string::npos) << refused.what();
+    }
+    EXPECT_EQ(e->queued(), 1);
+    busy.front()->cancelled = true;
+    EXPECT_EQ(final_event(*waiting).stats.generated_tokens, 3);
+    busy.back()->cancelled = true;
 }

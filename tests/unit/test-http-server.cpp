@@ -541,6 +541,9 @@ TEST(HttpServer, HandlerErrorsMapToRouteErrorBodies) {
         "POST", "/bad",
         [](const request&, response_writer&) { throw keepwarm::request_error(422, "nope", "custom_type"); },
         route_options{.format_error = custom});
+    s.add_route("POST", "/busy", [](const request&, response_writer&) {
+        throw keepwarm::request_error(503, "wait", "server_error", /*retry_after_s=*/1);
+    });
     s.add_route("POST", "/boom", [](const request&, response_writer&) { throw std::runtime_error("kaboom"); });
     s.add_route("POST", "/silent", [](const request&, response_writer&) {});
     s.add_route("GET", "/ok", [](const request&, response_writer& w) { reply_text(w, "fine"); });
@@ -555,6 +558,14 @@ TEST(HttpServer, HandlerErrorsMapToRouteErrorBodies) {
     EXPECT_EQ(r->body_json()["error"]["type"], "custom_type");
     EXPECT_EQ(r->body_json()["error"]["message"], "nope");
     EXPECT_EQ(r->body_json()["type"], "error");
+    EXPECT_EQ(r->header("retry-after"), "");
+
+    ASSERT_TRUE(c.send(make_request("POST", "/busy", "{}")));  // a full queue: try again in a second
+    r = c.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503);
+    EXPECT_EQ(r->header("retry-after"), "1");
+    EXPECT_EQ(r->body_json()["error"]["message"], "wait");
 
     ASSERT_TRUE(c.send(make_request("POST", "/boom", "{}")));
     r = c.read_response();
