@@ -42,13 +42,21 @@ def main(folder):
         print("\nratio: llama-server's time / keepwarm's (above 1: keepwarm is faster)")
     depth = load(os.path.join(folder, "depth-8b.json"))
     if depth:
-        print("\n### bench depth, 8B-class q4_0\n")
-        print("```\n" + json.dumps(depth, indent=None)[:4000] + "\n```")
+        print(f"\n### bench depth, 8B-class q4_0 ({depth['model'].get('desc', '')})\n")
+        print("| KV | depth | prefill tokens/s | decode tokens/s |\n| --- | ---: | ---: | ---: |")
+        for r in depth["results"]:
+            print(f"| {r['kv']} | {r['depth']:,} | {r['pp_tps']:,.0f} | {r['tg_tps']:,.1f} |")
     gauntlet = load(os.path.join(folder, "gauntlet-bench-dense.json"))
     if gauntlet:
-        print("\n### gauntlet, bench-dense (shortened)\n")
-        print("```\n" + json.dumps(gauntlet.get("summary", gauntlet), indent=None)[:4000] + "\n```")
-
+        print("\n### gauntlet on bench-dense (shortened: see gpu-check.sh)\n")
+        print("| target | requests (failed) | computed | ideal | computed / ideal | prefill s | cold TTFT ms | "
+              "warm p50 / p95 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        fmt = lambda v, f: "-" if v is None else format(v, f)
+        for t in gauntlet["targets"]:
+            print(f"| {t['target']} | {t['requests']} ({t['failures']}) | {t['computed_tokens']:,} | "
+                  f"{t['ideal_tokens']:,} | {fmt(t['computed_over_ideal'], '.3f')} | {t['prefill_ms'] / 1000:,.1f} | "
+                  f"{fmt(t['cold_ttft_ms'], ',.0f')} | {fmt(t['warm_ttft_p50_ms'], ',.0f')} / "
+                  f"{fmt(t['warm_ttft_p95_ms'], ',.0f')} |")
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")

@@ -174,6 +174,9 @@ ttft() { # model sizes
         --work-dir "$out" --json "$out/ttft-$(basename "$1" .gguf).json"
 }
 
+# keepwarm finds the CUDA runtime in /usr/local/cuda by itself (checked above); llama-server needs it on the path.
+[[ -d /usr/local/cuda/lib64 ]] && export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 # --- 2. unit tests on the GPU --------------------------------------------------------------------------------
 unit() {
     local pids=() t rc=0
