@@ -99,9 +99,12 @@ build_from_source() {
     local llama_dir cuda_archs=""
     llama_dir="$("$here/fetch-llama.sh")"
     for a in ${archs//;/ }; do cuda_archs+="${cuda_archs:+;}$a-real"; done
+    # Loadable beside the prebuilt libraries: it needs libggml-base.so by that name (no versioned soname), and
+    # nothing the prebuilt does not (NCCL, for several GPUs, is not in the CUDA runtime a user installs).
     log "compiling libggml-cuda.so for $cuda_archs with nvcc $nvcc_version (minutes)"
     cmake -S "$llama_dir/source" -B "$dest.build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs" -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF \
+        -DGGML_CUDA_NCCL=OFF -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_BUILD_RPATH='$ORIGIN' \
         -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >&2
     cmake --build "$dest.build" --target ggml-cuda -j"${JOBS:-$(nproc)}" >&2

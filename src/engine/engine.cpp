@@ -251,6 +251,11 @@ void engine::submit(std::shared_ptr<generation_request> request) {
     wake_.notify_one();
 }
 
+request_latencies engine::latencies() const {
+    std::lock_guard lock(latencies_mu_);
+    return latencies_;
+}
+
 int engine::queued() const {
     std::lock_guard lock(mu_);
     return static_cast<int>(queue_.size());
@@ -553,6 +558,11 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     counters_.generated_tokens += st.generated_tokens;
     counters_.prefill_us += static_cast<uint64_t>(st.prompt_ms * 1000);
     counters_.decode_us += static_cast<uint64_t>(st.generation_ms * 1000);
+    {
+        std::lock_guard lock(latencies_mu_);
+        latencies_.queue_wait.record(st.queued_ms / 1000);
+        if (sampled) latencies_.time_to_first_token.record((st.setup_ms + st.prompt_ms) / 1000);
+    }
     if (reason == finish_reason::cancelled) counters_.cancelled++;
     if (reason == finish_reason::error) {
         counters_.errors++;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/latency-histogram.h"
 #include "cache/prompt-cache.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/generation.h"
@@ -85,6 +86,12 @@ struct engine_counters {
     std::atomic<uint64_t> sampling_too_slow{0};  // requests ended because one token's sampling passed the limit
 };
 
+// How long finished requests waited, for /metrics: for a slot (queue), and from their arrival to their first token.
+struct request_latencies {
+    latency_histogram queue_wait{latency_histogram::request_bounds_seconds};
+    latency_histogram time_to_first_token{latency_histogram::request_bounds_seconds};
+};
+
 // One slot as /health, /metrics and /slots see it, published by the engine thread at every step's start and end.
 // The request fields describe the request in the slot, else the last one it served (zero and empty before the first).
 struct slot_status {
@@ -131,6 +138,7 @@ public:
     int queued() const;
     std::vector<slot_status> slots() const;
     const engine_counters& counters() const { return counters_; }
+    request_latencies latencies() const;
     engine_health health() const;
     cache_snapshot cache_stats() const { return cache_->snapshot(); }
 
@@ -174,6 +182,8 @@ private:
     std::vector<slot_status> slot_status_;                   // guarded by mu_, published by the engine thread
 
     engine_counters counters_;
+    mutable std::mutex latencies_mu_;
+    request_latencies latencies_;  // guarded by latencies_mu_
     // Heartbeat, in steady-clock nanoseconds: when the current step began (0: not in a step) and when it last moved
     // (a graph node computed, a token sampled). Written by the engine and compute threads, read by /health.
     std::atomic<int64_t> step_started_ns_{0};

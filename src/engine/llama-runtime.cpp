@@ -103,6 +103,8 @@ std::string gpu_backend_problem(const std::filesystem::path& dir) {
             std::string why = file + " cannot be loaded: " + (error ? error : "unknown error");
             if (why.find("libcudart") != std::string::npos || why.find("libcublas") != std::string::npos) {
                 why += " (install the CUDA 13 runtime, or add the folder that holds it to LD_LIBRARY_PATH)";
+            } else if (why.find("libcuda.so") != std::string::npos) {
+                why += " (no NVIDIA driver on this machine)";
             }
             return why;
         }

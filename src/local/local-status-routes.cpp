@@ -45,6 +45,12 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.gauge("keepwarm_slots", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
     out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
     out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", model.llm->queued());
+    const request_latencies latencies = model.llm->latencies();
+    out.family("keepwarm_queue_wait_seconds", "histogram", "Time finished requests waited for a slot");
+    out.histogram("keepwarm_queue_wait_seconds", latencies.queue_wait);
+    out.family("keepwarm_time_to_first_token_seconds", "histogram",
+               "From a request's arrival to its first sampled token (parse, queue, prefill)");
+    out.histogram("keepwarm_time_to_first_token_seconds", latencies.time_to_first_token);
     const cache_snapshot cache = model.llm->cache_stats();
     out.counter("keepwarm_cache_hits_total", "Requests that reused cached KV", cache.hits);
     out.counter("keepwarm_cache_misses_total", "Requests that reused nothing", cache.misses);

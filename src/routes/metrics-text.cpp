@@ -36,20 +36,6 @@ void write_labels(std::ostringstream& out, const metrics_text::labels& l, std::s
 
 }  // namespace
 
-void latency_histogram::record(double seconds) {
-    const auto it = std::lower_bound(bounds_seconds.begin(), bounds_seconds.end(), seconds);
-    buckets_[static_cast<size_t>(it - bounds_seconds.begin())]++;
-    count_++;
-    sum_ += seconds;
-}
-
-std::array<uint64_t, latency_histogram::bounds_seconds.size() + 1> latency_histogram::cumulative() const {
-    std::array<uint64_t, bounds_seconds.size() + 1> out{};
-    uint64_t running = 0;
-    for (size_t i = 0; i < out.size(); i++) out[i] = running += buckets_[i];
-    return out;
-}
-
 void metrics_text::family(std::string_view name, std::string_view type, std::string_view help) {
     out_ << "# HELP " << name << ' ' << help << '\n' << "# TYPE " << name << ' ' << type << '\n';
 }
@@ -75,8 +61,8 @@ void metrics_text::histogram(std::string_view name, const latency_histogram& h, 
     const std::string bucket = std::string(name) + "_bucket";
     for (size_t i = 0; i < counts.size(); i++) {
         std::ostringstream le;
-        if (i < latency_histogram::bounds_seconds.size()) {
-            le << latency_histogram::bounds_seconds[i];
+        if (i < h.bounds().size()) {
+            le << h.bounds()[i];
         } else {
             le << "+Inf";
         }

@@ -313,6 +313,14 @@ TEST(engine_limits, a_request_past_the_queue_limit_is_refused_at_once_and_the_wa
     }
     EXPECT_EQ(e->queued(), 1);
     busy.front()->cancelled = true;
-    EXPECT_EQ(final_event(*waiting).stats.generated_tokens, 3);
+    const generation_event served = final_event(*waiting);
+    EXPECT_EQ(served.stats.generated_tokens, 3);
+
+    // /metrics' histograms hold the finished requests: the one cancelled, and the one that waited for its slot.
+    const request_latencies latencies = e->latencies();
     busy.back()->cancelled = true;
+    EXPECT_EQ(latencies.queue_wait.count(), 2u);
+    EXPECT_EQ(latencies.time_to_first_token.count(), 2u);
+    EXPECT_GT(served.stats.queued_ms, 0);
+    EXPECT_GE(latencies.queue_wait.sum_seconds() + 1e-9, served.stats.queued_ms / 1000);
 }

@@ -16,8 +16,8 @@ TEST(LatencyHistogram, CountsEachObservationInTheFirstBucketThatHoldsIt) {
     h.record(3.0);  // beyond the last bound: only +Inf
     const auto c = h.cumulative();
     const auto at = [&](double bound) {
-        for (size_t i = 0; i < latency_histogram::bounds_seconds.size(); i++) {
-            if (latency_histogram::bounds_seconds[i] == bound) return c[i];
+        for (size_t i = 0; i < latency_histogram::fine_bounds_seconds.size(); i++) {
+            if (latency_histogram::fine_bounds_seconds[i] == bound) return c[i];
         }
         ADD_FAILURE() << "no bound " << bound;
         return uint64_t{0};
@@ -35,9 +35,26 @@ TEST(LatencyHistogram, CountsEachObservationInTheFirstBucketThatHoldsIt) {
 }
 
 TEST(LatencyHistogram, BoundsAscend) {
-    for (size_t i = 1; i < latency_histogram::bounds_seconds.size(); i++) {
-        EXPECT_LT(latency_histogram::bounds_seconds[i - 1], latency_histogram::bounds_seconds[i]);
+    for (const latency_histogram& h :
+         {latency_histogram(), latency_histogram(latency_histogram::request_bounds_seconds)}) {
+        for (size_t i = 1; i < h.bounds().size(); i++) EXPECT_LT(h.bounds()[i - 1], h.bounds()[i]);
     }
+}
+
+// Issue 16: a request's queue wait and time to first token run from milliseconds to minutes.
+TEST(MetricsText, ARequestScaleHistogramHasBucketsUpToTenMinutes) {
+    latency_histogram h(latency_histogram::request_bounds_seconds);
+    h.record(0.03);
+    h.record(42);
+    metrics_text out;
+    out.histogram("ttft_seconds", h);
+    const std::string text = out.str();
+    EXPECT_NE(text.find("ttft_seconds_bucket{le=\"0.025\"} 0\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("ttft_seconds_bucket{le=\"0.05\"} 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("ttft_seconds_bucket{le=\"30\"} 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("ttft_seconds_bucket{le=\"60\"} 2\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("ttft_seconds_bucket{le=\"600\"} 2\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("ttft_seconds_count 2\n"), std::string::npos) << text;
 }
 
 TEST(MetricsText, WritesFamiliesOnceWithTheirSamples) {
