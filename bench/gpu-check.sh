@@ -156,6 +156,15 @@ gen8b_pid=$!
 "$keepwarm" mkmodel --preset bench-dense -o "$models/bench-dense.gguf" >"$out/mkmodel.log" 2>&1
 "$keepwarm" mkmodel --preset bench-hybrid -o "$models/bench-hybrid.gguf" >>"$out/mkmodel.log" 2>&1
 
+# keepwarm looks for the CUDA 13 runtime on the loader's path and in /usr/local/cuda/lib64. Where it is in neither
+# (a Python environment's nvidia-* packages, say), put the folders that hold it on the path, and say so.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13' && [[ ! -e /usr/local/cuda/lib64/libcublas.so.13 ]]; then
+    extra="$(find /opt /usr/local /usr/lib -name 'libcu*.so.13' \( -name 'libcudart.so.13' -o -name 'libcublas*.so.13' \) \
+        -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"
+    [[ -n "$extra" ]] && export LD_LIBRARY_PATH="$extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "CUDA runtime not in /usr/local/cuda/lib64; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+fi
+
 # --- 1. the GPU is used --------------------------------------------------------------------------------------
 "$keepwarm" serve -m "$models/bench-dense.gguf" -c 4096 --port 0 --cache-disk 0 >"$out/serve-banner.log" 2>&1 &
 serve_pid=$!
@@ -165,6 +174,7 @@ compute="$(sed -n 's/^  compute: //p' "$out/serve-banner.log")"
 log "compute: $compute"
 record compute "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$compute")"
 if [[ "$compute" != *"layers on the GPU"* && $allow_cpu -eq 0 ]]; then
+    cat "$out/serve-banner.log" >&2
     log "keepwarm does not use a GPU here (see $out/serve-banner.log); stopping"
     exit 1
 fi
