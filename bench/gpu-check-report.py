@@ -31,7 +31,8 @@ def main(folder):
         if not r or "ratios" not in r:
             continue
         kw, ls = r["servers"]["keepwarm"], r["servers"]["llama-server"]
-        print(f"\n### TTFT on {r['model']} (context {r['ctx']}, one slot, all layers on the GPU)\n")
+        extra = f", keepwarm {r['keepwarm_args']}" if r.get("keepwarm_args") else ""
+        print(f"\n### TTFT on {r['model']} (context {r['ctx']}, one slot, all layers on the GPU{extra})\n")
         print("| tokens | cold keepwarm ms | cold llama-server ms | cold ratio | warm keepwarm ms | "
               "warm llama-server ms | warm ratio | warm prompt_n keepwarm / llama-server |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

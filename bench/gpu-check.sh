@@ -37,6 +37,7 @@ make_bundle=""
 budget=480
 allow_cpu=0
 quick=0
+steps=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --out) out="$2"; shift 2 ;;
@@ -45,6 +46,7 @@ while [[ $# -gt 0 ]]; do
         --budget-s) budget="$2"; shift 2 ;;
         --allow-cpu) allow_cpu=1; shift ;;  # try the script itself on a machine without a GPU
         --quick) quick=1; shift ;;          # small sizes and models: the script's own trial run on a CPU
+        --steps) steps="$2"; shift 2 ;;     # only these steps (comma-separated names, as in gpu-check.json)
         -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) log "unknown argument $1"; exit 2 ;;
     esac
@@ -92,6 +94,7 @@ record() { # name json-object
 # step NAME SECONDS CMD...: runs with a limit (never past the budget), logs to $out/NAME.log, records status.
 step() {
     local name="$1" limit="$2"; shift 2
+    if [[ -n "$steps" && ",$steps," != *",$name,"* ]]; then record "$name" '{"status": "not asked for (--steps)"}'; return 0; fi
     local remaining; remaining=$(left)
     ((limit > remaining)) && limit=$remaining
     if ((limit < 10)); then log "$name: skipped, out of time"; record "$name" '{"status": "skipped: out of time"}'; return 1; fi
@@ -151,10 +154,14 @@ gen8b() {
     "$keepwarm" mkmodel --arch qwen3 --layers $big_layers --width 4096 --heads 32 --kv-heads 8 --head-dim 128 --ff 12288 \
         --ctx 65536 --vocab qwen2 --template Qwen-Qwen3-0.6B --type q4_0 -o "$models/qwen3-8b-shape-q4_0.gguf"
 }
-gen8b >"$out/mkmodel-8b.log" 2>&1 &
-gen8b_pid=$!
-"$keepwarm" mkmodel --preset bench-dense -o "$models/bench-dense.gguf" >"$out/mkmodel.log" 2>&1
-"$keepwarm" mkmodel --preset bench-hybrid -o "$models/bench-hybrid.gguf" >>"$out/mkmodel.log" 2>&1
+gen8b_pid=""
+if [[ -z "$steps" || ",$steps," == *",ttft-8b,"* || ",$steps," == *",depth-8b,"* ]]; then
+    gen8b >"$out/mkmodel-8b.log" 2>&1 &
+    gen8b_pid=$!
+fi
+# Trained context 64K: llama-server caps its context at the model's (the presets have 32K), keepwarm does not.
+"$keepwarm" mkmodel --preset bench-dense --ctx 65536 -o "$models/bench-dense.gguf" >"$out/mkmodel.log" 2>&1
+"$keepwarm" mkmodel --preset bench-hybrid --ctx 65536 -o "$models/bench-hybrid.gguf" >>"$out/mkmodel.log" 2>&1
 
 # keepwarm looks for the CUDA 13 runtime on the loader's path and in /usr/local/cuda/lib64. Where it is in neither
 # (a Python environment's nvidia-* packages, say), put the folders that hold it on the path, and say so.
@@ -179,9 +186,9 @@ if [[ "$compute" != *"layers on the GPU"* && $allow_cpu -eq 0 ]]; then
     exit 1
 fi
 
-ttft() { # model sizes
+ttft() { # model sizes [keepwarm-args tag]
     python3 "$here/gpu-ttft.py" --model "$1" --keepwarm "$keepwarm" --llama-server "$llama_server" --sizes "$2" \
-        --work-dir "$out" --json "$out/ttft-$(basename "$1" .gguf).json"
+        --keepwarm-args "${3:-}" --work-dir "$out" --json "$out/ttft-$(basename "$1" .gguf)${4:-}.json"
 }
 
 # keepwarm finds the CUDA runtime in /usr/local/cuda by itself (checked above); llama-server needs it on the path.
@@ -207,7 +214,9 @@ step unit 150 unit
 cat "$out/unit.log" >&2
 
 # --- 3. end-to-end tests -------------------------------------------------------------------------------------
-if command -v node >/dev/null && [[ -d "$repo/tests/e2e/node_modules" ]]; then
+if [[ -n "$steps" && ",$steps," != *",e2e,"* ]]; then
+    record e2e '{"status": "not asked for (--steps)"}'
+elif command -v node >/dev/null && [[ -d "$repo/tests/e2e/node_modules" ]]; then
     KEEPWARM_BINARY="$keepwarm" step e2e 120 node --test "$repo/tests/e2e/prefix-cache.test.mjs"
 else
     log "e2e: skipped (needs Node.js and tests/e2e/node_modules: scripts/install-deps.sh)"
@@ -217,7 +226,10 @@ fi
 # --- 4. TTFT, side by side -----------------------------------------------------------------------------------
 step ttft-bench-dense 60 ttft "$models/bench-dense.gguf" $sizes
 step ttft-bench-hybrid 60 ttft "$models/bench-hybrid.gguf" $sizes
-wait "$gen8b_pid" || log "the 8B-class model was not generated: $out/mkmodel-8b.log"
+# The hybrid model checkpoints its recurrent state every --cache-block tokens of a prompt: what that costs a cold
+# prefill shows against a run that checkpoints 16 times less often.
+step ttft-bench-hybrid-block4096 60 ttft "$models/bench-hybrid.gguf" $sizes "--cache-block 4096" -block4096
+[[ -z "$gen8b_pid" ]] || wait "$gen8b_pid" || log "the 8B-class model was not generated: $out/mkmodel-8b.log"
 step ttft-8b 150 ttft "$models/qwen3-8b-shape-q4_0.gguf" $sizes
 
 # --- 5. depth ------------------------------------------------------------------------------------------------
