@@ -74,6 +74,9 @@ if [[ -n "$make_bundle" ]]; then
         grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' | xargs -r cp -L -t "$stage/bin/lib/"
     for v in "${vocabs[@]}"; do cp "$llama_dir/source/models/ggml-vocab-$v.gguf" "$stage/llama-source/models/"; done
     cp "$llama_dir"/source/models/templates/*.jinja "$stage/llama-source/models/templates/"
+    # The commit the binaries were built from (the GPU machine's copy of the tree may say another).
+    echo "$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo +changes)" \
+        >"$stage/commit"
     mkdir -p "$make_bundle"
     tar -C "$stage" -cJf "$make_bundle/keepwarm-bundle.tar.xz" .
     cp "$cuda_lib" "$make_bundle/libggml-cuda.so"
@@ -139,7 +142,11 @@ mkdir -p "$models"
 
 {
     echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    if [[ -n "$bundle" ]]; then
+        echo "binaries: commit $(cat "$work/commit" 2>/dev/null || echo unknown) (bundle)"
+    else
+        echo "binaries: commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
 } | tee "$out/machine.txt" >&2
