@@ -284,9 +284,13 @@ void add_serve_command(CLI::App& app) {
                     "Idle conversations kept on the device, sharing cells, besides the slots")
         ->check(CLI::Range(0, 240))
         ->capture_default_str();
-    cmd->add_option("--cache-block", e.cache_block_tokens,
-                    "Tokens per RAM/disk block; also the checkpoint interval of hybrid models")
+    cmd->add_option("--cache-block", e.cache_block_tokens, "Tokens per RAM/disk block")
         ->check(CLI::Range(16, 65536))
+        ->capture_default_str();
+    cmd->add_option("--checkpoint-every", e.checkpoint_interval,
+                    "Hybrid models: tokens of a prompt between recurrent-state checkpoints, the most a restore "
+                    "recomputes (0: --cache-block on a CPU, --batch-size on a GPU)")
+        ->check(CLI::Range(0, 1 << 20))
         ->capture_default_str();
     CLI::Option* policy_option =
         cmd->add_option("--policy", opts->policy_file,

@@ -167,6 +167,11 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     options_.threads = threads;
     options_.threads_batch = cparams.n_threads_batch;
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
+    if (options_.checkpoint_interval <= 0) {
+        const bool on_gpu = options_.gpu_layers != 0 && !gpu_devices().empty();
+        options_.checkpoint_interval =
+            on_gpu ? std::max(options_.batch_size, options_.cache_block_tokens) : options_.cache_block_tokens;
+    }
     slot_context_size_ = options_.context_size / options_.slots;
     if (!cache_options.disk_dir.empty()) {
         // Serialized KV depends on the model and the cache types, and what an entry covers on the block size;
@@ -503,13 +508,13 @@ void engine::follow_shared_prefills(slot& s) {
     }
 }
 
-// Where the slot's next prompt chunk must end: hybrid models stop at every block end and message start, so that
-// the recurrent state there can be kept as a checkpoint.
+// Where the slot's next prompt chunk must end: hybrid models stop at every checkpoint interval and message start,
+// so that the recurrent state there can be kept as a checkpoint.
 int engine::next_cut(const slot& s) const {
     const int total = static_cast<int>(s.request->prompt.size());
     if (!cache_->needs_checkpoints()) return total;
     const int done = static_cast<int>(s.prompt_done);
-    const int b = cache_->block_tokens();
+    const int b = options_.checkpoint_interval;
     int cut = std::min(total, (done / b + 1) * b);
     auto it = std::upper_bound(s.cuts.begin(), s.cuts.end(), done);
     if (it != s.cuts.end()) cut = std::min(cut, *it);
@@ -661,7 +666,7 @@ bool engine::step() {
         } else {
             s.prompt_done += p.count;
             const bool at_cut = std::binary_search(s.cuts.begin(), s.cuts.end(), static_cast<int>(s.prompt_done)) ||
-                                s.prompt_done % static_cast<size_t>(cache_->block_tokens()) == 0;
+                                s.prompt_done % static_cast<size_t>(options_.checkpoint_interval) == 0;
             // Also at the prompt's end, where the next turn's prompt leaves this path (its tail is kept there).
             const bool prompt_end = s.prompt_done == s.request->prompt.size();
             if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end)) cache_->checkpoint(s.id);

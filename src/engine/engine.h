@@ -38,7 +38,12 @@ struct engine_options {
     bool verbose = false;
     // Prefix cache (see cache/prompt-cache.h).
     int cache_parked_sequences = 8;
-    int cache_block_tokens = 256;  // also the checkpoint interval of hybrid models
+    int cache_block_tokens = 256;
+    // Hybrid models: a prompt's recurrent state is kept every this many tokens (and at message starts and its end);
+    // a restore recomputes at most this many. Each one ends a prefill batch there, which a CPU hardly notices and a
+    // GPU does (256-token batches ran the hybrid bench model's cold prefill at a third of llama-server's speed).
+    // 0: the block size on a CPU, the batch size when the model runs on a GPU. Set to the effective value.
+    int checkpoint_interval = 0;
     uint64_t cache_ram_bytes = 4ull << 30;
     std::string cache_dir;  // empty: no disk tier
     uint64_t cache_disk_bytes = 16ull << 30;

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "engine/engine.h"
+#include "engine/llama-runtime.h"
 #include "generated-models.h"
 
 using namespace keepwarm;
@@ -537,4 +538,42 @@ TEST(prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
     EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
     expect_same_output(r, cold(model, next, 8));
     fs::remove_all(dir);
+}
+
+// Issue 19: a checkpoint at every block cut a GPU's prefill into small batches. The checkpoint interval is a setting
+// of its own: fewer checkpoints, the same answers, and a divergence inside the interval restarts from the last
+// checkpoint before it, at most one interval back.
+TEST(prompt_cache, hybrid_checkpoints_follow_their_interval_and_restore_from_the_last_one) {
+    const std::string model = hybrid_model();
+    const std::string system = words(600, 51);  // one long message: only the interval cuts it
+    const std::string changed = system.substr(0, system.size() * 9 / 10) + words(60, 52);
+    uint64_t checkpoints[2] = {0, 0};
+    const int intervals[2] = {64, 256};
+    for (int i = 0; i < 2; ++i) {
+        engine_options o = base_options(model);
+        o.checkpoint_interval = intervals[i];
+        engine e(o);
+        e.start();
+        EXPECT_EQ(e.options().checkpoint_interval, intervals[i]);
+        const tokens p1 = tokenize(e, chatml(system, {words(20, 53)}));
+        const tokens p2 = tokenize(e, chatml(changed, {words(20, 53)}));
+        size_t shared = 0;
+        while (p1[shared] == p2[shared]) ++shared;
+        ASSERT_GT(shared, 400u);
+
+        generate(e, p1);
+        checkpoints[i] = e.cache_stats().checkpoints;
+        const result r = generate(e, p2);
+        EXPECT_GE(r.stats.checkpoint_pos, 0);
+        EXPECT_LE(r.stats.reused_tokens, static_cast<int>(shared));
+        EXPECT_LT(static_cast<int>(shared) - r.stats.reused_tokens, intervals[i]) << "interval " << intervals[i];
+        expect_same_output(r, cold(model, p2));
+    }
+    EXPECT_LT(checkpoints[1], checkpoints[0]);
+}
+
+TEST(prompt_cache, the_checkpoint_interval_defaults_to_the_block_size_on_a_cpu_and_the_batch_on_a_gpu) {
+    const engine_options o = base_options(hybrid_model());
+    engine e(o);
+    EXPECT_EQ(e.options().checkpoint_interval, gpu_devices().empty() ? o.cache_block_tokens : o.batch_size);
 }
