@@ -453,6 +453,15 @@ void engine::admit(std::shared_ptr<generation_request> request) {
                 if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
             }
         }
+        // And the last whole block's end: the same prompt asked again after a demotion or a restart gets its blocks
+        // back up to there (the tail past it ends at the last prompt token, which is always computed), so its
+        // recurrent state must be known there however far apart the interval's checkpoints are.
+        const int block = cache_->block_tokens();
+        const int last_block_end = static_cast<int>((prompt.size() - 1) / static_cast<size_t>(block)) * block;
+        if (last_block_end > 0) {
+            const auto at = std::lower_bound(s.cuts.begin(), s.cuts.end(), last_block_end);
+            if (at == s.cuts.end() || *at != last_block_end) s.cuts.insert(at, last_block_end);
+        }
     }
     restore_prefix(s);
     follow_shared_prefills(s);

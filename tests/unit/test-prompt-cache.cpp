@@ -299,10 +299,12 @@ TEST(prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpo
     expect_same_output(same, r);
 }
 
-TEST(prompt_cache, hybrid_ram_and_disk_restores_equal_a_cold_run) {
+namespace {
+void check_hybrid_ram_and_disk(int checkpoint_interval) {
     const std::string model = hybrid_model();
     const fs::path dir = temp_dir("hybrid-disk");
     engine_options o = base_options(model);
+    o.checkpoint_interval = checkpoint_interval;
     o.cache_parked_sequences = 0;
     o.cache_dir = dir.string();
     const std::string a_text = chatml(words(300, 51), {words(30, 52)});
@@ -326,6 +328,18 @@ TEST(prompt_cache, hybrid_ram_and_disk_restores_equal_a_cold_run) {
     EXPECT_GE(r.stats.checkpoint_pos, 0);
     expect_same_output(r, cold(model, pa));
     fs::remove_all(dir);
+}
+}  // namespace
+
+TEST(prompt_cache, hybrid_ram_and_disk_restores_equal_a_cold_run) {
+    check_hybrid_ram_and_disk(0);
+}
+
+// With checkpoints farther apart than the prompt (a GPU's default), the same prompt asked again after a demotion
+// or a restart still restores: the last whole block before the prompt's end always has a checkpoint (the tail past
+// it ends at the prompt's last token, which is always computed, so it cannot serve the same prompt).
+TEST(prompt_cache, hybrid_restores_with_checkpoints_sparser_than_the_prompt) {
+    check_hybrid_ram_and_disk(2048);
 }
 
 TEST(prompt_cache, ram_stays_within_its_budget_under_new_prefixes) {
