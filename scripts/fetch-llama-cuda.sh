@@ -55,14 +55,8 @@ if [[ -z "$mode" ]]; then
     fi
 fi
 
-verify() { # file integrity
-    local got
-    got="sha512-$(openssl dgst -sha512 -binary "$1" | base64 -w0)"
-    if [[ "$got" != "$2" ]]; then
-        log "integrity mismatch for $1"; log "  expected $2"; log "  got      $got"
-        exit 1
-    fi
-}
+# shellcheck source=integrity.sh
+source "$here/integrity.sh"
 
 fetch_prebuilt() {
     local dest="$cache_root/llama.cpp-$LLAMA_COMMIT-nlc$NLC_VERSION-linux-x64-cuda"

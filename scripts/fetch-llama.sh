@@ -20,14 +20,8 @@ fi
 
 log() { echo "fetch-llama: $*" >&2; }
 
-verify() { # file integrity
-    local got
-    got="sha512-$(openssl dgst -sha512 -binary "$1" | base64 -w0)"
-    if [[ "$got" != "$2" ]]; then
-        log "integrity mismatch for $1"; log "  expected $2"; log "  got      $got"
-        exit 1
-    fi
-}
+# shellcheck source=integrity.sh
+source "$(dirname "${BASH_SOURCE[0]}")/integrity.sh"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/keepwarm-llama.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

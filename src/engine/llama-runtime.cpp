@@ -10,7 +10,6 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
-#include <string_view>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -62,8 +61,8 @@ bool has_gpu_backend_file(const std::filesystem::path& dir) {
 // The CUDA backend links the CUDA 13 runtime by soname. Where the toolkit is installed but not on the loader's path
 // (/usr/local/cuda/lib64 is not, on most machines), load it from there first, so the backend's dependencies resolve
 // to it. And give the driver's cache of compiled kernels room for all of ggml's: on a GPU the prebuilt backend has
-// no machine code for (Hopper), the driver compiles them from PTX at first use, minutes that a restart should not
-// pay again (its default cache, 256 MiB, does not keep them all).
+// no machine code for (Hopper), the driver compiles them from PTX at first use, work that a restart should not
+// do again (its default cache, 256 MiB, does not keep them all).
 void prepare_cuda_runtime(const std::filesystem::path& dir) {
     if (!has_gpu_backend_file(dir)) return;
     setenv("CUDA_CACHE_MAXSIZE", "4294967296", /*overwrite=*/0);

@@ -13,7 +13,7 @@
 #include "api/ollama-api.h"
 #include "cache/block-key.h"
 #include "chat/generation-report.h"
-#include "ggml-backend.h"
+#include "engine/llama-runtime.h"
 #include "model/model-inspect.h"
 
 namespace keepwarm {
@@ -178,8 +178,7 @@ void estimate_memory(const engine& llm, const model_report& report, ollama::mode
                                          .context_size = uint64_t(eo.context_size),
                                          .sequences = uint64_t(eo.slots + eo.cache_parked_sequences + 1),
                                          .gpu_layers = eo.gpu_layers,
-                                         .has_gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) ||
-                                                    ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)});
+                                         .has_gpu = !gpu_devices().empty()});
     card.memory_bytes = memory.total_bytes;
     card.vram_bytes = memory.gpu_bytes;
 }

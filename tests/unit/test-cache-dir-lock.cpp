@@ -11,20 +11,16 @@
 #include <fstream>
 #include <sstream>
 
+#include "test-temp-dir.h"
+
 using keepwarm::cache_dir_busy;
 using keepwarm::cache_dir_lock;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-        path = fs::temp_directory_path() / ("keepwarm-dir-lock-" + std::to_string(::getpid()) + "-" + test->name());
-        fs::remove_all(path);
-    }
-    ~temp_dir() { fs::remove_all(path); }
+struct temp_dir : keepwarm::test_support::temp_dir {
+    temp_dir() : keepwarm::test_support::temp_dir("dir-lock") {}
 };
 
 std::string refusal(const fs::path& dir) {

@@ -15,6 +15,8 @@
 #include <random>
 #include <thread>
 
+#include "test-temp-dir.h"
+
 #include <xxhash.h>
 
 using keepwarm::block_key;
@@ -32,17 +34,8 @@ const std::string fingerprint = "0123456789abcdef0123456789abcdef";
 constexpr uint64_t big_budget = 1ull << 30;
 
 // A fresh directory per test, removed at the end.
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-        path = fs::temp_directory_path() / ("keepwarm-disk-store-" + std::to_string(::getpid()) + "-" + test->name());
-        fs::remove_all(path);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
+struct temp_dir : keepwarm::test_support::temp_dir {
+    temp_dir() : keepwarm::test_support::temp_dir("disk-store") {}
 };
 
 payload_ptr make_payload(size_t size, uint32_t seed) {

@@ -7,6 +7,8 @@
 
 #include <fstream>
 
+#include "test-temp-dir.h"
+
 using keepwarm::describe_compute;
 using keepwarm::gpu_backend_problem;
 using keepwarm::gpu_devices;
@@ -14,15 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-        path = fs::temp_directory_path() / ("keepwarm-runtime-" + std::to_string(::getpid()) + "-" + test->name());
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~temp_dir() { fs::remove_all(path); }
+struct temp_dir : keepwarm::test_support::temp_dir {
+    temp_dir() : keepwarm::test_support::temp_dir("runtime") { fs::create_directories(path); }
 };
 
 }  // namespace
