@@ -133,8 +133,22 @@ chat_renderer::rendered chat_renderer::render(const chat_request& request) const
         in.continue_final_message = COMMON_CHAT_CONTINUATION_AUTO;
         in.add_generation_prompt = false;
         r.continuation = true;
-    } else if (in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !in.tools.empty() && !tool_call_marker_.empty() &&
-               !(in.enable_thinking && supports_thinking_)) {
+    } else if (in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !in.tools.empty() && !tool_call_marker_.empty()) {
+        // The template's grammar lets text come first and ends only with a call, so a model may write until its limit
+        // and never call: the answer starts with the marker instead, which leaves no room for a reasoning block.
+        // Thinking on by default gives way; thinking the request asked for is a 400, as Anthropic's own API answers
+        // a forced tool with extended thinking.
+        if (in.enable_thinking && supports_thinking_) {
+            if (request.enable_thinking.value_or(false)) {
+                const char* thinking = request.api == "anthropic" ? "'thinking'"
+                                       : request.api == "ollama"  ? "'think'"
+                                                                  : "'chat_template_kwargs.enable_thinking'";
+                fail(std::string("a required tool call cannot be enforced with thinking on: the answer must start "
+                                 "with the call. Turn ") +
+                     thinking + " off, or let the model choose (tool_choice auto)");
+            }
+            in.enable_thinking = false;
+        }
         common_chat_msg start;
         start.role = "assistant";
         start.content = tool_call_marker_;

@@ -41,6 +41,18 @@ void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::str
                  "Responses do not say how many prompt tokens were reused (timing still shows it)");
 }
 
+CLI::Option* add_stream_keepalive_option(CLI::App& cmd, std::chrono::milliseconds& interval) {
+    return cmd
+        .add_option_function<double>(
+            "--stream-keepalive",
+            [&interval](double seconds) {
+                interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+            },
+            "A stream with nothing to send for this many seconds (a long prompt being computed) gets its API's "
+            "keep-alive: an SSE comment, an Anthropic ping, an Ollama line with empty content (default 10; 0: never)")
+        ->check(CLI::Range(0.0, 3600.0));
+}
+
 void add_log_options(CLI::App& cmd) {
     cmd.add_option_function<std::string>(
            "--log-level", [](const std::string& name) { log::set_level(*log::parse_level(name)); },
@@ -56,7 +68,8 @@ std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::ser
                                        frontend_context& ctx, policy::policy_config& policy,
                                        const std::string& command) {
     std::vector<std::string> tenants = http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file,
-                                                               tenancy.shared_cache, tenancy.shared_keys_file);
+                                                               tenancy.shared_cache, tenancy.shared_keys_file,
+                                                               tenancy.listed_keys);
     ctx.log_prompts = tenancy.log_prompts;
     ctx.reuse_report = !tenancy.no_reuse_report;
     if (!tenants.empty() && policy.detect.mode == policy::detect_mode::automatic) {
@@ -83,13 +96,15 @@ void add_no_policy_flag(CLI::App& cmd, CLI::Option* policy_option, bool& no_poli
         ->excludes(policy_option);
 }
 
-policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model) {
+policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model,
+                                    const std::optional<written_policy>& written) {
     if (no_policy) {  // the command line's word, over a settings file's policy
         policy::policy_config none;
         none.detect.mode = policy::detect_mode::off;
         return none;
     }
     if (!file.empty()) return policy::load_policy_file(file, served_model);
+    if (written) return policy::read_policy_table(written->table, written->source, served_model);
     return policy::builtin_policy(served_model);
 }
 

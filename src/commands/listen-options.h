@@ -4,10 +4,15 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+
+#include <chrono>
 #include <csignal>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "http/api-keys.h"
 #include "http/http-server.h"
 #include "policy/policy.h"
 #include "routes/frontend-context.h"
@@ -18,6 +23,7 @@ namespace keepwarm {
 CLI::Validator cors_origin_check();
 
 struct tenancy_options {
+    std::vector<http::api_key_entry> listed_keys;  // a settings file's [tenants] table
     std::string api_keys_file;
     std::string shared_keys_file;  // llama-server's --api-key-file: a key per line, all of one tenant
     bool shared_cache = false;
@@ -28,6 +34,9 @@ struct tenancy_options {
 // Adds --api-keys-file, --api-key-file (llama-server's), --shared-cache, --log-prompts and --no-reuse-report.
 // `kept_apart`: what each tenant gets of its own, for the help text ("cache", "routing and reports").
 void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart);
+
+// Adds --stream-keepalive SECONDS (0: never) into `interval`.
+CLI::Option* add_stream_keepalive_option(CLI::App& cmd, std::chrono::milliseconds& interval);
 
 // Adds --log-level (error, warn, info, debug) and --log-format (text, json). They set the process's log
 // (base/logger.h) as the command line is parsed, so that everything the command logs after that follows them.
@@ -40,10 +49,17 @@ sigset_t block_stop_signals();
 
 // Adds --no-policy, which excludes `policy_option` (--policy FILE).
 void add_no_policy_flag(CLI::App& cmd, CLI::Option* policy_option, bool& no_policy);
+// A policy written into a settings file (serve --config's [policy] table), with that file's name for its errors.
+struct written_policy {
+    toml::table table;
+    std::string source;
+};
+
 // The policy a command runs: none (`no_policy`: any model name is served and nothing is changed, whatever a settings
-// file says), the file's (`file` not empty), or else the built-in defaults (policy::builtin_policy). A mistake in the
-// file throws, naming its line.
-policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model);
+// file says), the file's (`file` not empty), the settings file's [policy] (`written`), or else the built-in defaults
+// (policy::builtin_policy). A mistake in the file throws, naming its line.
+policy::policy_config select_policy(const std::string& file, bool no_policy, const std::string& served_model,
+                                    const std::optional<written_policy>& written = std::nullopt);
 // One line for the start-up banner: what the policy does to requests.
 std::string describe_policy(const policy::request_policy& p);
 

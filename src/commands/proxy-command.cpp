@@ -70,6 +70,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     }
     if (opts.was_given("--header-timeout")) s.http.header_timeout = cli.http.header_timeout;
     if (opts.was_given("--idle-timeout")) s.http.idle_timeout = cli.http.idle_timeout;
+    if (opts.was_given("--stream-keepalive")) s.http.stream_keepalive = cli.http.stream_keepalive;
     if (opts.was_given("--cors-origin")) s.http.cors_origins = cli.http.cors_origins;
     if (opts.was_given("--alias")) s.model_alias = cli.model_alias;
     if (opts.was_given("--policy")) s.policy_file = cli.policy_file;
@@ -127,6 +128,7 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool n
     policy::policy_config policy_config = select_policy(opts.policy_file, no_policy, ctx.model_id);
     const std::vector<std::string> tenants = apply_tenancy(tenancy, opts.http, ctx, policy_config, "proxy");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+    ctx.stream_keepalive = opts.http.stream_keepalive;
     ctx.busters = make_busters_detector(ctx);
 
     proxy::pool_options pool_options = opts.pool;
@@ -210,6 +212,7 @@ void add_proxy_command(CLI::App& app) {
                                 help))
             ->check(CLI::PositiveNumber);
     };
+    option("--stream-keepalive", add_stream_keepalive_option(*cmd, h.stream_keepalive));
     seconds_option("--header-timeout", h.header_timeout,
                    "Seconds a request head may take, counted from a new connection's opening (default 10)");
     seconds_option("--idle-timeout", h.idle_timeout,

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "base/command-exit.h"
@@ -19,8 +20,10 @@
 #include "cache/cache-dir-lock.h"
 #include "commands/listen-options.h"
 #include "commands/llama-server-flags.h"
+#include "commands/options-file.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
+#include "http/api-keys.h"
 #include "http/http-server.h"
 #include "local/chat-generation.h"
 #include "local/local-model.h"
@@ -51,6 +54,8 @@ struct serve_options {
     std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
     std::string policy_file;
     bool no_policy = false;
+    std::string settings_file;              // --config
+    std::optional<written_policy> written;  // its [policy] table
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
@@ -93,12 +98,14 @@ int run_serve(serve_options opts) {
                        ? opts.model_aliases.front()
                        : std::filesystem::path(model.model_path).stem().string();
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
-    policy::policy_config policy_config = select_policy(opts.policy_file, opts.no_policy, ctx.model_id);
+    policy::policy_config policy_config =
+        select_policy(opts.policy_file, opts.no_policy, ctx.model_id, opts.written);
     for (size_t i = 1; i < opts.model_aliases.size(); ++i) {
         policy_config.model.aliases.push_back({opts.model_aliases[i], ctx.model_id});
     }
     const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
+    ctx.stream_keepalive = opts.http.stream_keepalive;
     ctx.busters = make_busters_detector(ctx);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
@@ -161,6 +168,7 @@ int run_serve(serve_options opts) {
               << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model())) << "\n"
               << "  policy: " << describe_policy(*ctx.policy) << "\n"
               << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
+    if (!opts.settings_file.empty()) std::cout << "  settings: " << opts.settings_file << " (the command line wins)\n";
     if (model.random_weights) {
         std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
                   << "        Pass --model PATH.gguf to serve a real model.\n";
@@ -181,6 +189,52 @@ int run_serve(serve_options opts) {
     server.stop();
     model.llm->stop();
     return 0;
+}
+
+// [tenants] of the settings file: TENANT = "KEY" or ["KEY", ...], each key under the rules of --api-keys-file's lines.
+std::vector<http::api_key_entry> read_tenants(const toml::table& t, const config::toml_reader& reader) {
+    std::vector<http::api_key_entry> keys;
+    std::set<std::string> seen;
+    for (auto&& [tenant, node] : t) {
+        const std::string what = "tenants." + std::string(tenant.str());
+        std::vector<const toml::node*> items;
+        if (const toml::array* list = node.as_array()) {
+            for (const toml::node& item : *list) items.push_back(&item);
+        } else {
+            items.push_back(&node);
+        }
+        for (const toml::node* item : items) {
+            const std::string key = reader.string(*item, what);
+            std::vector<http::api_key_entry> parsed;
+            try {
+                parsed = http::parse_api_keys(std::string(tenant.str()) + " " + key, "");
+            } catch (const std::invalid_argument& e) {
+                const std::string message = e.what();  // ":1: what is wrong"
+                reader.fail(item->source(), "'" + what + "': " + message.substr(message.find(' ') + 1));
+            }
+            if (parsed.size() != 1) reader.fail(item->source(), "'" + what + "': a key is one line of text");
+            if (!seen.insert(key).second) reader.fail(item->source(), "'" + what + "': this key is listed twice");
+            keys.push_back(std::move(parsed.front()));
+        }
+    }
+    return keys;
+}
+
+// What `serve --config FILE` may hold besides serve's options, and which of those are paths.
+options_file_rules settings_file_rules(serve_options& opts, CLI::App& cmd) {
+    options_file_rules rules;
+    rules.path_options = {"model", "chat-template-file", "cache-dir", "policy", "api-keys-file", "api-key-file"};
+    rules.not_in_file = {"config", "help"};
+    rules.tables["policy"] = [&opts](const toml::table& t, const config::toml_reader& reader) {
+        opts.written = written_policy{t, reader.source()};
+    };
+    rules.tables["tenants"] = [&opts, &cmd](const toml::table& t, const config::toml_reader& reader) {
+        const bool keys_on_command_line = cmd.get_option("--api-key")->count() > 0 ||
+                                          cmd.get_option("--api-keys-file")->count() > 0 ||
+                                          cmd.get_option("--api-key-file")->count() > 0;
+        if (!keys_on_command_line) opts.tenancy.listed_keys = read_tenants(t, reader);
+    };
+    return rules;
 }
 
 }  // namespace
@@ -207,6 +261,7 @@ void add_serve_command(CLI::App& app) {
            [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
            "Close connections that send no request for this many seconds (default 120)")
         ->check(CLI::PositiveNumber);
+    add_stream_keepalive_option(*cmd, h.stream_keepalive);
     cmd->add_option("--max-connections", h.max_connections,
                     "Open connections in all; more get 503 (GET /health is still answered)")
         ->capture_default_str()
@@ -342,7 +397,22 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::Range(0.0, 1.0));
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     add_llama_server_flags(*cmd);
-    cmd->callback([opts] { run_command("serve", [&] { return run_serve(*opts); }); });
+    cmd->add_option("--config", opts->settings_file,
+                    "Settings file (TOML): serve's long options without their dashes (ctx-size = 65536), a [policy] "
+                    "table, a [tenants] table of keys; the command line wins (README: Running it as a service)")
+        ->check(CLI::ExistingFile);
+    cmd->callback([opts, cmd] {
+        run_command("serve", [&] {
+            if (!opts->settings_file.empty()) {
+                apply_options_file(*cmd, opts->settings_file, settings_file_rules(*opts, *cmd));
+                if (opts->written && !opts->policy_file.empty() && cmd->get_option("--policy")->count() == 0) {
+                    throw std::runtime_error(opts->settings_file +
+                                             ": give either 'policy = FILE' or a [policy] table, not both");
+                }
+            }
+            return run_serve(*opts);
+        });
+    });
 }
 
 }  // namespace keepwarm

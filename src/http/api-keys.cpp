@@ -122,9 +122,29 @@ std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool 
     return keys;
 }
 
+namespace {
+
+// The tenants kept apart; none when every key is the shared tenant's.
+std::vector<std::string> isolated_tenants(const std::vector<api_key_entry>& keys) {
+    std::vector<std::string> tenants = tenant_names(keys);
+    if (tenants.size() == 1 && tenants.front().empty()) tenants.clear();
+    return tenants;
+}
+
+}  // namespace
+
 std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
                                            const std::string& keys_file, bool shared_cache,
-                                           const std::string& shared_keys_file) {
+                                           const std::string& shared_keys_file,
+                                           const std::vector<api_key_entry>& listed_keys) {
+    if (!listed_keys.empty()) {
+        if (!keys_file.empty() || !shared_keys_file.empty() || !single_key.empty()) {
+            throw std::invalid_argument(
+                "the settings file lists [tenants] keys: give no --api-key, --api-keys-file or --api-key-file too");
+        }
+        keys = assign_tenants(listed_keys, shared_cache);
+        return isolated_tenants(keys);
+    }
     if (!shared_keys_file.empty()) {
         // llama-server's keys are all alike, one server's: the shared tenant, beside --api-key if there is one.
         if (!keys_file.empty()) throw std::invalid_argument("give either --api-key-file or --api-keys-file");
@@ -141,9 +161,7 @@ std::vector<std::string> configure_tenants(const std::string& single_key, std::v
             "give either --api-key or --api-keys-file (put the key in the file, with a tenant)");
     }
     keys = assign_tenants(load_api_keys_file(keys_file), shared_cache);
-    std::vector<std::string> tenants = tenant_names(keys);
-    if (tenants.size() == 1 && tenants.front().empty()) tenants.clear();
-    return tenants;
+    return isolated_tenants(keys);
 }
 
 std::string describe_tenants(const std::string& single_key, const std::vector<api_key_entry>& keys,

@@ -46,9 +46,11 @@ std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool 
 // from the file and returns the isolated tenants' names (none when every key shares the one tenant: a single key,
 // one tenant name, --shared-cache, or a key-per-line file). Throws std::invalid_argument naming the file's line, or
 // for flags that do not go together.
+// `listed_keys`: keys given by a settings file's [tenants] table instead of a keys file (the same rules).
 std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
                                            const std::string& keys_file, bool shared_cache,
-                                           const std::string& shared_keys_file = "");
+                                           const std::string& shared_keys_file = "",
+                                           const std::vector<api_key_entry>& listed_keys = {});
 // One line for the start-up banner.
 std::string describe_tenants(const std::string& single_key, const std::vector<api_key_entry>& keys,
                              const std::vector<std::string>& tenants);

@@ -94,6 +94,9 @@ struct server_options {
     // How long a keep-alive connection may wait for its next request, and a request body take to arrive, before the
     // connection is closed, so idle clients cannot hold connection slots for long. Handlers are never timed out.
     std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
+    // Not the server's own: the streaming routes write their API's keep-alive when a stream has had nothing to send
+    // for this long (routes/stream-keepalive.h); 0: never.
+    std::chrono::milliseconds stream_keepalive{std::chrono::seconds(10)};
     // A GET or HEAD of this path is answered even on a connection over the limits above, so a monitor can always
     // tell a busy server from a dead one. Empty: none.
     std::string health_path = "/health";

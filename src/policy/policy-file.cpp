@@ -372,7 +372,12 @@ private:
 }  // namespace
 
 policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model) {
-    return policy_reader(source_name, served_model).read(config::parse_toml(text, source_name));
+    return read_policy_table(config::parse_toml(text, source_name), source_name, served_model);
+}
+
+policy_config read_policy_table(const toml::table& root, const std::string& source_name,
+                                const std::string& served_model) {
+    return policy_reader(source_name, served_model).read(root);
 }
 
 const std::string_view builtin_policy_text = R"toml(

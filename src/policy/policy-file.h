@@ -3,6 +3,8 @@
 // (backreferences, lookaround), an alias that does not map to the served model.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <string>
 #include <string_view>
 
@@ -18,6 +20,9 @@ using policy_file_error = config::config_file_error;
 policy_config load_policy_file(const std::string& path, const std::string& served_model);
 // The same from text; `source_name` names it in errors.
 policy_config parse_policy(std::string_view text, const std::string& source_name, const std::string& served_model);
+// The same from a table already parsed: a settings file's [policy] (its lines are the settings file's).
+policy_config read_policy_table(const toml::table& root, const std::string& source_name,
+                                const std::string& served_model);
 
 // The policy without a policy file: the protections every agent client needs, on by default (docs/policy.md,
 // "Without a policy file"). Health pings are answered without the engine (default_ping_matcher), Claude Code's

@@ -67,6 +67,10 @@ private:
                 http.header_timeout = seconds(node, "listen.header_timeout", 3600);
             } else if (key.str() == "idle_timeout") {
                 http.idle_timeout = seconds(node, "listen.idle_timeout", 86400);
+            } else if (key.str() == "stream_keepalive") {  // 0: never
+                http.stream_keepalive = number(node, "listen.stream_keepalive") == 0
+                                            ? std::chrono::milliseconds(0)
+                                            : seconds(node, "listen.stream_keepalive", 3600);
             } else if (key.str() == "cors_origins") {
                 http.cors_origins.clear();
                 for (const toml::node& entry : array(node, "listen.cors_origins")) {
@@ -79,7 +83,7 @@ private:
             } else {
                 unknown(key, "[listen]",
                         {"host", "port", "api_key", "max_connections", "max_connections_per_address", "header_timeout",
-                         "idle_timeout", "cors_origins"});
+                         "idle_timeout", "stream_keepalive", "cors_origins"});
             }
         }
     }

@@ -9,16 +9,13 @@
 
 #include "api/anthropic-api.h"
 #include "chat/generation-report.h"
+#include "routes/stream-keepalive.h"
 
 namespace keepwarm {
 
 namespace {
 using json = nlohmann::ordered_json;
 namespace anthropic = api::anthropic;
-
-// Anthropic sends `event: ping` to keep idle connections (and the proxies between) open; keepwarm does the same when
-// a generation has produced nothing to send for this long (e.g. while a tool call is being parsed).
-constexpr auto ping_interval = std::chrono::seconds(10);
 
 // The client's stop sequence that ended the answer, or "": a stop the template adds (its end-of-turn text) is an
 // end_turn for Anthropic, not a stop_sequence.
@@ -29,8 +26,11 @@ std::string client_stop_sequence(const generation_source& chat, const generation
 }
 
 void handle_messages(const generation_opener& open, frontend_context& ctx, const http::request& req,
-                     http::response_writer& w, const request_clock& clock) {
+                     http::response_writer& client, const request_clock& clock) {
     ctx.http.messages++;
+    // Anthropic sends `event: ping` to keep idle connections (and the proxies between) open; so does keepwarm while
+    // a prompt is computed or a tool call parsed.
+    keepalive_writer w(client, [] { return anthropic::to_sse(anthropic::ping_event()); }, ctx.stream_keepalive);
     chat_request request = anthropic::parse_messages_request(parse_json_body(req));
     const std::string model = request.model;  // echoed as the client asked, whatever model serves it
     const bool stream = request.stream;
@@ -55,7 +55,6 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
 
     if (!w.begin_stream(200, "text/event-stream", headers)) return;
     anthropic::message_stream message(chat.id(), model);
-    auto last_write = std::chrono::steady_clock::now();
     const auto send = [&](const std::vector<anthropic::stream_event>& events) {
         for (const auto& event : events) {
             if (!w.write_chunk(anthropic::to_sse(event))) {
@@ -63,7 +62,6 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
                 return false;
             }
         }
-        last_write = std::chrono::steady_clock::now();
         return true;
     };
     if (!send({message.start(chat.prompt_tokens()), anthropic::ping_event()})) return;
@@ -82,8 +80,6 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
                 for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats), sequence)) {
                     events.push_back(std::move(event));
                 }
-            } else if (events.empty() && std::chrono::steady_clock::now() - last_write >= ping_interval) {
-                events.push_back(anthropic::ping_event());
             }
         }
         if (!send(events)) return;

@@ -28,6 +28,9 @@ struct frontend_context {
     // Tenants (--api-keys-file): set at start-up, read-only afterwards.
     bool log_prompts = false;  // --log-prompts: log lines may quote prompt text (a divergence, a cache buster)
     bool reuse_report = true;  // --no-reuse-report turns it off: responses say nothing about what was reused
+    // A stream with nothing to send for this long gets its API's keep-alive (0: never): --stream-keepalive, set at
+    // start-up from http::server_options::stream_keepalive.
+    std::chrono::milliseconds stream_keepalive{std::chrono::seconds(10)};
 };
 
 }  // namespace keepwarm

@@ -15,6 +15,7 @@
 #include "chat/generation-report.h"
 #include "engine/llama-runtime.h"
 #include "model/model-inspect.h"
+#include "routes/stream-keepalive.h"
 
 namespace keepwarm {
 
@@ -53,6 +54,18 @@ void end_with_error(http::response_writer& w, const std::string& error) {
 
 // Which Ollama answer a chat_generation feeds: /api/chat's message, or /api/generate's response text.
 enum class answer_shape { chat, generate };
+
+// Ollama's NDJSON has no comment: its keep-alive is a line of the answer with empty content, which clients append.
+keepalive_writer with_keepalive(http::response_writer& client, const frontend_context& ctx, const std::string& model,
+                                answer_shape shape) {
+    return keepalive_writer(
+        client,
+        [model, shape] {
+            return ollama::ndjson_line(shape == answer_shape::chat ? ollama::chat_chunk_json(model, now(), "", "", {}, 0)
+                                                                   : ollama::generate_chunk_json(model, now(), "", ""));
+        },
+        ctx.stream_keepalive);
+}
 
 // Relays a running chat_generation to the client, whole or as NDJSON: text and thinking as they come, tool calls
 // once whole (Ollama sends calls, not fragments), then a last line with done, done_reason and the numbers.
@@ -117,33 +130,35 @@ void check_thinking(std::optional<bool> thinking_mode, const chat_request& reque
 }
 
 void handle_chat(const generation_opener& open, std::optional<bool> thinking_mode, frontend_context& ctx,
-                 const http::request& req, http::response_writer& w, const request_clock& clock) {
+                 const http::request& req, http::response_writer& client, const request_clock& clock) {
     ctx.http.ollama_chats++;
     chat_request request = ollama::parse_chat_request(parse_json_body(req));
     // Whatever model a request names is served by the loaded one, and the name is echoed back as asked (the policy
     // layer decides which names map to it).
     const std::string model = request.model;
     if (request.messages.empty()) {  // Ollama's "load the model" call: it is loaded
-        w.send(200, "application/json", dump(ollama::chat_load_json(model, now())));
+        client.send(200, "application/json", dump(ollama::chat_load_json(model, now())));
         return;
     }
     check_thinking(thinking_mode, request);
     const bool stream = request.stream;
+    keepalive_writer w = with_keepalive(client, ctx, model, answer_shape::chat);
     const generation_source_ptr chat = open(req, std::move(request), clock, w, random_id("ollama-chat-"));
     relay_answer(ctx, *chat, clock, w, model, stream, answer_shape::chat);
 }
 
 void handle_generate(const generation_opener& open, const raw_generation_opener& open_raw,
                      std::optional<bool> thinking_mode, frontend_context& ctx, const http::request& req,
-                     http::response_writer& w, const request_clock& clock) {
+                     http::response_writer& client, const request_clock& clock) {
     ctx.http.ollama_generates++;
     ollama::generate_request request = ollama::parse_generate_request(parse_json_body(req));
     const std::string model = request.chat.model;  // echoed as asked, as in handle_chat
     if (request.prompt.empty()) {                  // Ollama's "load the model" call: it is loaded
-        w.send(200, "application/json", dump(ollama::generate_load_json(model, now())));
+        client.send(200, "application/json", dump(ollama::generate_load_json(model, now())));
         return;
     }
     const bool stream = request.chat.stream;
+    keepalive_writer w = with_keepalive(client, ctx, model, answer_shape::generate);
     if (request.raw) {
         // The prompt text goes to the model as is: the raw-completion path, as /v1/completions takes.
         raw_completion raw{

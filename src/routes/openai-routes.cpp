@@ -8,6 +8,7 @@
 #include "api/openai-api.h"
 #include "base/unix-time.h"
 #include "chat/generation-report.h"
+#include "routes/stream-keepalive.h"
 
 namespace keepwarm {
 
@@ -18,9 +19,15 @@ bool write_sse(http::response_writer& w, const json& data) {
     return w.write_chunk("data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
 }
 
+// An SSE comment: clients skip it, idle timers see bytes.
+keepalive_writer with_keepalive(http::response_writer& client, const frontend_context& ctx) {
+    return keepalive_writer(client, [] { return std::string(": keep-alive\n\n"); }, ctx.stream_keepalive);
+}
+
 void handle_chat(const generation_opener& open, frontend_context& ctx, const http::request& req,
-                 http::response_writer& w, const request_clock& clock) {
+                 http::response_writer& client, const request_clock& clock) {
     ctx.http.chat_completions++;
+    keepalive_writer w = with_keepalive(client, ctx);
     chat_request request = api::parse_chat_request(parse_json_body(req));
     const bool stream = request.stream, include_usage = request.include_usage;
     const generation_source_ptr source = open(req, std::move(request), clock, w, api::gen_chat_completion_id());
@@ -74,8 +81,9 @@ void handle_chat(const generation_opener& open, frontend_context& ctx, const htt
 
 // A raw prompt, through the same raw-completion path (and policy call) as Ollama's raw /api/generate.
 void handle_completion(const raw_generation_opener& open, frontend_context& ctx, const http::request& req,
-                       http::response_writer& w, const request_clock& clock) {
+                       http::response_writer& client, const request_clock& clock) {
     ctx.http.completions++;
+    keepalive_writer w = with_keepalive(client, ctx);
     completion_request comp = api::parse_completion_request(parse_json_body(req));
     raw_completion raw{.prompt = std::move(comp.prompt), .grammar_field = "grammar"};
     raw.params.api = "openai";

@@ -126,3 +126,20 @@ test('a required tool call needs no prefill when thinking is off', async () => {
     assert.equal(name, 'get_weather');
     assert.equal(text, '', 'the marker is not streamed as text');
 });
+
+// Thinking is on by default for this template: a plain OpenAI client asking for a required call gets the call (the
+// thinking gives way), and a client that asked for thinking explicitly is told why it cannot have both.
+test('a required tool call is enforced when thinking is on by default, and refused when thinking was asked for', async () => {
+    const plain = { ...params, messages };
+    delete plain.chat_template_kwargs;
+    for (let i = 0; i < 3; i++) {  // random weights: every sample must still be a call
+        const r = await openai.chat.completions.create({ ...plain, temperature: 1, seed: i });
+        const choice = r.choices[0];
+        assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice.message));
+        assert.equal(choice.message.tool_calls[0].function.name, 'get_weather');
+    }
+    await assert.rejects(
+        openai.chat.completions.create({ ...plain, chat_template_kwargs: { enable_thinking: true } }),
+        (e) => e.status === 400 && /required tool call cannot be enforced with thinking on/.test(e.message) &&
+               /enable_thinking/.test(e.message));
+});

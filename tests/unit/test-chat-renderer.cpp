@@ -180,6 +180,37 @@ TEST(ChatRenderer, ToolsInPromptAndLazyGrammar) {
     EXPECT_FALSE(sampling.grammar_lazy);
 }
 
+// A required call starts the answer with the tool-call marker, so the model cannot write text until its limit. With
+// thinking on by default it gives way; thinking the request asked for is a 400 naming the field to turn off.
+TEST(ChatRenderer, RequiredToolCallStartsTheAnswerWhateverTheThinkingDefault) {
+    for (const chat_renderer* renderer : {&qwen3(), &qwen35()}) {
+        ASSERT_FALSE(renderer->tool_call_marker().empty());
+        auto req = request(R"([{"role":"user","content":"weather?"}])", weather_tools);
+        req.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        const auto r = renderer->render(req);
+        EXPECT_TRUE(r.tool_call_prefilled);
+        EXPECT_TRUE(ends_with(r.prompt, renderer->tool_call_marker())) << r.prompt;
+        const std::string answer = r.prompt.substr(r.prompt.rfind("<|im_start|>assistant"));
+        EXPECT_TRUE(answer.find("<think>") == std::string::npos || answer.find("</think>") != std::string::npos)
+            << "no open reasoning block before the call: " << answer;
+
+        req.enable_thinking = true;
+        try {
+            renderer->render(req);
+            ADD_FAILURE() << "thinking asked for with a required call must be a 400";
+        } catch (const request_error& e) {
+            EXPECT_EQ(e.status, 400);
+            EXPECT_NE(std::string(e.what()).find("'chat_template_kwargs.enable_thinking'"), std::string::npos)
+                << e.what();
+        }
+        req.api = "anthropic";
+        EXPECT_THROW(renderer->render(req), request_error);
+        req.enable_thinking.reset();
+        req.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;  // no call required: thinking stays on
+        EXPECT_FALSE(renderer->render(req).tool_call_prefilled);
+    }
+}
+
 TEST(ChatRenderer, ResponseFormatGrammarAndStops) {
     json body{{"messages", json::parse(R"([{"role":"user","content":"json please"}])")},
               {"response_format", json::parse(R"({"type":"json_schema","json_schema":{"name":"x","schema":

@@ -1,0 +1,120 @@
+// See options-file.h. Each value is handed to the CLI11 option as the strings the command line would have given, and
+// the option's callback runs its checks and transforms, so the file and the command line cannot disagree on meaning.
+#include "commands/options-file.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "config/config-error.h"
+
+namespace keepwarm {
+
+namespace {
+
+constexpr std::uintmax_t max_options_file_bytes = 1u << 20;
+
+CLI::Option* find_long_option(CLI::App& cmd, const std::string& name) {
+    for (CLI::Option* opt : cmd.get_options()) {
+        if (opt->check_lname(name)) return opt;
+    }
+    return nullptr;
+}
+
+// Given on the command line (or in its environment variable), or shut out by an option that was.
+bool set_elsewhere(const CLI::Option& opt) {
+    if (opt.count() > 0) return true;
+    const std::set<CLI::Option*> excluders = opt.get_excludes();
+    return std::any_of(excluders.begin(), excluders.end(), [](const CLI::Option* o) { return o->count() > 0; });
+}
+
+class options_reader : public config::toml_reader {
+public:
+    options_reader(std::string source, std::filesystem::path base_dir, const options_file_rules& rules)
+        : toml_reader(std::move(source)), base_dir_(std::move(base_dir)), rules_(rules) {}
+
+    void apply(CLI::App& cmd, const toml::table& root) const {
+        for (auto&& [key, node] : root) {
+            std::string name(key.str());
+            std::replace(name.begin(), name.end(), '_', '-');
+            if (const auto it = rules_.tables.find(name); it != rules_.tables.end()) {
+                it->second(table(node, name), *this);
+                continue;
+            }
+            if (rules_.not_in_file.count(name)) fail(key.source(), "'" + name + "' cannot be set in this file");
+            CLI::Option* opt = find_long_option(cmd, name);
+            if (opt == nullptr) {
+                fail(key.source(), "unknown setting '" + std::string(key.str()) + "': the settings are the long options of `keepwarm " +
+                                       cmd.get_name() + " --help` without their dashes");
+            }
+            if (set_elsewhere(*opt)) continue;  // the command line wins
+            const std::vector<std::string> values = values_of(*opt, name, node);
+            try {
+                opt->clear();
+                opt->add_result(values);
+                opt->run_callback();
+            } catch (const CLI::Error& e) {
+                fail(node.source(), "'" + name + "': " + e.what());
+            }
+        }
+    }
+
+private:
+    std::vector<std::string> values_of(const CLI::Option& opt, const std::string& name, const toml::node& node) const {
+        const bool is_flag = opt.get_expected_max() == 0;  // takes no value on the command line
+        if (is_flag) {
+            return {opt.get_flag_value(name, boolean(node, name) ? "true" : "false")};
+        }
+        if (const toml::array* items = node.as_array()) {
+            std::vector<std::string> values;
+            for (const toml::node& item : *items) values.push_back(scalar(opt, name, item));
+            return values;
+        }
+        return {scalar(opt, name, node)};
+    }
+
+    std::string scalar(const CLI::Option& opt, const std::string& name, const toml::node& node) const {
+        if (const auto* s = node.as_string()) {
+            std::string value = s->get();
+            if (!value.empty() && rules_.path_options.count(name) && std::filesystem::path(value).is_relative()) {
+                value = (base_dir_ / value).lexically_normal().string();
+            }
+            return value;
+        }
+        if (const auto* i = node.as_integer()) return std::to_string(i->get());
+        if (const auto* f = node.as_floating_point()) {
+            char buf[64];
+            const auto end = std::to_chars(buf, buf + sizeof buf, f->get()).ptr;
+            return std::string(buf, end);
+        }
+        if (const auto* b = node.as_boolean()) return b->get() ? "true" : "false";
+        wrong_type(node, name,
+                   opt.get_expected_max() > 1 ? "a value or an array of values" : "a string, a number or a boolean");
+    }
+
+    std::filesystem::path base_dir_;
+    const options_file_rules& rules_;
+};
+
+}  // namespace
+
+void apply_options_text(CLI::App& cmd, std::string_view text, const std::string& source_name,
+                        const std::string& base_dir, const options_file_rules& rules) {
+    options_reader(source_name, base_dir, rules).apply(cmd, config::parse_toml(text, source_name));
+}
+
+void apply_options_file(CLI::App& cmd, const std::string& path, const options_file_rules& rules) {
+    std::error_code ec;
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec) throw std::runtime_error("cannot read the settings file '" + path + "': " + ec.message());
+    if (size > max_options_file_bytes) {
+        throw std::runtime_error("the settings file '" + path + "' is larger than 1 MiB");
+    }
+    const std::string text = config::read_text_file(path, "settings file");
+    const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
+    apply_options_text(cmd, text, path, base_dir, rules);
+}
+
+}  // namespace keepwarm
