@@ -58,6 +58,22 @@ def main(folder):
                   f"{t['ideal_tokens']:,} | {fmt(t['computed_over_ideal'], '.3f')} | {t['prefill_ms'] / 1000:,.1f} | "
                   f"{fmt(t['cold_ttft_ms'], ',.0f')} | {fmt(t['warm_ttft_p50_ms'], ',.0f')} / "
                   f"{fmt(t['warm_ttft_p95_ms'], ',.0f')} |")
+    moe = load(os.path.join(folder, "moe-offload.json"))
+    if moe:
+        print(f"\n### Experts in host memory: {moe['model']} ({moe['moe_layers']} MoE blocks, {moe['n_expert']} experts, "
+              f"{moe['n_expert_used']} used; host-to-device {moe['h2d_gbps']} GB/s)\n")
+        print("| --n-cpu-moe | GPU memory MiB keepwarm / llama-server | prefill tok/s keepwarm / llama-server | "
+              "decode tok/s keepwarm / llama-server | expert cache in the same memory: slots/layer, hit %, "
+              "MB/token, predicted decode tok/s |\n| ---: | ---: | ---: | ---: | --- |")
+        for r in moe["splits"]:
+            kw, ls, p = r.get("keepwarm", {}), r.get("llama-server", {}), r.get("predicted_cache")
+            pred = (f"{p['slots']}, {p['hit_rate'] * 100:.1f} %, {p['bytes_per_token'] / 1e6:,.1f}, "
+                    f"{p['decode_tps']:,.1f}") if p else "-"
+            print(f"| {r['n_cpu_moe']} | {kw.get('gpu_memory_mib')} / {ls.get('gpu_memory_mib')} | "
+                  f"{kw.get('prefill_tps')} / {ls.get('prefill_tps')} | {kw.get('decode_tps')} / "
+                  f"{ls.get('decode_tps')} | {pred} |")
+        print("\npredicted: the all-on-GPU decode time plus the simulation's bytes per token over the measured bus "
+              "(bench/gpu-moe.py)")
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")

@@ -24,7 +24,10 @@
 #      bench-dense and bench-hybrid presets and an 8B-class shape (qwen3: 36 layers, width 4096, 32/8 heads,
 #      ff 12288, q4_0: 4.4 GiB);
 #   5. `keepwarm bench depth` on the 8B shape;
-#   6. the gauntlet (`keepwarm bench gauntlet --launch`, keepwarm vs llama-server) on bench-dense, shortened.
+#   6. the gauntlet (`keepwarm bench gauntlet --launch`, keepwarm vs llama-server) on bench-dense, shortened;
+#   7. a mixture-of-experts model whose experts are kept in host memory for some blocks (--n-cpu-moe 0, half, all;
+#      qwen3moe in Qwen3-30B-A3B's block shape, 16 of its 48 blocks, q4_0: 5.4 GiB), keepwarm vs llama-server,
+#      against what `keepwarm bench experts` predicts for an expert cache in the same GPU memory (bench/gpu-moe.py).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -156,7 +159,14 @@ record machine "$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]
 big_layers=36
 sizes=8192,16384,32768,45056
 gauntlet_size=(--system-tokens 16384 --turns 3)
-if ((quick)); then big_layers=1; sizes=1024,2048; gauntlet_size=(--system-tokens 1024 --turns 1); fi
+moe_layers=16
+moe_experts=128
+moe_shape=(--width 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts-used 8 --expert-ff 768)
+if ((quick)); then
+    big_layers=1; sizes=1024,2048; gauntlet_size=(--system-tokens 1024 --turns 1)
+    moe_layers=2; moe_experts=8
+    moe_shape=(--width 256 --heads 4 --kv-heads 2 --head-dim 64 --experts-used 2 --expert-ff 128)
+fi
 gen8b() {
     "$keepwarm" mkmodel --arch qwen3 --layers $big_layers --width 4096 --heads 32 --kv-heads 8 --head-dim 128 --ff 12288 \
         --ctx 65536 --vocab qwen2 --template Qwen-Qwen3-0.6B --type q4_0 -o "$models/qwen3-8b-shape-q4_0.gguf"
@@ -165,6 +175,13 @@ gen8b_pid=""
 if [[ -z "$steps" || ",$steps," == *",ttft-8b,"* || ",$steps," == *",depth-8b,"* ]]; then
     gen8b >"$out/mkmodel-8b.log" 2>&1 &
     gen8b_pid=$!
+fi
+moe_model="$models/qwen3moe-30b-a3b-shape-${moe_layers}l-q4_0.gguf"
+genmoe_pid=""
+if [[ -z "$steps" || ",$steps," == *",moe-offload,"* ]]; then
+    "$keepwarm" mkmodel --arch qwen3moe --layers $moe_layers --experts $moe_experts "${moe_shape[@]}" --ctx 16384 --vocab qwen2 \
+        --template Qwen-Qwen3-0.6B --type q4_0 -o "$moe_model" >"$out/mkmodel-moe.log" 2>&1 &
+    genmoe_pid=$!
 fi
 # Trained context 64K: llama-server caps its context at the model's (the presets have 32K), keepwarm does not.
 "$keepwarm" mkmodel --preset bench-dense --ctx 65536 -o "$models/bench-dense.gguf" >"$out/mkmodel.log" 2>&1
@@ -215,8 +232,21 @@ unit() {
     for t in $unit_tests; do echo "$t: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/unit-$t.log" | tr '\n' ' ')"; done
     return $rc
 }
-export -f unit ttft
-export out tests_dir unit_tests keepwarm llama_server here
+# The expert-cache simulation's trace, with a slot count per layer for each split (the same GPU memory as a cache),
+# then both servers at each split.
+moe() {
+    local splits slots="" n
+    splits="0,$((moe_layers / 2)),$moe_layers"
+    for n in ${splits//,/ }; do
+        local s=$(((moe_experts * (moe_layers - n) + moe_layers / 2) / moe_layers))
+        ((s > 0)) && slots+="${slots:+,}$s"
+    done
+    "$keepwarm" bench experts -m "$moe_model" --gen 64 --slots "$slots" --json "$out/experts-moe.json" || return 1
+    python3 "$here/gpu-moe.py" --model "$moe_model" --keepwarm "$keepwarm" --llama-server "$llama_server" \
+        --experts-json "$out/experts-moe.json" --splits "$splits" --work-dir "$out" --json "$out/moe-offload.json"
+}
+export -f unit ttft moe
+export out tests_dir unit_tests keepwarm llama_server here moe_model moe_layers moe_experts
 step unit 150 unit
 cat "$out/unit.log" >&2
 
@@ -249,6 +279,10 @@ step gauntlet-bench-dense 150 "$keepwarm" bench gauntlet --launch --servers keep
     --llama-server "$llama_server" --policy "$repo/etc/keepwarm-policy.toml" -m "$models/bench-dense.gguf" \
     -c 65536 --parallel 2 "${gauntlet_size[@]}" --agents 3 --tool-rounds 1 --killers all \
     --work-dir "$work/gauntlet" --json "$out/gauntlet-bench-dense.json"
+
+# --- 7. experts in host memory ------------------------------------------------------------------------------
+[[ -z "$genmoe_pid" ]] || wait "$genmoe_pid" || log "the MoE model was not generated: $out/mkmodel-moe.log"
+step moe-offload 180 moe
 
 python3 "$here/gpu-check-report.py" "$out" | tee "$out/gpu-check.md"
 log "done in $(($(date +%s) - started)) s; results in $out"

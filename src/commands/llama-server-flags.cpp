@@ -19,7 +19,7 @@ const std::map<std::string, std::string>& single_dash_names() {
         {"-nocb", "--no-cont-batching"}, {"-to", "--timeout"},         {"-hf", "--hf-repo"},
         {"-hfr", "--hf-repo"},           {"-hff", "--hf-file"},        {"-hft", "--hf-token"},
         {"-hfd", "--hf-repo-draft"},     {"-hfrd", "--hf-repo-draft"}, {"-mu", "--model-url"},
-        {"-dr", "--docker-repo"},
+        {"-dr", "--docker-repo"},        {"-ncmoe", "--n-cpu-moe"},    {"-cmoe", "--cpu-moe"},
     };
     return names;
 }

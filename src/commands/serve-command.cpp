@@ -165,7 +165,13 @@ int run_serve(serve_options opts) {
               << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
               << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
-              << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model())) << "\n"
+              << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
+              << (eo.cpu_moe_layers == 0 ? ""
+                  : eo.cpu_moe_layers < 0
+                      ? "; expert weights of every block in host memory (--cpu-moe)"
+                      : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
+                            " blocks in host memory (--n-cpu-moe)")
+              << "\n"
               << "  policy: " << describe_policy(*ctx.policy) << "\n"
               << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
     if (!opts.settings_file.empty()) std::cout << "  settings: " << opts.settings_file << " (the command line wins)\n";
@@ -296,6 +302,12 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--gpu-layers,--n-gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1, all or auto: all)")
         ->transform(CLI::Transformer({{"all", "-1"}, {"auto", "-1"}}))
         ->capture_default_str();
+    cmd->add_option("--n-cpu-moe", e.cpu_moe_layers,
+                    "-ncmoe: MoE models: keep the expert weights of the first N blocks in host memory, computed by the "
+                    "CPU, so a model larger than the GPU still runs on it")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag_callback(
+        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; }, "-cmoe: MoE models: keep every block's expert weights in host memory");
     cmd->add_option_function<std::string>(
            "--flash-attn",
            [&e](const std::string& v) {

@@ -13,6 +13,7 @@
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
 #include "engine/text-stream.h"
+#include "ggml-backend.h"
 
 namespace keepwarm {
 
@@ -123,6 +124,15 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = options_.gpu_layers;
     mparams.load_mode = options_.load_mode;
+    // llama.cpp reads the patterns while loading only; the list ends with a null pattern.
+    const std::vector<std::string> host_experts = expert_tensor_patterns(options_.cpu_moe_layers);
+    std::vector<llama_model_tensor_buft_override> placement;
+    if (!host_experts.empty()) {
+        ggml_backend_buffer_type_t host = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+        for (const std::string& pattern : host_experts) placement.push_back({pattern.c_str(), host});
+        placement.push_back({nullptr, nullptr});
+        mparams.tensor_buft_overrides = placement.data();
+    }
     model_.reset(llama_model_load_from_file(options_.model_path.c_str(), mparams));
     if (!model_) throw std::runtime_error("failed to load model from '" + options_.model_path + "'");
 

@@ -35,6 +35,9 @@ struct engine_options {
     int gpu_layers = -1;                                            // -1: all that fit (no effect on CPU-only machines)
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;  // -fa on|off|auto, as llama-server
     llama_load_mode load_mode = LLAMA_LOAD_MODE_AUTO;               // how the model file is read (--no-mmap, --mlock)
+    // MoE models: the expert weights of the first N blocks stay in host memory and the CPU computes them, so a model
+    // larger than the GPU's memory still runs on it (llama-server's --n-cpu-moe; -1: all blocks, --cpu-moe).
+    int cpu_moe_layers = 0;
     bool verbose = false;
     // Prefix cache (see cache/prompt-cache.h).
     int cache_parked_sequences = 8;

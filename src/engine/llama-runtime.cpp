@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common.h"
 #include "ggml-backend.h"
 #include "llama.h"
 
@@ -149,6 +150,14 @@ std::string describe_compute(int gpu_layers, int model_layers) {
     const int offloadable = model_layers + 1;
     const int offloaded = gpu_layers < 0 ? offloadable : std::min(gpu_layers, offloadable);
     return line + "; " + std::to_string(offloaded) + "/" + std::to_string(offloadable) + " layers on the GPU";
+}
+
+std::vector<std::string> expert_tensor_patterns(int layers) {
+    const std::string experts = LLM_FFN_EXPS_REGEX;
+    if (layers < 0) return {experts};
+    std::vector<std::string> patterns;
+    for (int i = 0; i < layers; ++i) patterns.push_back("blk\\." + std::to_string(i) + experts);
+    return patterns;
 }
 
 std::string executable_dir() {

@@ -34,6 +34,11 @@ std::string gpu_backend_problem(const std::filesystem::path& dir);
 // and, where a GPU backend was found but not used, why. `gpu_layers` < 0: all.
 std::string describe_compute(int gpu_layers, int model_layers);
 
+// Mixture-of-experts models whose experts do not all fit in GPU memory: llama.cpp's tensor placement patterns
+// (llama-server's --n-cpu-moe) that keep the expert weights of the first `layers` blocks in host memory, where the
+// CPU computes them (-1: every block's, --cpu-moe; 0: none). Dense models have no such tensors: no effect.
+std::vector<std::string> expert_tensor_patterns(int layers);
+
 // Directory holding the running executable.
 std::string executable_dir();
 

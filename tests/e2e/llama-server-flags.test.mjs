@@ -56,7 +56,8 @@ after(() => Promise.all(servers.map((s) => s.stop())));
 test('llama-server flags with the same meaning start a server that follows them', async () => {
     const server = await startServer(['-fa', 'on', '--jinja', '-a', 'my-model,other-name', '--temp', '0', '--top-k',
         '40', '--top-p', '0.9', '--min-p', '0.05', '-n', '6', '--n-gpu-layers', 'all', '--no-webui', '--metrics',
-        '--slots', '-cb', '--cont-batching', '--no-mmap', '--reasoning-format', 'deepseek', '-np', '1', '-c', '2048']);
+        '--slots', '-cb', '--cont-batching', '--no-mmap', '--reasoning-format', 'deepseek', '-np', '1', '-c', '2048',
+        '-ncmoe', '1']);
     servers.push(server);
     const models = await curl(`${server.url}/v1/models`);
     assert.equal(models.status, 200);
@@ -74,6 +75,7 @@ test('llama-server flags with the same meaning start a server that follows them'
     assert.equal(first.choices[0].finish_reason, 'length');
     assert.equal(second.choices[0].message.content, first.choices[0].message.content);
     assert.match(server.output(), /GET \/slots is always on/);
+    assert.match(server.output(), /expert weights of the first 1 blocks in host memory \(--n-cpu-moe\)/);
 });
 
 test('--api-key-file takes llama-server\'s file: one key per line, all of one shared cache', async () => {

@@ -6,7 +6,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
+#include <set>
 
+#include "engine/engine.h"
+#include "generated-models.h"
+#include "gguf.h"
 #include "test-temp-dir.h"
 
 using keepwarm::describe_compute;
@@ -58,4 +63,46 @@ TEST(DescribeCompute, NamesTheGpuAndTheLayersOnItElseTheCpu) {
         EXPECT_NE(line.find("37/37 layers on the GPU"), std::string::npos) << line;
         EXPECT_NE(describe_compute(10, 36).find("10/37 layers on the GPU"), std::string::npos);
     }
+}
+
+// --n-cpu-moe N keeps exactly the expert weights of the first N blocks in host memory (llama.cpp matches each tensor
+// name with std::regex_search, as here); --cpu-moe every block's; nothing else moves. An engine loads with them.
+TEST(ExpertTensorPatterns, MatchExactlyTheExpertWeightsOfTheFirstBlocks) {
+    const std::string path = keepwarm::test_models::generated_model("unit-llama-runtime", "tiny-moe");
+    gguf_init_params params{.no_alloc = true, .ctx = nullptr};
+    gguf_context* gguf = gguf_init_from_file(path.c_str(), params);
+    ASSERT_NE(gguf, nullptr);
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < gguf_get_n_tensors(gguf); ++i) names.emplace_back(gguf_get_tensor_name(gguf, i));
+    gguf_free(gguf);
+
+    const auto in_host = [&](int layers) {
+        std::set<std::string> matched;
+        for (const std::string& pattern : keepwarm::expert_tensor_patterns(layers)) {
+            const std::regex re(pattern);
+            for (const std::string& name : names) {
+                if (std::regex_search(name, re)) matched.insert(name);
+            }
+        }
+        return matched;
+    };
+    EXPECT_TRUE(in_host(0).empty());
+    EXPECT_EQ(in_host(1), (std::set<std::string>{"blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight",
+                                                  "blk.0.ffn_up_exps.weight"}));
+    std::set<std::string> every_expert;
+    for (const std::string& name : names) {
+        if (name.find("_exps.") != std::string::npos) every_expert.insert(name);
+    }
+    EXPECT_GT(every_expert.size(), 3u);
+    EXPECT_EQ(in_host(-1), every_expert);
+    EXPECT_EQ(in_host(1000), every_expert);  // more blocks than the model has: all of them
+
+    keepwarm::engine_options options;
+    options.model_path = path;
+    options.context_size = 256;
+    options.slots = 1;
+    options.cache_ram_bytes = 0;
+    options.cpu_moe_layers = 1;
+    keepwarm::engine llm(options);
+    EXPECT_GT(llama_model_n_layer(llm.model()), 1);
 }
