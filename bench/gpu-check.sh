@@ -76,6 +76,13 @@ if [[ -n "$make_bundle" ]]; then
     ldd "$repo/build/keepwarm" "$stage"/bin/tests/* | awk '$3 ~ /^\/(usr\/)?lib\// {print $3}' | sort -u |
         grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' | xargs -r cp -L -t "$stage/bin/lib/"
     for v in "${vocabs[@]}"; do cp "$llama_dir/source/models/ggml-vocab-$v.gguf" "$stage/llama-source/models/"; done
+    # The end-to-end prefix-cache tests need Node.js and the openai package (no dependencies of its own): both go
+    # along where this machine has them, for a GPU machine without Node.js (24 MB compressed).
+    if command -v node >/dev/null && [[ -d "$repo/tests/e2e/node_modules/openai" ]]; then
+        mkdir -p "$stage/node/bin" "$stage/node/node_modules"
+        cp -L "$(command -v node)" "$stage/node/bin/"
+        cp -r "$repo/tests/e2e/node_modules/openai" "$stage/node/node_modules/"
+    fi
     cp "$llama_dir"/source/models/templates/*.jinja "$stage/llama-source/models/templates/"
     # The commit the binaries were built from (the GPU machine's copy of the tree may say another).
     echo "$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo +changes)" \
@@ -128,6 +135,10 @@ if [[ -n "$bundle" ]]; then
     tests_dir="$work/bin/tests"
     llama_server="$work/llama-server/llama-server"
     export KEEPWARM_LLAMA_SOURCE_DIR="$work/llama-source"
+    if [[ -x "$work/node/bin/node" ]] && ! command -v node >/dev/null; then
+        export PATH="$work/node/bin:$PATH"
+        [[ -e "$repo/tests/e2e/node_modules" ]] || ln -s "$work/node/node_modules" "$repo/tests/e2e/node_modules"
+    fi
     # The test binaries find their libraries through their run path (../lib from tests/, as in build/).
 else
     (cd "$repo" && scripts/install-deps.sh) >"$out/install.log" 2>&1 || { log "install failed: $out/install.log"; exit 1; }

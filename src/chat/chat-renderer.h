@@ -41,12 +41,12 @@ public:
     };
 
     // Applies the template. A trailing assistant message (without tool calls) is continued rather than answered,
-    // like llama-server's default prefill. A required tool call (tool_choice required/any/a named tool) starts the answer
-    // with the template's tool-call marker, as Anthropic documents for tool_choice any/tool: the template grammars
-    // allow free text before the marker, and a model may never reach it. Thinking on by default is turned off for it;
-    // thinking the request asked for is a 400 (Anthropic's API refuses the same). Template/render errors
-    // throw request_error 400 with the message. The result is always common_chat_templates_apply's; a chat that extends
-    // a recently rendered one is spliced from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms
+    // like llama-server's default prefill. A required tool call (tool_choice required/any/a named tool) starts the
+    // answer with the template's tool-call marker, as Anthropic documents for tool_choice any/tool: the template
+    // grammars allow free text before the marker, and a model may never reach it. Thinking on by default is turned off
+    // for it; thinking the request asked for is a 400 (Anthropic's API refuses the same). Template/render errors throw
+    // request_error 400 with the message. The result is always common_chat_templates_apply's; a chat that extends a
+    // recently rendered one is spliced from it (see chat-render-cache.h), which makes a 40K-token agent turn ~1 ms
     // instead of ~150 ms. Thread-safe.
     rendered render(const chat_request& request) const;
 

@@ -45,9 +45,7 @@ CLI::Option* add_stream_keepalive_option(CLI::App& cmd, std::chrono::millisecond
     return cmd
         .add_option_function<double>(
             "--stream-keepalive",
-            [&interval](double seconds) {
-                interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-            },
+            [&interval](double seconds) { interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
             "A stream with nothing to send for this many seconds (a long prompt being computed) gets its API's "
             "keep-alive: an SSE comment, an Anthropic ping, an Ollama line with empty content (default 10; 0: never)")
         ->check(CLI::Range(0.0, 3600.0));
@@ -67,9 +65,9 @@ void add_log_options(CLI::App& cmd) {
 std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::server_options& http,
                                        frontend_context& ctx, policy::policy_config& policy,
                                        const std::string& command) {
-    std::vector<std::string> tenants = http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file,
-                                                               tenancy.shared_cache, tenancy.shared_keys_file,
-                                                               tenancy.listed_keys);
+    std::vector<std::string> tenants =
+        http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file, tenancy.shared_cache,
+                                tenancy.shared_keys_file, tenancy.listed_keys);
     ctx.log_prompts = tenancy.log_prompts;
     ctx.reuse_report = !tenancy.no_reuse_report;
     if (!tenants.empty() && policy.detect.mode == policy::detect_mode::automatic) {

@@ -3,8 +3,8 @@
 // policy runs (a file, none, or the built-in defaults); and the stop signals both wait for.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <toml++/toml.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <csignal>

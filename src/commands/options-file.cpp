@@ -46,8 +46,9 @@ public:
             if (rules_.not_in_file.count(name)) fail(key.source(), "'" + name + "' cannot be set in this file");
             CLI::Option* opt = find_long_option(cmd, name);
             if (opt == nullptr) {
-                fail(key.source(), "unknown setting '" + std::string(key.str()) + "': the settings are the long options of `keepwarm " +
-                                       cmd.get_name() + " --help` without their dashes");
+                fail(key.source(), "unknown setting '" + std::string(key.str()) +
+                                       "': the settings are the long options of `keepwarm " + cmd.get_name() +
+                                       " --help` without their dashes");
             }
             if (set_elsewhere(*opt)) continue;  // the command line wins
             const std::vector<std::string> values = values_of(*opt, name, node);

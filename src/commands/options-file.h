@@ -7,8 +7,8 @@
 // Threading: called once, while the command line is parsed.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <toml++/toml.h>
+#include <CLI/CLI.hpp>
 
 #include <functional>
 #include <map>

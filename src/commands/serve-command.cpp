@@ -98,8 +98,7 @@ int run_serve(serve_options opts) {
                        ? opts.model_aliases.front()
                        : std::filesystem::path(model.model_path).stem().string();
     // Before the model loads: a mistake in the file stops start-up at once, naming its line.
-    policy::policy_config policy_config =
-        select_policy(opts.policy_file, opts.no_policy, ctx.model_id, opts.written);
+    policy::policy_config policy_config = select_policy(opts.policy_file, opts.no_policy, ctx.model_id, opts.written);
     for (size_t i = 1; i < opts.model_aliases.size(); ++i) {
         policy_config.model.aliases.push_back({opts.model_aliases[i], ctx.model_id});
     }
@@ -166,11 +165,10 @@ int run_serve(serve_options opts) {
               << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
               << ", " << eo.threads << " threads\n"
               << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
-              << (eo.cpu_moe_layers == 0 ? ""
-                  : eo.cpu_moe_layers < 0
-                      ? "; expert weights of every block in host memory (--cpu-moe)"
-                      : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
-                            " blocks in host memory (--n-cpu-moe)")
+              << (eo.cpu_moe_layers == 0  ? ""
+                  : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
+                                          : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
+                                                " blocks in host memory (--n-cpu-moe)")
               << "\n"
               << "  policy: " << describe_policy(*ctx.policy) << "\n"
               << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
@@ -307,7 +305,8 @@ void add_serve_command(CLI::App& app) {
                     "CPU, so a model larger than the GPU still runs on it")
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag_callback(
-        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; }, "-cmoe: MoE models: keep every block's expert weights in host memory");
+        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; },
+        "-cmoe: MoE models: keep every block's expert weights in host memory");
     cmd->add_option_function<std::string>(
            "--flash-attn",
            [&e](const std::string& v) {

@@ -128,7 +128,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     const std::vector<std::string> host_experts = expert_tensor_patterns(options_.cpu_moe_layers);
     std::vector<llama_model_tensor_buft_override> placement;
     if (!host_experts.empty()) {
-        ggml_backend_buffer_type_t host = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+        ggml_backend_buffer_type_t host =
+            ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
         for (const std::string& pattern : host_experts) placement.push_back({pattern.c_str(), host});
         placement.push_back({nullptr, nullptr});
         mparams.tensor_buft_overrides = placement.data();

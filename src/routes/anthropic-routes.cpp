@@ -30,7 +30,8 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
     ctx.http.messages++;
     // Anthropic sends `event: ping` to keep idle connections (and the proxies between) open; so does keepwarm while
     // a prompt is computed or a tool call parsed.
-    keepalive_writer w(client, [] { return anthropic::to_sse(anthropic::ping_event()); }, ctx.stream_keepalive);
+    keepalive_writer w(
+        client, [] { return anthropic::to_sse(anthropic::ping_event()); }, ctx.stream_keepalive);
     chat_request request = anthropic::parse_messages_request(parse_json_body(req));
     const std::string model = request.model;  // echoed as the client asked, whatever model serves it
     const bool stream = request.stream;

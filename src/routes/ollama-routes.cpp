@@ -61,8 +61,9 @@ keepalive_writer with_keepalive(http::response_writer& client, const frontend_co
     return keepalive_writer(
         client,
         [model, shape] {
-            return ollama::ndjson_line(shape == answer_shape::chat ? ollama::chat_chunk_json(model, now(), "", "", {}, 0)
-                                                                   : ollama::generate_chunk_json(model, now(), "", ""));
+            return ollama::ndjson_line(shape == answer_shape::chat
+                                           ? ollama::chat_chunk_json(model, now(), "", "", {}, 0)
+                                           : ollama::generate_chunk_json(model, now(), "", ""));
         },
         ctx.stream_keepalive);
 }

@@ -21,7 +21,8 @@ bool write_sse(http::response_writer& w, const json& data) {
 
 // An SSE comment: clients skip it, idle timers see bytes.
 keepalive_writer with_keepalive(http::response_writer& client, const frontend_context& ctx) {
-    return keepalive_writer(client, [] { return std::string(": keep-alive\n\n"); }, ctx.stream_keepalive);
+    return keepalive_writer(
+        client, [] { return std::string(": keep-alive\n\n"); }, ctx.stream_keepalive);
 }
 
 void handle_chat(const generation_opener& open, frontend_context& ctx, const http::request& req,

@@ -88,7 +88,7 @@ TEST(ExpertTensorPatterns, MatchExactlyTheExpertWeightsOfTheFirstBlocks) {
     };
     EXPECT_TRUE(in_host(0).empty());
     EXPECT_EQ(in_host(1), (std::set<std::string>{"blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight",
-                                                  "blk.0.ffn_up_exps.weight"}));
+                                                 "blk.0.ffn_up_exps.weight"}));
     std::set<std::string> every_expert;
     for (const std::string& name : names) {
         if (name.find("_exps.") != std::string::npos) every_expert.insert(name);

@@ -13,7 +13,8 @@ using namespace std::chrono_literals;
 namespace {
 
 keepalive_writer pinging(test_support::fake_writer& client, std::chrono::milliseconds interval) {
-    return keepalive_writer(client, [] { return std::string(": ka\n\n"); }, interval);
+    return keepalive_writer(
+        client, [] { return std::string(": ka\n\n"); }, interval);
 }
 
 }  // namespace
@@ -58,14 +59,17 @@ TEST(stream_keepalive, zero_means_never) {
 TEST(stream_keepalive, a_failed_write_is_a_client_gone) {
     // A socket whose writes fail while its poll has not seen the peer leave yet.
     struct broken_pipe final : keepwarm::http::response_writer {
-        bool send(int, std::string_view, std::string_view, const keepwarm::http::header_list&) override { return false; }
+        bool send(int, std::string_view, std::string_view, const keepwarm::http::header_list&) override {
+            return false;
+        }
         bool begin_stream(int, std::string_view, const keepwarm::http::header_list&) override { return true; }
         bool write_chunk(std::string_view) override { return false; }
         void end_stream() override {}
         bool client_gone() override { return false; }
         bool started() const override { return true; }
     } client;
-    keepalive_writer w(client, [] { return std::string(": ka\n\n"); }, 10ms);
+    keepalive_writer w(
+        client, [] { return std::string(": ka\n\n"); }, 10ms);
     ASSERT_TRUE(w.begin_stream(200, "text/event-stream"));
     EXPECT_FALSE(w.client_gone());
     std::this_thread::sleep_for(15ms);
