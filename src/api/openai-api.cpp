@@ -41,59 +41,6 @@ std::optional<int> get_int_in(const json& obj, const std::string& key, int64_t l
     return v ? std::optional<int>(int(*v)) : std::nullopt;
 }
 
-sampling_options parse_sampling(const json& body) {
-    sampling_options s;
-    auto as_float = [&](const char* key) -> std::optional<float> {
-        auto v = get_number(body, key, key);
-        if (!v) {
-            return std::nullopt;
-        }
-        // Out-of-float-range values become inf and fail validation below instead of wrapping silently.
-        return std::fabs(*v) > double(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::infinity()
-                                                                         : float(*v);
-    };
-    s.temperature = as_float("temperature");
-    s.top_p = as_float("top_p");
-    s.min_p = as_float("min_p");
-    s.repeat_penalty = as_float("repeat_penalty");
-    s.presence_penalty = as_float("presence_penalty");
-    s.frequency_penalty = as_float("frequency_penalty");
-    s.top_k = get_int_in(body, "top_k", 0, std::numeric_limits<int32_t>::max());
-    s.repeat_last_n = get_int_in(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max());
-    if (auto seed = get_integer(body, "seed", "seed")) {
-        if (*seed == -1) {
-            s.seed = LLAMA_DEFAULT_SEED;
-        } else if (*seed >= 0 && *seed <= int64_t(std::numeric_limits<uint32_t>::max())) {
-            s.seed = uint32_t(*seed);
-        } else {
-            fail("'seed' must be an integer between -1 and 4294967295");
-        }
-    }
-    if (const json* bias = find(body, "logit_bias")) {
-        if (!bias->is_object()) fail("'logit_bias' must be an object mapping token ids to numbers");
-        // No vocab has this many tokens; bind_to_vocab() checks each id against the model's.
-        if (bias->size() > max_logit_bias_entries) {
-            fail("'logit_bias' has " + std::to_string(bias->size()) + " entries; at most " +
-                 std::to_string(max_logit_bias_entries) + " are accepted");
-        }
-        for (const auto& [key, value] : bias->items()) {
-            char* end = nullptr;
-            const long id = std::strtol(key.c_str(), &end, 10);
-            if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max()) {
-                fail("'logit_bias' keys must be token ids, got '" + key + "'");
-            }
-            if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
-                fail("'logit_bias[" + key + "]' must be a number between -100 and 100");
-            }
-            const float b = value.get<float>();
-            s.logit_bias.emplace_back(static_cast<llama_token>(id), b <= -100 ? -INFINITY : b);
-        }
-    }
-    if (auto ignore = get_bool(body, "ignore_eos", "ignore_eos")) s.ignore_eos = *ignore;
-    validate_sampling(s);
-    return s;
-}
-
 std::vector<std::string> parse_stop(const json& body) {
     std::vector<std::string> stop;
     const json* v = find(body, "stop");
@@ -431,6 +378,59 @@ void parse_thinking(const json& body, chat_request& req) {
 }
 
 }  // namespace
+
+sampling_options parse_sampling(const json& body) {
+    sampling_options s;
+    auto as_float = [&](const char* key) -> std::optional<float> {
+        auto v = get_number(body, key, key);
+        if (!v) {
+            return std::nullopt;
+        }
+        // Out-of-float-range values become inf and fail validation below instead of wrapping silently.
+        return std::fabs(*v) > double(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::infinity()
+                                                                         : float(*v);
+    };
+    s.temperature = as_float("temperature");
+    s.top_p = as_float("top_p");
+    s.min_p = as_float("min_p");
+    s.repeat_penalty = as_float("repeat_penalty");
+    s.presence_penalty = as_float("presence_penalty");
+    s.frequency_penalty = as_float("frequency_penalty");
+    s.top_k = get_int_in(body, "top_k", 0, std::numeric_limits<int32_t>::max());
+    s.repeat_last_n = get_int_in(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max());
+    if (auto seed = get_integer(body, "seed", "seed")) {
+        if (*seed == -1) {
+            s.seed = LLAMA_DEFAULT_SEED;
+        } else if (*seed >= 0 && *seed <= int64_t(std::numeric_limits<uint32_t>::max())) {
+            s.seed = uint32_t(*seed);
+        } else {
+            fail("'seed' must be an integer between -1 and 4294967295");
+        }
+    }
+    if (const json* bias = find(body, "logit_bias")) {
+        if (!bias->is_object()) fail("'logit_bias' must be an object mapping token ids to numbers");
+        // No vocab has this many tokens; bind_to_vocab() checks each id against the model's.
+        if (bias->size() > max_logit_bias_entries) {
+            fail("'logit_bias' has " + std::to_string(bias->size()) + " entries; at most " +
+                 std::to_string(max_logit_bias_entries) + " are accepted");
+        }
+        for (const auto& [key, value] : bias->items()) {
+            char* end = nullptr;
+            const long id = std::strtol(key.c_str(), &end, 10);
+            if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max()) {
+                fail("'logit_bias' keys must be token ids, got '" + key + "'");
+            }
+            if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
+                fail("'logit_bias[" + key + "]' must be a number between -100 and 100");
+            }
+            const float b = value.get<float>();
+            s.logit_bias.emplace_back(static_cast<llama_token>(id), b <= -100 ? -INFINITY : b);
+        }
+    }
+    if (auto ignore = get_bool(body, "ignore_eos", "ignore_eos")) s.ignore_eos = *ignore;
+    validate_sampling(s);
+    return s;
+}
 
 std::vector<common_chat_tool> parse_function_tools(const json& body) {
     std::vector<common_chat_tool> tools;

@@ -23,6 +23,9 @@ chat_request parse_chat_request(const json& body);
 // OpenAI's and Ollama's APIs send them; throws request_error 400 naming the field that is wrong.
 std::vector<common_chat_tool> parse_function_tools(const json& body);
 completion_request parse_completion_request(const json& body);
+// The sampling fields of an OpenAI body (temperature, top_p, min_p, top_k, penalties, seed, logit_bias, and
+// llama-server's ignore_eos), checked; shared by the Chat Completions and Responses parsers.
+sampling_options parse_sampling(const json& body);
 
 // Response ids in OpenAI's shapes (see random_id).
 inline std::string gen_chat_completion_id() {

@@ -8,6 +8,8 @@ void write_http_metrics(metrics_text& out, const http_counters& c) {
                 c.chat_completions.load());
     out.counter("keepwarm_completion_requests_total", "POST /v1/completions requests (OpenAI, raw prompt)",
                 c.completions.load());
+    out.counter("keepwarm_responses_requests_total", "POST /v1/responses requests (OpenAI Responses API)",
+                c.responses.load());
     out.counter("keepwarm_messages_requests_total", "POST /v1/messages requests (Anthropic)", c.messages.load());
     out.counter("keepwarm_ollama_chat_requests_total", "POST /api/chat requests (Ollama)", c.ollama_chats.load());
     out.counter("keepwarm_ollama_generate_requests_total", "POST /api/generate requests (Ollama)",

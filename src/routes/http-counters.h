@@ -12,6 +12,7 @@ namespace keepwarm {
 struct http_counters {
     std::atomic<uint64_t> chat_completions{0};  // OpenAI
     std::atomic<uint64_t> completions{0};       // OpenAI, raw prompt
+    std::atomic<uint64_t> responses{0};         // OpenAI Responses API
     std::atomic<uint64_t> messages{0};          // Anthropic
     std::atomic<uint64_t> ollama_chats{0};
     std::atomic<uint64_t> ollama_generates{0};

@@ -8,6 +8,7 @@
 #include "api/openai-api.h"
 #include "base/unix-time.h"
 #include "chat/generation-report.h"
+#include "routes/responses-routes.h"
 #include "routes/stream-keepalive.h"
 
 namespace keepwarm {
@@ -150,6 +151,7 @@ generation_handler openai_completions(raw_generation_opener open) {
 
 void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             generation_handler completion) {
+    register_responses_routes(server, ctx, open);
     const auto chat = [open = std::move(open)](frontend_context& c, const http::request& req, http::response_writer& w,
                                                const request_clock& clock) { handle_chat(open, c, req, w, clock); };
     server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));

@@ -1,4 +1,5 @@
-// The OpenAI-compatible generation routes: POST /v1/chat/completions and POST /v1/completions.
+// The OpenAI-compatible generation routes: POST /v1/chat/completions, POST /v1/completions and the Responses API's
+// POST /v1/responses (routes/responses-routes.h).
 #pragma once
 
 #include "http/http-server.h"

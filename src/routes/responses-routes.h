@@ -1,0 +1,13 @@
+// OpenAI's Responses API route, POST /v1/responses (and /responses), over a generation_source: what Codex speaks.
+// Registered by register_openai_routes, so `keepwarm serve` and `keepwarm proxy` (any upstream dialect) both have it.
+#pragma once
+
+#include "http/http-server.h"
+#include "routes/frontend-context.h"
+#include "routes/generation-source.h"
+
+namespace keepwarm {
+
+void register_responses_routes(http::http_server& server, frontend_context& ctx, generation_opener open);
+
+}  // namespace keepwarm
