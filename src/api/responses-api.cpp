@@ -323,11 +323,7 @@ parsed_request parse_request(const json& body) {
     request_echo& echo = r.echo;
     req.api = "openai";
     req.model = get_string(body, "model", "model").value_or("");
-    if (const auto prev = get_string(body, "previous_response_id", "previous_response_id"); prev && !prev->empty()) {
-        fail(
-            "'previous_response_id' is not supported yet: keepwarm keeps no responses. Send the whole conversation "
-            "as 'input' (and 'store': false), as Codex does");
-    }
+    echo.previous_response_id = get_string(body, "previous_response_id", "previous_response_id");
     if (const auto conversation = find(body, "conversation")) {
         fail("'conversation' is not supported: send the whole conversation as 'input'");
     }
@@ -352,7 +348,7 @@ parsed_request parse_request(const json& body) {
     req.sampling = parse_sampling(body);
     parse_reasoning(body, req, echo);
     req.json_schema = parse_text_format(body, echo);
-    get_bool(body, "store", "store");  // checked; nothing is stored yet (echo.store stays false)
+    echo.store = get_bool(body, "store", "store").value_or(true);
     if (const json* metadata = find(body, "metadata")) {
         if (!metadata->is_object()) fail("'metadata' must be an object");
         bounded_json::require_shape(*metadata, "metadata");
@@ -363,6 +359,25 @@ parsed_request parse_request(const json& body) {
         fail("'top_logprobs' is not supported: keepwarm does not return token probabilities");
     }
     return r;
+}
+
+json input_items(const json& body) {
+    const json* input = find(body, "input");
+    if (!input) fail("'input' is required: a string or an array of input items");
+    if (input->is_string()) {
+        return json::array({{{"type", "message"},
+                             {"role", "user"},
+                             {"content", json::array({{{"type", "input_text"}, {"text", *input}}})}}});
+    }
+    if (!input->is_array()) fail("'input' must be a string or an array of input items");
+    return *input;
+}
+
+json continue_input(json body, const json& previous_items) {
+    json items = previous_items;
+    for (const json& item : input_items(body)) items.push_back(item);
+    body["input"] = std::move(items);
+    return body;
 }
 
 json usage_json(const usage_info& usage) {
@@ -410,7 +425,7 @@ json response_json(const std::string& id, const std::string& model, int64_t crea
         {"model", model},
         {"output", output},
         {"parallel_tool_calls", echo.parallel_tool_calls},
-        {"previous_response_id", nullptr},
+        {"previous_response_id", echo.previous_response_id ? json(*echo.previous_response_id) : json(nullptr)},
         {"reasoning", echo.reasoning},
         {"store", echo.store},
         {"text", {{"format", echo.text_format}}},

@@ -37,7 +37,8 @@ struct request_echo {
     bool parallel_tool_calls = true;
     json text_format = {{"type", "text"}};
     json reasoning = {{"effort", nullptr}, {"summary", nullptr}};
-    bool store = false;  // keepwarm keeps no responses yet: always false, whatever was asked
+    bool store = true;  // the API's default: the response is kept and a later request may continue it
+    std::optional<std::string> previous_response_id;
     json metadata = json::object();
     std::optional<std::string> prompt_cache_key;
 };
@@ -47,7 +48,15 @@ struct parsed_request {
     request_echo echo;
 };
 
+// `body.input` must already hold a previous response's conversation when the body names one (the route looks it up
+// and prepends it with continue_input).
 parsed_request parse_request(const json& body);
+
+// The body's `input` as a list of items (a string becomes one user message item); throws a 400 when it is neither.
+json input_items(const json& body);
+// `body` with its input after `previous_items` (a stored conversation): what the model reads when a request names
+// previous_response_id.
+json continue_input(json body, const json& previous_items);
 
 inline std::string gen_response_id() {
     return random_id("resp_");

@@ -112,6 +112,9 @@ int run_serve(serve_options opts) {
         opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
         // Before the model loads, so a second server on the directory stops at once, naming the first.
         dir_lock.emplace(opts.engine.cache_dir, "keepwarm serve");
+        // The Responses API's stored responses survive a restart beside the disk tier (a folder it does not read).
+        ctx.responses = std::make_unique<response_store>(
+            response_store::options{.dir = std::filesystem::path(opts.engine.cache_dir) / "responses"});
     }
 
     model.llm = std::make_unique<engine>(opts.engine);

@@ -12,6 +12,7 @@
 #include "policy/busters.h"
 #include "policy/policy.h"
 #include "routes/http-counters.h"
+#include "routes/response-store.h"
 
 namespace keepwarm {
 
@@ -22,6 +23,9 @@ struct frontend_context {
     // command (make_busters_detector in routes/busters-routes.h).
     std::unique_ptr<policy::cache_buster_detector> busters;
     http_counters http;
+    // The Responses API's stored responses (store, previous_response_id): in memory unless the command gives a
+    // folder (serve: beside the disk tier).
+    std::unique_ptr<response_store> responses = std::make_unique<response_store>(response_store::options{});
     std::string model_id;  // name reported by /v1/models and in responses
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/responses-api.h"
+#include "base/request-error.h"
 #include "base/unix-time.h"
 #include "chat/generation-report.h"
 #include "routes/generation-route.h"
@@ -17,10 +18,38 @@ namespace {
 using json = nlohmann::ordered_json;
 namespace responses = api::responses;
 
+[[noreturn]] void not_found(const std::string& id) {
+    throw request_error(404, "Response with id '" + id + "' not found.", "invalid_request_error");
+}
+
+// The body with a previous response's conversation before its input, when it names one of this tenant's.
+json with_previous(json body, const frontend_context& ctx, const std::string& tenant) {
+    const json* previous =
+        body.is_object() && body.contains("previous_response_id") ? &body["previous_response_id"] : nullptr;
+    if (!previous || previous->is_null()) return body;
+    if (!previous->is_string()) throw request_error(400, "'previous_response_id' must be a string");
+    const std::string id = previous->get<std::string>();
+    const std::optional<response_store::record> stored = ctx.responses->get(id, tenant);
+    if (!stored) {
+        throw request_error(404, "Previous response with id '" + id + "' not found.", "invalid_request_error");
+    }
+    return responses::continue_input(std::move(body), stored->items);
+}
+
+// Kept when the request asked (the API's default): the conversation up to and including this answer.
+void keep(frontend_context& ctx, const http::request& req, const responses::parsed_request& parsed, const json& body,
+          const std::string& id, const json& response) {
+    if (!parsed.echo.store) return;
+    json items = responses::input_items(body);
+    for (const json& item : response["output"]) items.push_back(item);
+    ctx.responses->put(id, req.tenant, {std::move(items), response});
+}
+
 void handle_responses(const generation_opener& open, frontend_context& ctx, const http::request& req,
                       http::response_writer& client, const request_clock& clock) {
     ctx.http.responses++;
-    responses::parsed_request parsed = responses::parse_request(parse_json_body(req));
+    const json body = with_previous(parse_json_body(req), ctx, req.tenant);
+    responses::parsed_request parsed = responses::parse_request(body);
     const std::string& model = ctx.model_id;  // the served name, as the Chat Completions route reports it
     const bool stream = parsed.chat.stream;
     // An SSE comment while a long prompt is computed: clients skip it, idle timers see bytes.
@@ -34,11 +63,12 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
         const auto u = final_update(answer, "server_error");
         if (!u) return;
         const bool cut = u->reason == finish_reason::length;
-        w.send(200, "application/json",
-               responses::response_json(answer.id(), model, created_at, parsed.echo, cut ? "incomplete" : "completed",
-                                        responses::output_json(answer.id(), answer.message(), cut),
-                                        responses::usage_json(usage_of(u->stats)), timings_of(u->stats), "", cut)
-                   .dump(-1, ' ', false, json::error_handler_t::replace),
+        const json response =
+            responses::response_json(answer.id(), model, created_at, parsed.echo, cut ? "incomplete" : "completed",
+                                     responses::output_json(answer.id(), answer.message(), cut),
+                                     responses::usage_json(usage_of(u->stats)), timings_of(u->stats), "", cut);
+        keep(ctx, req, parsed, body, answer.id(), response);
+        w.send(200, "application/json", response.dump(-1, ' ', false, json::error_handler_t::replace),
                answer.response_headers());
         return;
     }
@@ -67,7 +97,10 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
         if (!u->done) continue;
         const auto status =
             u->reason == finish_reason::length ? responses::status::incomplete : responses::status::completed;
-        send(events.finish(answer.message(), status, usage_of(u->stats), timings_of(u->stats)));
+        const std::vector<responses::stream_event> last =
+            events.finish(answer.message(), status, usage_of(u->stats), timings_of(u->stats));
+        keep(ctx, req, parsed, body, answer.id(), last.back().data["response"]);
+        send(last);
         w.end_stream();
         return;
     }
@@ -82,6 +115,19 @@ void register_responses_routes(http::http_server& server, frontend_context& ctx,
     };
     server.add_route("POST", "/v1/responses", generation_route(ctx, handler));
     server.add_route("POST", "/responses", generation_route(ctx, handler));
+    for (const std::string prefix : {"/v1/responses/", "/responses/"}) {
+        server.add_route("GET", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
+            const std::string id = http::path_rest(req.path, prefix).value_or("");
+            const std::optional<response_store::record> stored = ctx.responses->get(id, req.tenant);
+            if (!stored) not_found(id);
+            w.send(200, "application/json", stored->response.dump(-1, ' ', false, json::error_handler_t::replace));
+        });
+        server.add_route("DELETE", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
+            const std::string id = http::path_rest(req.path, prefix).value_or("");
+            if (!ctx.responses->erase(id, req.tenant)) not_found(id);
+            w.send(200, "application/json", json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump());
+        });
+    }
 }
 
 }  // namespace keepwarm

@@ -80,7 +80,6 @@ test('a tool round trip: the call out, its output back, and the second request r
 test('what keepwarm cannot serve is a 400 in OpenAI\'s shape, and the next request is served', async () => {
     const cases = [
         [{ input: 'x', tools: [{ type: 'web_search_preview' }] }, /'web_search_preview' tools are not supported/],
-        [{ input: 'x', previous_response_id: 'resp_123' }, /'previous_response_id' is not supported yet/],
         [{ input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] },
             /input_image is not supported/],
         [{ input: 42 }, /'input' must be a string or an array/],
@@ -91,6 +90,48 @@ test('what keepwarm cannot serve is a 400 in OpenAI\'s shape, and the next reque
     }
     const r = await client.responses.create({ model: 'tiny', input: 'still here?', max_output_tokens: 2 });
     assert.equal(r.usage.output_tokens, 2);
+});
+
+// store (the default) keeps a response with its conversation: a request naming it continues it without sending it
+// again (and reuses its KV), GET returns it, DELETE removes it, another tenant cannot see it, a restart keeps it.
+test('stored responses: continued, fetched, deleted, kept across a restart', async () => {
+    const first = await client.responses.create({ model: 'tiny', instructions: 'Be brief.',
+        input: 'Remember the number 4711.', max_output_tokens: 6, reasoning: { effort: 'none' } });
+    assert.equal(first.store, true);
+    // Instructions are not carried over from a previous response (OpenAI's rule): a client sends them each time.
+    const second = await client.responses.create({ model: 'tiny', previous_response_id: first.id,
+        instructions: 'Be brief.', input: 'Which number?', max_output_tokens: 4, reasoning: { effort: 'none' } });
+    assert.equal(second.previous_response_id, first.id);
+    assert.ok(second.usage.input_tokens > first.usage.input_tokens + 4, 'the first conversation is read again');
+    assert.ok(second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 12,
+        `cached ${second.usage.input_tokens_details.cached_tokens} of ${first.usage.input_tokens}`);
+
+    const fetched = await client.responses.retrieve(second.id);
+    assert.equal(fetched.id, second.id);
+    assert.deepEqual(fetched.output, second.output);
+
+    await assert.rejects(client.responses.create({ model: 'tiny', previous_response_id: 'resp_doesnotexist',
+        input: 'x' }), (e) => e.status === 404 && /resp_doesnotexist/.test(e.message));
+    await assert.rejects(client.responses.retrieve('resp_doesnotexist'), (e) => e.status === 404);
+
+    const unstored = await client.responses.create({ model: 'tiny', input: 'not kept', store: false,
+        max_output_tokens: 2 });
+    assert.equal(unstored.store, false);
+    await assert.rejects(client.responses.retrieve(unstored.id), (e) => e.status === 404);
+
+    // A restart on the same cache folder keeps what was stored.
+    await server.stop();
+    const again = await startServer(['-c', '8192', '--parallel', '1'], { cacheDir: server.cacheDir });
+    started.push(again);
+    const after = again.client();
+    assert.equal((await after.responses.retrieve(first.id)).id, first.id);
+    const third = await after.responses.create({ model: 'tiny', previous_response_id: second.id,
+        instructions: 'Be brief.', input: 'And now?', max_output_tokens: 2, reasoning: { effort: 'none' } });
+    assert.ok(third.usage.input_tokens > second.usage.input_tokens);
+    await after.responses.delete(first.id);
+    await assert.rejects(after.responses.retrieve(first.id), (e) => e.status === 404);
+    server = again;
+    client = after;
 });
 
 test('the proxy serves the Responses API in front of an upstream of another dialect', async () => {

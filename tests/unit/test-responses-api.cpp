@@ -111,6 +111,24 @@ TEST(responses_api, a_tool_round_trip_history_becomes_one_conversation) {
     EXPECT_EQ(r.echo.tools[0]["name"], "shell");
 }
 
+// A request naming a previous response reads its stored conversation first, then its own input.
+TEST(responses_api, a_continued_request_reads_the_stored_conversation_first) {
+    const json stored = json::parse(R"([{"type":"message","role":"user","content":[{"type":"input_text","text":"a"}]},
+        {"type":"message","id":"msg_1","role":"assistant","status":"completed",
+         "content":[{"type":"output_text","text":"b","annotations":[]}]}])");
+    const json body = continue_input(json::parse(R"({"input":"c","previous_response_id":"resp_1"})"), stored);
+    EXPECT_EQ(body["input"].size(), 3u);
+    const parsed_request r = parse_request(body);
+    ASSERT_EQ(r.chat.messages.size(), 3u);
+    EXPECT_EQ(r.chat.messages[1].role, "assistant");
+    EXPECT_EQ(r.chat.messages[1].content, "b");
+    EXPECT_EQ(r.chat.messages[2].content, "c");
+    EXPECT_EQ(r.echo.previous_response_id, "resp_1");
+    EXPECT_TRUE(r.echo.store);  // the API's default
+    EXPECT_FALSE(parse(R"({"input":"x","store":false})").echo.store);
+    EXPECT_EQ(input_items(json::parse(R"({"input":"hi"})"))[0]["content"][0]["text"], "hi");
+}
+
 TEST(responses_api, choices_formats_and_effort_none) {
     parsed_request r = parse(R"({"input":"x","tools":[{"type":"function","name":"a"},{"type":"function","name":"b"}],
         "tool_choice":{"type":"function","name":"b"},"reasoning":{"effort":"none"},
@@ -142,7 +160,7 @@ TEST(responses_api, bad_input_is_a_400_naming_the_field) {
     expect_400(R"({"input":"x","tool_choice":"required"})", "no 'tools' were given");
     expect_400(R"({"input":"x","tools":[{"type":"function","name":"a"}],"tool_choice":{"type":"function","name":"z"}})",
                "not in 'tools'");
-    expect_400(R"({"input":"x","previous_response_id":"resp_1"})", "'previous_response_id' is not supported yet");
+    expect_400(R"({"input":"x","previous_response_id":7})", "'previous_response_id' must be a string");
     expect_400(R"({"input":"x","max_output_tokens":0})", "'max_output_tokens'");
     expect_400(R"({"input":"x","reasoning":{"effort":"extreme"}})", "'reasoning.effort'");
     expect_400(R"({"input":"x","text":{"format":{"type":"json_schema"}}})", "'text.format.schema'");
