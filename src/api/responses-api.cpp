@@ -170,21 +170,47 @@ std::vector<common_chat_msg> parse_input(const json& body) {
     return messages;
 }
 
-std::vector<common_chat_tool> parse_tools(const json& body, json& echo) {
-    std::vector<common_chat_tool> tools;
-    const json* v = find(body, "tools");
-    if (!v) return tools;
-    if (!v->is_array()) fail("'tools' must be an array");
-    std::set<std::string> names;
-    for (size_t i = 0; i < v->size(); ++i) {
-        const json& tool = (*v)[i];
-        const std::string field = indexed("tools", i);
+// Tools that run on OpenAI's servers. A client that offers one (Codex sends web_search, with external access off)
+// still works: the model is not offered it, and request_echo::ignored_tools names it.
+bool hosted_tool(const std::string& type) {
+    static const std::set<std::string> hosted = {"web_search",
+                                                 "web_search_preview",
+                                                 "web_search_preview_2025_03_11",
+                                                 "web_search_2025_08_26",
+                                                 "file_search",
+                                                 "code_interpreter",
+                                                 "image_generation",
+                                                 "computer_use_preview",
+                                                 "computer_use",
+                                                 "mcp"};
+    return hosted.count(type) > 0;
+}
+
+void parse_tool_list(const json& list, const std::string& list_field, std::vector<common_chat_tool>& tools,
+                     std::set<std::string>& names, request_echo& echo, bool nested) {
+    if (!list.is_array()) fail(in_quotes(list_field) + " must be an array");
+    for (size_t i = 0; i < list.size(); ++i) {
+        const json& tool = list[i];
+        const std::string field = indexed(list_field, i);
         if (!tool.is_object()) fail(in_quotes(field) + " must be an object");
         const std::string type = get_string(tool, "type", field + ".type").value_or("");
+        if (type == "namespace" && !nested) {
+            // A group of function tools (Codex's sub-agent tools): the model is offered its functions.
+            const json* members = find(tool, "tools");
+            if (!members) fail(in_quotes(field + ".tools") + " must be an array");
+            echo.tools.push_back(tool);
+            parse_tool_list(*members, field + ".tools", tools, names, echo, true);
+            continue;
+        }
+        if (hosted_tool(type)) {
+            echo.ignored_tools.push_back(type);
+            echo.tools.push_back(tool);
+            continue;
+        }
         if (type != "function") {
             fail(in_quotes(field + ".type") + ": '" + type +
-                 "' tools are not supported (web search, file search, computer use, MCP, code interpreter, image "
-                 "generation and custom tools need OpenAI's servers); keepwarm takes function tools");
+                 "' tools are not supported (keepwarm offers the model function tools; tools that run on OpenAI's "
+                 "servers, such as web_search, are left out)");
         }
         const auto name = get_string(tool, "name", field + ".name");
         if (!name || name->empty()) fail(in_quotes(field + ".name") + " must be a non-empty string");
@@ -202,9 +228,17 @@ std::vector<common_chat_tool> parse_tools(const json& body, json& echo) {
                        {"description", t.description},
                        {"parameters", params ? *params : json::parse(t.parameters)},
                        {"strict", get_bool(tool, "strict", field + ".strict").value_or(false)}};
-        echo.push_back(std::move(echoed));
+        if (!nested) echo.tools.push_back(std::move(echoed));
         tools.push_back(std::move(t));
     }
+}
+
+std::vector<common_chat_tool> parse_tools(const json& body, request_echo& echo) {
+    std::vector<common_chat_tool> tools;
+    const json* v = find(body, "tools");
+    if (!v) return tools;
+    std::set<std::string> names;
+    parse_tool_list(*v, "tools", tools, names, echo, false);
     return tools;
 }
 
@@ -335,7 +369,7 @@ parsed_request parse_request(const json& body) {
         system.content = echo.instructions;
         req.messages.insert(req.messages.begin(), std::move(system));
     }
-    req.tools = parse_tools(body, echo.tools);
+    req.tools = parse_tools(body, echo);
     parse_tool_choice(body, req, echo);
     req.parallel_tool_calls = get_bool(body, "parallel_tool_calls", "parallel_tool_calls");
     echo.parallel_tool_calls = req.parallel_tool_calls.value_or(true);

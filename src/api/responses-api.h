@@ -7,8 +7,10 @@
 // turn), `function_call_output` items (tool results), and `reasoning` items carried back (their reasoning_text
 // content, else their summary, becomes the next assistant turn's reasoning, so the history renders as generated and
 // its KV cache is reused). `instructions` is a system message before them. Tools are function tools (`name`,
-// `parameters` at the top level, not under `function`); other tool types (web search, file search, computer use, MCP,
-// ...) are a 400 naming them, as are image, file and audio inputs.
+// `parameters` at the top level, not under `function`), and namespaces of them (their functions are offered); tools
+// that run on OpenAI's servers (web search, file search, code interpreter, computer use, MCP, image generation) are
+// not offered to the model and named in request_echo::ignored_tools, as Codex offers web_search whatever the server;
+// other types (custom, local_shell) are a 400 naming them, as are image, file and audio inputs.
 //
 // Output items, in the order the model writes them: a `reasoning` item (its text as reasoning_text content, and the
 // same text as `encrypted_content`, which clients carry back without reading), a `message` item with one output_text
@@ -41,6 +43,8 @@ struct request_echo {
     std::optional<std::string> previous_response_id;
     json metadata = json::object();
     std::optional<std::string> prompt_cache_key;
+    // Tools that run on OpenAI's servers (web_search, file_search, ...): echoed, never offered to the model.
+    std::vector<std::string> ignored_tools;
 };
 
 struct parsed_request {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/responses-api.h"
+#include "base/logger.h"
 #include "base/request-error.h"
 #include "base/unix-time.h"
 #include "chat/generation-report.h"
@@ -50,6 +51,11 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
     ctx.http.responses++;
     const json body = with_previous(parse_json_body(req), ctx, req.tenant);
     responses::parsed_request parsed = responses::parse_request(body);
+    if (!parsed.echo.ignored_tools.empty()) {
+        std::string names;
+        for (const auto& t : parsed.echo.ignored_tools) names += (names.empty() ? "" : ", ") + t;
+        log::debug("responses", "tools not offered to the model (they run on OpenAI's servers): {}", names);
+    }
     const std::string& model = ctx.model_id;  // the served name, as the Chat Completions route reports it
     const bool stream = parsed.chat.stream;
     // An SSE comment while a long prompt is computed: clients skip it, idle timers see bytes.

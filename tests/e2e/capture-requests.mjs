@@ -11,8 +11,9 @@ const secretHeaders = new Set(['authorization', 'x-api-key', 'cookie']);
 
 // Starts the proxy on a free port of 127.0.0.1. Resolves to { url, requests, close() }; `requests` fills as they come,
 // each with `response` ({ status, body as text }) once its answer is complete. With `outDir`, each request (without
-// its response) is also written there as JSON.
-export async function startCapture(target, { outDir, port = 0 } = {}) {
+// its response) is also written there as JSON. With `rewrite(body, path)`, a JSON body is forwarded as that function
+// returns it (the record keeps what the client sent): how a test steers a random-weight model a real client drives.
+export async function startCapture(target, { outDir, port = 0, rewrite } = {}) {
     const requests = [];
     if (outDir) mkdirSync(outDir, { recursive: true });
     const server = http.createServer((req, res) => {
@@ -33,9 +34,15 @@ export async function startCapture(target, { outDir, port = 0 } = {}) {
                 const name = `${String(requests.length).padStart(3, '0')}-${req.url.replace(/[^a-zA-Z0-9]+/g, '_')}.json`;
                 writeFileSync(path.join(outDir, name), JSON.stringify(record, null, 2) + '\n');
             }
+            let forwarded = raw;
+            const headers_out = { ...req.headers };
+            if (rewrite && typeof body === 'object') {
+                forwarded = Buffer.from(JSON.stringify(rewrite(structuredClone(body), req.url)));
+                headers_out['content-length'] = String(forwarded.length);
+            }
             // A fresh connection per request: one bad response cannot confuse the next on a kept-alive socket.
             const upstream = http.request(new URL(req.url, target),
-                { method: req.method, headers: req.headers, agent: false },
+                { method: req.method, headers: headers_out, agent: false },
                 (up) => {
                     res.writeHead(up.statusCode, up.headers);
                     const answer = [];
@@ -51,7 +58,7 @@ export async function startCapture(target, { outDir, port = 0 } = {}) {
                 res.writeHead(502, { 'content-type': 'application/json' });
                 res.end(JSON.stringify({ type: 'error', error: { type: 'api_error', message: e.message } }));
             });
-            upstream.end(raw);
+            upstream.end(forwarded);
         });
     });
     await new Promise((resolve) => server.listen(port, '127.0.0.1', resolve));

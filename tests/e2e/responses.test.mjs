@@ -79,7 +79,7 @@ test('a tool round trip: the call out, its output back, and the second request r
 
 test('what keepwarm cannot serve is a 400 in OpenAI\'s shape, and the next request is served', async () => {
     const cases = [
-        [{ input: 'x', tools: [{ type: 'web_search_preview' }] }, /'web_search_preview' tools are not supported/],
+        [{ input: 'x', tools: [{ type: 'custom', name: 'apply_patch' }] }, /'custom' tools are not supported/],
         [{ input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] },
             /input_image is not supported/],
         [{ input: 42 }, /'input' must be a string or an array/],

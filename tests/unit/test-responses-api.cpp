@@ -129,6 +129,23 @@ TEST(responses_api, a_continued_request_reads_the_stored_conversation_first) {
     EXPECT_EQ(input_items(json::parse(R"({"input":"hi"})"))[0]["content"][0]["text"], "hi");
 }
 
+// What Codex offers: function tools, a namespace of function tools, and web_search (which runs on OpenAI's servers).
+TEST(responses_api, codex_tools_namespaces_flatten_and_hosted_tools_are_left_out) {
+    const parsed_request r = parse(R"({"input":"x","tools":[
+        {"type":"function","name":"exec_command","parameters":{"type":"object"}},
+        {"type":"namespace","name":"multi_agent_v1","description":"sub-agents","tools":[
+            {"type":"function","name":"spawn_agent","parameters":{"type":"object"}},
+            {"type":"function","name":"close_agent"}]},
+        {"type":"web_search","external_web_access":false}]})");
+    std::vector<std::string> names;
+    for (const auto& t : r.chat.tools) names.push_back(t.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"exec_command", "spawn_agent", "close_agent"}));
+    EXPECT_EQ(r.echo.ignored_tools, (std::vector<std::string>{"web_search"}));
+    EXPECT_EQ(r.echo.tools.size(), 3u);  // echoed as sent
+    expect_400(R"({"input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"namespace","tools":[]}]}]})",
+               "'namespace' tools are not supported");
+}
+
 TEST(responses_api, choices_formats_and_effort_none) {
     parsed_request r = parse(R"({"input":"x","tools":[{"type":"function","name":"a"},{"type":"function","name":"b"}],
         "tool_choice":{"type":"function","name":"b"},"reasoning":{"effort":"none"},
@@ -154,7 +171,7 @@ TEST(responses_api, bad_input_is_a_400_naming_the_field) {
     expect_400(R"({"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{not json"}]})",
                "'input[0].arguments'");
     expect_400(R"({"input":[{"type":"function_call_output","call_id":"c"}]})", "'input[0].output'");
-    expect_400(R"({"input":"x","tools":[{"type":"web_search_preview"}]})", "'web_search_preview' tools are not");
+    expect_400(R"({"input":"x","tools":[{"type":"custom","name":"apply_patch"}]})", "'custom' tools are not");
     expect_400(R"({"input":"x","tools":[{"type":"function","name":"a"},{"type":"function","name":"a"}]})",
                "duplicate tool name");
     expect_400(R"({"input":"x","tool_choice":"required"})", "no 'tools' were given");

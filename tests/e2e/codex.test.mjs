@@ -1,0 +1,120 @@
+// The Codex CLI (@openai/codex, `codex exec`) against keepwarm through a custom provider speaking the Responses API:
+// one task with a tool round trip (a shell command called, run by Codex, its output sent back) and a final answer,
+// and the second request reusing the first's prefix.
+//
+// A random-weight model never calls a tool or ends a turn by itself, so a recording proxy between Codex and keepwarm
+// steers each request as the Claude Code test does through its extra body: the model is offered Codex's exec_command
+// alone, allowing one command; the first turn must call it (tool_choice required), and the turn after the tool output
+// writes one allowed JSON answer (text.format), after which only an end of turn is allowed. Everything else is Codex's
+// real traffic: its instructions, history items, prompt_cache_key, and the streamed events it reads back. (What
+// keepwarm does with the tools Codex also sends, web_search and a namespace, is in test-responses-api.)
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startServer } from './harness.mjs';
+import { startCapture } from './capture-requests.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const codex = path.join(here, 'node_modules/@openai/codex/bin/codex.js');
+const command = 'echo keepwarm-e2e';
+const answer = 'done';
+
+let home;
+let work;
+const started = [];
+before(() => {
+    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-codex-home-'));
+    work = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-codex-work-'));
+});
+after(async () => {
+    await Promise.all(started.map((s) => (s.stop ?? s.close)()));
+    rmSync(home, { recursive: true, force: true });
+    rmSync(work, { recursive: true, force: true });
+});
+
+// The steering described above. Both turns get the same tool list (exec_command alone, allowing the one command), so
+// the prompt up to the history is the same and its reuse is measured, not the steering's.
+function steer(body, url) {
+    if (!url.endsWith('/responses') || !Array.isArray(body.input)) return body;
+    const last = body.input.at(-1);
+    body.reasoning = { effort: 'none' };
+    body.tools = (body.tools ?? []).filter((t) => t.type === 'function' && t.name === 'exec_command').map((t) => ({
+        ...t, parameters: { type: 'object', properties: { cmd: { type: 'string', enum: [command] } },
+            required: ['cmd'], additionalProperties: false } }));
+    if (last?.type === 'function_call_output') {
+        body.tool_choice = 'none';
+        body.text = { format: { type: 'json_schema', name: 'answer', strict: true, schema: {
+            type: 'object', properties: { answer: { type: 'string', enum: [answer] } }, required: ['answer'],
+            additionalProperties: false } } };
+    } else {
+        body.tool_choice = 'required';
+        body.parallel_tool_calls = false;
+    }
+    return body;
+}
+
+// Runs `codex exec PROMPT` with a provider of its own (no OpenAI account, no network but the proxy).
+function runCodex(baseUrl, prompt) {
+    const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home, RUST_LOG: 'error' };
+    const args = ['exec', '--skip-git-repo-check', '--dangerously-bypass-approvals-and-sandbox',
+        '-c', 'model_provider=keepwarm',
+        '-c', `model_providers.keepwarm={name="keepwarm", base_url="${baseUrl}/v1", wire_api="responses"}`,
+        '-m', 'tiny', prompt];
+    return new Promise((resolve) => {
+        const child = execFile(process.execPath, [codex, ...args], { env, cwd: work, timeout: 300_000 },
+            (error, stdout, stderr) => resolve({ code: error ? (error.code ?? error.signal) : 0, stdout, stderr }));
+        child.stdin.end();  // codex exec reads more of the prompt from a stdin that is not a terminal, until its end
+    });
+}
+
+// The final response object of a streamed answer, from its SSE text.
+function finalResponse(sse) {
+    for (const block of sse.split('\n\n').reverse()) {
+        const data = block.split('\n').find((line) => line.startsWith('data: '));
+        if (!data) continue;
+        const event = JSON.parse(data.slice(6));
+        if (event.type === 'response.completed' || event.type === 'response.incomplete') return event.response;
+    }
+    return null;
+}
+
+test('codex exec runs a tool round trip against keepwarm, and its second request reuses the first', async () => {
+    const server = await startServer(['-c', '32768', '--parallel', '1']);
+    started.push(server);
+    const capture = await startCapture(server.url, { rewrite: steer });
+    started.push(capture);
+
+    const r = await runCodex(capture.url, 'Print the word keepwarm-e2e with a shell command.');
+    const sent = capture.requests.filter((q) => q.method === 'POST' && q.path.endsWith('/responses'));
+    assert.equal(r.code, 0, `codex exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+    assert.ok(sent.length >= 2, `requests: ${sent.map((q) => q.path).join(', ')}`);
+
+    // What Codex sent is its real traffic: instructions, its tools, the prompt cache key.
+    const first = sent[0].body;
+    assert.ok(first.tools.some((t) => t.type === 'function' && t.name === 'exec_command'));
+    assert.ok(typeof first.prompt_cache_key === 'string');
+
+    // The call went out, Codex ran it, and the output came back in the next request.
+    const outputs = sent[1].body.input.filter((item) => item.type === 'function_call_output');
+    // parallel_tool_calls false is asked for, but the pinned llama.cpp's grammar for Qwen3's tool calls repeats the
+    // call (one_or_more) whatever it says, so the model may call the command more than once: each ran.
+    assert.ok(outputs.length >= 1, JSON.stringify(sent[1].body.input.slice(-3)));
+    for (const { output } of outputs) {
+        assert.match(typeof output === 'string' ? output : JSON.stringify(output), /keepwarm-e2e/);
+    }
+    assert.ok(sent[1].body.input.some((item) => item.type === 'function_call' && item.name === 'exec_command'));
+
+    // The answer Codex printed, and the second request's reuse of the first.
+    assert.match(r.stdout, new RegExp(`"answer"\\s*:\\s*"${answer}"`), r.stdout);
+    const one = finalResponse(sent[0].response.body);
+    const two = finalResponse(sent[1].response.body);
+    assert.equal(one.status, 'completed');
+    assert.equal(two.status, 'completed');
+    assert.ok(two.usage.input_tokens > one.usage.input_tokens);
+    assert.ok(two.usage.input_tokens_details.cached_tokens >= one.usage.input_tokens - 12,
+        `cached ${two.usage.input_tokens_details.cached_tokens} of the first request's ${one.usage.input_tokens}`);
+});
