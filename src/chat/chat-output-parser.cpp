@@ -34,7 +34,7 @@ void chat_output_parser::assign_ids(common_chat_msg& msg) {
 }
 
 std::vector<common_chat_msg_diff> chat_output_parser::push(std::string_view text_delta) {
-    if (text_delta.empty()) {
+    if (text_delta.empty() || overflowed_) {
         return {};
     }
     text_.append(text_delta);
@@ -42,6 +42,11 @@ std::vector<common_chat_msg_diff> chat_output_parser::push(std::string_view text
         common_chat_msg next = parse(true);
         if (next.empty()) {
             return {};
+        }
+        if (max_tool_calls_ > 0 && next.tool_calls.size() > max_tool_calls_) {
+            // The calls before it are whole: a call ends before the next one begins.
+            next.tool_calls.resize(max_tool_calls_);
+            overflowed_ = true;
         }
         assign_ids(next);
         auto diffs = common_chat_msg_diff::compute_diffs(msg_, next);
@@ -57,7 +62,8 @@ std::vector<common_chat_msg_diff> chat_output_parser::push(std::string_view text
 common_chat_msg chat_output_parser::finish(std::vector<common_chat_msg_diff>* final_diffs) {
     common_chat_msg final_msg;
     try {
-        final_msg = parse(false);
+        // Past the limit, the message is what was emitted: the text after the last allowed call is not used.
+        final_msg = overflowed_ ? msg_ : parse(false);
         for (auto& call : final_msg.tool_calls) {
             if (call.arguments.empty()) {
                 call.arguments = "{}";  // a call without parameters; clients JSON.parse this field

@@ -25,6 +25,13 @@ public:
     // deltas of what was streamed). Never throws.
     common_chat_msg finish(std::vector<common_chat_msg_diff>* final_diffs = nullptr);
 
+    // At most `n` tool calls (parallel_tool_calls false: 1). The pinned llama.cpp's grammar for some templates
+    // (Qwen3's <tool_call> JSON) repeats calls whatever the request says, so the limit is kept here: calls beyond it
+    // are never emitted, and the final message is the one with the first `n` calls.
+    void limit_tool_calls(size_t n) { max_tool_calls_ = n; }
+    // A call beyond the limit has begun: the generation can stop, nothing after it is used.
+    bool tool_calls_overflowed() const { return overflowed_; }
+
     // All text pushed so far.
     const std::string& text() const { return text_; }
     // The message as last emitted (after push) or finished.
@@ -40,6 +47,8 @@ private:
     common_chat_msg msg_;
     // Ids handed out per tool-call index, so streamed deltas and the final message agree.
     std::vector<std::string> tool_call_ids_;
+    size_t max_tool_calls_ = 0;  // 0: no limit
+    bool overflowed_ = false;
 };
 
 }  // namespace keepwarm

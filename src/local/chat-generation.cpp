@@ -34,6 +34,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     model_.llm->submit(gen_);  // first: building the output parser costs milliseconds the engine need not wait for
     relay_.emplace(*gen_, w, front_, model_, id_);  // from here on, destroying this object cancels the generation
     parser_.emplace(model_.renderer->parser_params(rendered_, chat_));
+    if (!chat_.parallel_tool_calls.value_or(true)) parser_->limit_tool_calls(1);
     if (front_.busters) {
         buster_ = front_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, rendered_.prompt,
                                           chat_.messages, policy::locate_tokens(model_.llm->vocab(), gen_->prompt));
@@ -80,6 +81,8 @@ std::optional<generation_source::update> chat_generation::next() {
     if (!ev) return std::nullopt;
     update u;
     u.diffs = parser_->push(ev->text);
+    // parallel_tool_calls false and a second call begun: the answer is complete; the engine stops at its next step.
+    if (parser_->tool_calls_overflowed()) gen_->cancelled = true;
     u.done = ev->done;
     u.reason = ev->reason;
     u.error = ev->error;

@@ -311,6 +311,31 @@ TEST(ChatRenderer, PrefillContinuesAssistantMessage) {
     EXPECT_EQ(res.final_msg.content, "1, 2, 3");
 }
 
+// parallel_tool_calls false: the pinned llama.cpp's grammar for Qwen3's calls repeats them whatever the request says,
+// so the parser keeps to one. Nothing of a second call is emitted, the final message has the first, and the parser
+// says the generation can stop.
+TEST(ChatOutputParser, OneCallWhenParallelCallsAreOff) {
+    auto req = request(R"([{"role":"user","content":"Weather in Paris and Rome?"}])", weather_tools);
+    auto r = qwen3().render(req);
+    chat_output_parser parser(qwen3().parser_params(r, req));
+    parser.limit_tool_calls(1);
+    const std::string text =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Ro";
+    auto res = stream(parser, text, 4);
+    EXPECT_TRUE(parser.tool_calls_overflowed());
+    ASSERT_EQ(res.final_msg.tool_calls.size(), 1u);
+    EXPECT_EQ(json::parse(res.final_msg.tool_calls[0].arguments), json::parse(R"({"city":"Paris"})"));
+    const common_chat_msg streamed = accumulate(res.diffs);
+    ASSERT_EQ(streamed.tool_calls.size(), 1u);
+    EXPECT_EQ(json::parse(streamed.tool_calls[0].arguments), json::parse(R"({"city":"Paris"})"));
+    EXPECT_EQ(streamed.tool_calls[0].id, res.final_msg.tool_calls[0].id);
+
+    chat_output_parser unlimited(qwen3().parser_params(r, req));  // the default: as many as the model writes
+    EXPECT_EQ(stream(unlimited, text + "me\"}}\n</tool_call>", 4).final_msg.tool_calls.size(), 2u);
+    EXPECT_FALSE(unlimited.tool_calls_overflowed());
+}
+
 TEST(ChatOutputParser, StreamsToolCallInPieces) {
     auto req = request(R"([{"role":"user","content":"Weather in Paris?"}])", weather_tools);
     auto r = qwen3().render(req);
