@@ -9,8 +9,9 @@
 #       machine code for this GPU), builds llama-server (bench/build-llama-server.sh) with the same backend.
 #   bench/gpu-check.sh --make-bundle DIR
 #       on a build machine: packs the built binaries (build/), llama-server, the tokenizers and templates that
-#       `keepwarm mkmodel` needs and the CUDA backend (KEEPWARM_CUDA_LIB, else scripts/fetch-llama-cuda.sh with
-#       KEEPWARM_GPU=cuda) into DIR, for a GPU machine that cannot install or build;
+#       `keepwarm mkmodel` needs, the CUDA backend (KEEPWARM_CUDA_LIB, else scripts/fetch-llama-cuda.sh with
+#       KEEPWARM_GPU=cuda) and, where this machine has them, Node.js and the openai package for the e2e step, into
+#       DIR/keepwarm-bundle.tar.xz, for a GPU machine that cannot install or build;
 #   bench/gpu-check.sh --bundle DIR [--out DIR]
 #       on that GPU machine: runs the checks with the bundle's binaries.
 #
@@ -87,9 +88,11 @@ if [[ -n "$make_bundle" ]]; then
     # The commit the binaries were built from (the GPU machine's copy of the tree may say another).
     echo "$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo +changes)" \
         >"$stage/commit"
+    # In the archive, compressed with the rest: the device tool carries at most 64 MiB.
+    cp "$cuda_lib" "$stage/bin/lib/libggml-cuda.so"
     mkdir -p "$make_bundle"
-    tar -C "$stage" -cJf "$make_bundle/keepwarm-bundle.tar.xz" .
-    cp "$cuda_lib" "$make_bundle/libggml-cuda.so"
+    rm -f "$make_bundle/libggml-cuda.so"
+    tar -C "$stage" -cf - . | xz -T0 -9 >"$make_bundle/keepwarm-bundle.tar.xz"
     du -sh "$make_bundle"/* >&2
     exit 0
 fi
@@ -129,7 +132,8 @@ work="$(mktemp -d)"
 if [[ -n "$bundle" ]]; then
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
         "$bundle/keepwarm-bundle.tar.xz" "$work"  # no xz needed there
-    cp "$bundle/libggml-cuda.so" "$work/bin/lib/"
+    # A libggml-cuda.so beside the archive (another build of it) replaces the archive's.
+    [[ -f "$bundle/libggml-cuda.so" ]] && cp "$bundle/libggml-cuda.so" "$work/bin/lib/"
     cp "$work"/bin/lib/*.so "$work/llama-server/"
     keepwarm="$work/bin/keepwarm"
     tests_dir="$work/bin/tests"
@@ -278,6 +282,10 @@ step ttft-bench-hybrid 60 ttft "$models/bench-hybrid.gguf" $sizes
 # size): what the checkpoints still cost a cold prefill shows against a run that keeps only the message starts'.
 step ttft-bench-hybrid-few-checkpoints 60 ttft "$models/bench-hybrid.gguf" $sizes "--checkpoint-every 1048576" \
     -few-checkpoints
+# What else a hybrid model's cold prefill pays on the GPU: the recurrent state is sized for every sequence keepwarm may
+# hold (slots, parked conversations, scratch: 10 by default, llama-server's 1); without parked conversations it holds 2.
+step ttft-bench-hybrid-no-parked 60 ttft "$models/bench-hybrid.gguf" $sizes \
+    "--checkpoint-every 1048576 --cache-parked 0" -no-parked
 [[ -z "$gen8b_pid" ]] || wait "$gen8b_pid" || log "the 8B-class model was not generated: $out/mkmodel-8b.log"
 step ttft-8b 150 ttft "$models/qwen3-8b-shape-q4_0.gguf" $sizes
 
