@@ -7,10 +7,12 @@ import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import { binary, curl, startProcess, testModel } from './harness.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-serve-config-'));
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');  // ctest runs from build/tests
 const servers = [];
 after(() => Promise.all(servers.map((s) => s.stop())));
 
@@ -92,7 +94,7 @@ test('a mistake in the settings file stops start-up naming its line', async () =
 // systemd unit passes systemd's own check wherever systemd-analyze is installed.
 test('etc/keepwarm-serve.toml starts a server, and etc/keepwarm.service passes systemd-analyze', async (t) => {
     const model = await testModel();
-    const example = path.resolve('etc/keepwarm-serve.toml');
+    const example = path.join(repo, 'etc/keepwarm-serve.toml');
     const server = await startProcess(['serve', '--config', example, '-m', model, '--host', '127.0.0.1', '--port', '0',
         '-t', '1', '-c', '4096', '--cache-dir', mkdtempSync(path.join(os.tmpdir(), 'keepwarm-example-')),
         '--log-format', 'text']);
@@ -109,7 +111,7 @@ test('etc/keepwarm-serve.toml starts a server, and etc/keepwarm.service passes s
         return;
     }
     const unit = path.join(dir, 'keepwarm.service');
-    writeFileSync(unit, readFileSync('etc/keepwarm.service', 'utf8')
+    writeFileSync(unit, readFileSync(path.join(repo, 'etc/keepwarm.service'), 'utf8')
         .replace('/opt/keepwarm/build/keepwarm', binary));
     const verify = await new Promise((resolve) => execFile('systemd-analyze', ['verify', unit],
         (e, stdout, stderr) => resolve({ code: e ? e.code : 0, out: stdout + stderr })));
