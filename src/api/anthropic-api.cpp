@@ -107,6 +107,34 @@ std::vector<std::string> system_texts(const json& system, const std::string& fie
     return texts;
 }
 
+// A cache_control breakpoint on a block, tool or the request ({"type": "ephemeral"}, with "ttl" "5m" or "1h"): its
+// time to live, or nullopt when `holder` has none.
+std::optional<std::chrono::seconds> cache_breakpoint(const json& holder, const std::string& field) {
+    const json* v = find(holder, "cache_control");
+    if (!v || v->is_null()) return std::nullopt;
+    const std::string control = field.empty() ? "cache_control" : field + ".cache_control";
+    if (!v->is_object()) fail(in_quotes(control) + " must be an object such as {\"type\": \"ephemeral\"}");
+    if (get_string(*v, "type", control + ".type") != "ephemeral")
+        fail(in_quotes(control + ".type") + " must be 'ephemeral'");
+    const auto ttl = get_string(*v, "ttl", control + ".ttl");
+    if (!ttl || *ttl == "5m") return std::chrono::minutes(5);
+    if (*ttl == "1h") return std::chrono::hours(1);
+    fail(in_quotes(control + ".ttl") + " must be '5m' or '1h'");
+}
+
+// The breakpoints among `blocks` (content blocks, system blocks or tools, already checked to be objects) extend the
+// request's hint to the messages before `messages` (counted without the system prompt, which is added later).
+void mark_breakpoints(const json& blocks, const std::string& field, size_t messages, std::optional<cache_hint>& hint) {
+    if (!blocks.is_array()) return;
+    for (size_t i = 0; i < blocks.size(); i++) {
+        if (const auto ttl = cache_breakpoint(blocks[i], indexed(field, i))) {
+            if (!hint) hint.emplace(cache_hint{.messages = 0, .ttl = *ttl});
+            hint->messages = std::max(hint->messages, messages);
+            hint->ttl = std::max(hint->ttl, *ttl);
+        }
+    }
+}
+
 // Finds the name of the tool a tool_result answers, for templates that render it.
 std::string tool_name_of(const std::vector<common_chat_msg>& messages, const std::string& tool_use_id) {
     for (auto it = messages.rbegin(); it != messages.rend(); ++it) {
@@ -189,7 +217,9 @@ common_chat_msg parse_assistant_blocks(const json& content, const std::string& f
 // The conversation. System messages inside it (Claude Code sends them under a beta) are appended to `system` while
 // nothing else came before them; later ones become user turns, since most chat templates (Qwen3.5's among them)
 // reject a system message after the first.
-std::vector<common_chat_msg> parse_messages(const json& body, std::vector<std::string>& system) {
+// Breakpoints in a message's blocks extend `hint` to the end of that message.
+std::vector<common_chat_msg> parse_messages(const json& body, std::vector<std::string>& system,
+                                            std::optional<cache_hint>& hint) {
     const json* messages = find(body, "messages");
     if (!messages || !messages->is_array() || messages->empty()) fail("'messages' must be a non-empty array");
     std::vector<common_chat_msg> out;
@@ -230,6 +260,7 @@ std::vector<common_chat_msg> parse_messages(const json& body, std::vector<std::s
         } else {
             parse_user_blocks(*content, field, out);
         }
+        mark_breakpoints(*content, field, out.size(), hint);
     }
     return out;
 }
@@ -382,17 +413,28 @@ chat_request parse_messages_request(const json& body, endpoint kind) {
     req.api = "anthropic";
     req.model = parse_model(body);
     std::vector<std::string> system;
-    if (const json* v = find(body, "system")) system = system_texts(*v, "system");
-    std::vector<common_chat_msg> messages = parse_messages(body, system);
+    if (const json* v = find(body, "system")) {
+        system = system_texts(*v, "system");
+        mark_breakpoints(*v, "system", 0, req.hint);
+    }
+    std::vector<common_chat_msg> messages = parse_messages(body, system, req.hint);
     std::erase_if(system, [](const std::string& text) { return text.empty(); });
+    const size_t system_messages = system.empty() ? 0 : 1;
     if (!system.empty()) {
         common_chat_msg msg;
         msg.role = "system";
         set_text(msg, std::move(system));
         req.messages.push_back(std::move(msg));
+        if (req.hint) req.hint->messages++;  // the system prompt counts as the first message now
     }
     for (auto& msg : messages) req.messages.push_back(std::move(msg));
     req.tools = parse_tools(body);
+    if (const json* tools = find(body, "tools")) mark_breakpoints(*tools, "tools", system_messages, req.hint);
+    // A breakpoint on the request itself (Anthropic's automatic caching) marks the whole prompt.
+    if (const auto ttl = cache_breakpoint(body, "")) {
+        req.hint = cache_hint{.messages = std::numeric_limits<size_t>::max(),
+                              .ttl = std::max(*ttl, req.hint ? req.hint->ttl : *ttl)};
+    }
     parse_tool_choice(body, req);
     parse_thinking(body, req);
     req.json_schema = parse_output_format(body);

@@ -3,7 +3,7 @@
 // model, no engine. Bad input throws keepwarm::request_error(400, message naming the field).
 //
 // Requests, as keepwarm reads them:
-// - system: a string or text blocks -> one system message (cache_control and other block fields are ignored).
+// - system: a string or text blocks -> one system message (block fields other than text and cache_control ignored).
 // - messages: user/assistant (and system, which Claude Code sends under a beta: before the first user/assistant
 //   message it joins the system prompt, later it becomes a user turn, since most chat templates reject a system
 //   message after the first), content a string or blocks. User text blocks stay one user message; each tool_result
@@ -19,7 +19,11 @@
 // - thinking: enabled (budget_tokens required, not enforced beyond max_tokens) and adaptive -> enable_thinking true;
 //   disabled or absent -> false, Anthropic's default.
 // - output_config.format (or the earlier beta's output_format) {type json_schema, schema} -> json_schema: the answer is
-//   constrained to that JSON. output_config.effort, metadata, context_management, cache_control: ignored.
+//   constrained to that JSON. output_config.effort, metadata, context_management: ignored.
+// - cache_control breakpoints ({type ephemeral, ttl 5m or 1h}) on tools, system blocks, message blocks or the request
+//   itself -> chat_request::hint: the prompt up to the end of the last marked message (tools and system: up to the
+//   first message; the request: all of it), kept for the longest ttl asked. Anthropic caches only what is marked;
+//   keepwarm caches everything, and keeps marked prefixes longer under memory pressure.
 //
 // Usage: Anthropic's whole prompt is input_tokens + cache_read_input_tokens + cache_creation_input_tokens (the SDK and
 // Claude Code add the three up for the context size). keepwarm caches every prompt token it computes, so

@@ -477,6 +477,22 @@ std::vector<common_chat_tool> parse_function_tools(const json& body) {
     return tools;
 }
 
+void parse_prompt_cache_key(const json& body, chat_request& req) {
+    const auto retention = get_string(body, "prompt_cache_retention", "prompt_cache_retention");
+    if (retention && *retention != "in_memory" && *retention != "in-memory" && *retention != "24h") {
+        fail("'prompt_cache_retention' must be 'in_memory' or '24h'");
+    }
+    auto key = get_string(body, "prompt_cache_key", "prompt_cache_key");
+    if (!key || key->empty()) return;
+    if (key->size() > max_prompt_cache_key_bytes) {
+        fail("'prompt_cache_key' must be at most " + std::to_string(max_prompt_cache_key_bytes) + " bytes");
+    }
+    req.prompt_cache_key = std::move(*key);
+    // OpenAI keeps an in-memory prefix 5-10 minutes after its last use; 24h asks for a day.
+    req.hint = cache_hint{.messages = std::numeric_limits<size_t>::max(),
+                          .ttl = retention == "24h" ? max_cache_hint_ttl : std::chrono::seconds(600)};
+}
+
 chat_request parse_chat_request(const json& body) {
     require_object(body);
     if (find(body, "functions") || find(body, "function_call")) {
@@ -495,6 +511,7 @@ chat_request parse_chat_request(const json& body) {
     parse_thinking(body, req);
     req.json_schema = parse_response_format(body);
     parse_n(body);
+    parse_prompt_cache_key(body, req);
     // Token probabilities are not returned yet: a client that asks for them is told, not given an answer without.
     if (get_bool(body, "logprobs", "logprobs").value_or(false)) {
         fail("'logprobs' is not supported: keepwarm does not return token probabilities (send false or leave it out)");

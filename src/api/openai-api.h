@@ -26,6 +26,9 @@ completion_request parse_completion_request(const json& body);
 // The sampling fields of an OpenAI body (temperature, top_p, min_p, top_k, penalties, seed, logit_bias, and
 // llama-server's ignore_eos), checked; shared by the Chat Completions and Responses parsers.
 sampling_options parse_sampling(const json& body);
+// prompt_cache_key and prompt_cache_retention, checked: the key, and a hint that keeps the whole prompt cached (10
+// minutes after its last use, or a day for "24h"). Shared by the Chat Completions and Responses parsers.
+void parse_prompt_cache_key(const json& body, chat_request& req);
 
 // Response ids in OpenAI's shapes (see random_id).
 inline std::string gen_chat_completion_id() {

@@ -388,7 +388,8 @@ parsed_request parse_request(const json& body) {
         bounded_json::require_shape(*metadata, "metadata");
         echo.metadata = *metadata;
     }
-    echo.prompt_cache_key = get_string(body, "prompt_cache_key", "prompt_cache_key");
+    parse_prompt_cache_key(body, req);
+    if (!req.prompt_cache_key.empty()) echo.prompt_cache_key = req.prompt_cache_key;
     if (get_integer(body, "top_logprobs", "top_logprobs").value_or(0) > 0) {
         fail("'top_logprobs' is not supported: keepwarm does not return token probabilities");
     }

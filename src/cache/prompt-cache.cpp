@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include "base/logger.h"
@@ -48,6 +49,8 @@ double recency(clock::time_point last_used, clock::time_point now) {
 prompt_cache::span_value prompt_cache::span_value::split_upper(size_t upper_depth) {
     span_value upper;
     upper.holders = holders;  // every sequence through the lower part passes the upper part too
+    upper.hinted_until = hinted_until;
+    upper.hinted_end = hinted_end;
     const auto depth = static_cast<int32_t>(upper_depth);
     upper.blocks.insert(blocks.begin(), blocks.upper_bound(depth));
     blocks.erase(blocks.begin(), blocks.upper_bound(depth));
@@ -211,14 +214,47 @@ prompt_cache::device_sequence* prompt_cache::free_parking() {
     return nullptr;
 }
 
-// The idle sequence whose loss costs least: least recently used first. Slots in use are never chosen.
+// The idle sequence whose loss costs least: one that holds no prefix a client marked before one that does, then the
+// least recently used. Slots in use are never chosen.
 prompt_cache::device_sequence* prompt_cache::eviction_victim(const device_sequence* keep) {
+    const auto now = clock::now();
     device_sequence* victim = nullptr;
+    bool victim_hinted = false;
     for (auto& s : sequences_) {
         if (s.in_use || tree::is_root(s.tip) || &s == keep) continue;
-        if (!victim || s.last_used < victim->last_used) victim = &s;
+        const bool marked = holds_hint(s, now);
+        if (!victim || (marked != victim_hinted ? !marked : s.last_used < victim->last_used)) {
+            victim = &s;
+            victim_hinted = marked;
+        }
     }
     return victim;
+}
+
+bool prompt_cache::hinted(const node& n, int32_t first, clock::time_point now) {
+    return n.value.hinted_until > now && first < n.value.hinted_end;
+}
+
+bool prompt_cache::holds_hint(const device_sequence& s, clock::time_point now) const {
+    for (const node* n = s.tip; !tree::is_root(n) && n->value.holders <= 1; n = n->parent) {
+        if (hinted(*n, static_cast<int32_t>(n->depth - n->edge.size()), now)) return true;
+    }
+    return false;
+}
+
+void prompt_cache::hint(int slot, int tokens, std::chrono::seconds ttl) {
+    const int b = options_.block_tokens;
+    // In whole blocks: the block holding the prefix's last positions is kept with it.
+    const auto end =
+        static_cast<int32_t>(std::min<int64_t>((int64_t{tokens} + b - 1) / b * b, std::numeric_limits<int32_t>::max()));
+    const auto now = clock::now();
+    for (node* n = seq(slot).tip; !tree::is_root(n); n = n->parent) {
+        span_value& v = n->value;
+        if (static_cast<int32_t>(n->depth - n->edge.size()) >= end) continue;
+        v.hinted_end = v.hinted_until > now ? std::max(v.hinted_end, end) : end;  // an expired hint counts no more
+        v.hinted_until = std::max(v.hinted_until, now + ttl);
+    }
+    counters_.hinted.requests++;
 }
 
 // Keeps what sequence `s` holds alone (not shared with another device sequence) in RAM blocks, before its cells
@@ -235,6 +271,7 @@ void prompt_cache::demote(device_sequence& s) {
     }
     save_path(s, static_cast<int>(shared_depth), /*write_ram_to_disk=*/false);
     counters_.device.evictions++;
+    if (holds_hint(s, clock::now())) counters_.hinted.evicted++;
 }
 
 void prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_disk) {
@@ -283,12 +320,15 @@ bool prompt_cache::worth_keeping(const device_sequence& s) const {
 }
 
 // The slot is about to serve another prompt: keep its current content on the device in a parked sequence
-// (sharing cells, no copy), evicting the least recently used idle sequence if none is free.
+// (sharing cells, no copy), evicting the least recently used idle sequence if none is free, unless that one holds a
+// prefix a client marked and the slot's content does not: then the slot's content goes to RAM.
 bool prompt_cache::park(device_sequence& slot, const device_sequence* keep) {
     device_sequence* p = free_parking();
     if (!p) {
+        const auto now = clock::now();
         device_sequence* victim = eviction_victim(keep);
-        if (victim && victim != &slot && victim->seq >= options_.slots) {
+        const bool marked_for_unmarked = victim && holds_hint(*victim, now) && !holds_hint(slot, now);
+        if (victim && victim != &slot && victim->seq >= options_.slots && !marked_for_unmarked) {
             demote(*victim);
             drop(*victim);
             p = victim;
@@ -491,6 +531,7 @@ struct eviction_candidate {
     void* n;
     int32_t end;
     bool checkpoint;
+    bool hinted;  // a client's hint covers it
 };
 }  // namespace
 
@@ -537,7 +578,7 @@ void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
                 if (tail || !below) {
                     candidates.push_back({compute_saved(options_.block_tokens, b->first) /
                                               static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
-                                          n, b->first, false});
+                                          n, b->first, false, hinted(*n, block_start(b->first), now)});
                 }
                 if (!tail) below = true;
             }
@@ -546,16 +587,19 @@ void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
                 if (!in_tier(c)) continue;
                 candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
                                           recency(c.last_used, now),
-                                      n, pos, true});
+                                      n, pos, true, hinted(*n, pos - 1, now)});
             }
         }
         if (candidates.empty()) break;
-        std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.score < b.score; });
+        // What no client marked goes first; then the lowest score.
+        std::sort(candidates.begin(), candidates.end(),
+                  [](const auto& a, const auto& b) { return a.hinted != b.hinted ? b.hinted : a.score < b.score; });
         for (const auto& c : candidates) {
             if (!over()) break;
             node* n = static_cast<node*>(c.n);
             auto& map = c.checkpoint ? n->value.checkpoints : n->value.blocks;
             auto entry = map.find(c.end);
+            if (c.hinted) counters_.hinted.evicted++;
             if (!drop(entry->second)) map.erase(entry);
             // Pruning could free nodes later candidates point to; they are re-collected on the next round.
             if (n->value.blocks.empty() && n->value.checkpoints.empty() && n->value.holders == 0 &&
@@ -817,8 +861,27 @@ void prompt_cache::release_slot(int slot, bool discard) {
 void prompt_cache::publish() {
     cache_snapshot snap = counters_;
     snap.tree_nodes = tree_.node_count();
+    const auto now = clock::now();
     tree_.for_each([&](node& n) {
         if (n.value.holders > 0) snap.device.tokens += n.edge.size();
+        const auto start = static_cast<int32_t>(n.depth - n.edge.size());
+        if (hinted(n, start, now)) {
+            if (n.value.holders > 0)
+                snap.hinted.device_tokens += std::min<uint64_t>(n.edge.size(), uint64_t(n.value.hinted_end - start));
+            const auto count = [&](const stored_state& st, int32_t first) {
+                if (!hinted(n, first, now)) return;
+                if (st.ram) {
+                    snap.hinted.ram_entries++;
+                    snap.hinted.ram_bytes += st.bytes;
+                }
+                if (st.on_disk) {
+                    snap.hinted.disk_entries++;
+                    snap.hinted.disk_bytes += st.bytes;
+                }
+            };
+            for (auto& [end, st] : n.value.blocks) count(st, block_start(end));
+            for (auto& [pos, st] : n.value.checkpoints) count(st, pos - 1);
+        }
         for (auto& [end, st] : n.value.blocks) {
             if (st.ram) {
                 snap.ram.entries++;

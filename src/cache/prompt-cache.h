@@ -62,9 +62,18 @@ struct cache_tier_stats {
     uint64_t hits = 0, evictions = 0;  // hits: requests that reused at least one token from this tier
 };
 
+// What is held because a client asked (cache hints: Anthropic's cache_control, OpenAI's prompt_cache_key).
+struct cache_hint_stats {
+    uint64_t requests = 0;       // requests whose prompt carried a hint
+    uint64_t device_tokens = 0;  // marked tokens whose KV cells a device sequence holds
+    uint64_t ram_entries = 0, ram_bytes = 0, disk_entries = 0, disk_bytes = 0;  // marked blocks and checkpoints
+    uint64_t evicted = 0;  // marked entries and sequences evicted anyway (nothing unmarked was left to evict)
+};
+
 // A consistent copy of the cache's state, for /v1/cache and /metrics.
 struct cache_snapshot {
     cache_tier_stats device, ram, disk;
+    cache_hint_stats hinted;
     uint64_t checkpoints = 0, checkpoint_bytes = 0;
     uint64_t lookups = 0, hits = 0, misses = 0;  // misses: requests that reused nothing
     uint64_t tree_nodes = 0;
@@ -98,6 +107,10 @@ public:
     void append(int slot, std::span<const llama_token> tokens);
     // The slot's request ended; its KV stays cached. With `discard`, its KV is in an unknown state: drop it.
     void release_slot(int slot, bool discard);
+    // A client asked to keep the first `tokens` positions of what `slot` holds (a cache hint): until `ttl` from now,
+    // eviction takes everything unmarked first (device sequences, RAM and disk entries). Hints live in memory only:
+    // a restart forgets them.
+    void hint(int slot, int tokens, std::chrono::seconds ttl);
     // Hybrid models: keep the recurrent state of `slot` at its current length.
     void checkpoint(int slot);
     // Tokens held by `slot`'s sequence.
@@ -121,6 +134,9 @@ private:
         int holders = 0;                              // device sequences whose path covers this whole node
         std::map<int32_t, stored_state> blocks;       // KV of [block_start(end), end), keyed by end position
         std::map<int32_t, stored_state> checkpoints;  // recurrent state after `pos` tokens, keyed by pos
+        // A client's hint covers the positions of this span below hinted_end, until hinted_until.
+        std::chrono::steady_clock::time_point hinted_until{};
+        int32_t hinted_end = 0;
         span_value split_upper(size_t upper_depth);
     };
     using tree = prefix_tree<span_value>;
@@ -152,6 +168,10 @@ private:
     int device_tokens();  // tokens whose KV cells some device sequence holds
     device_sequence* free_parking();
     device_sequence* eviction_victim(const device_sequence* keep);
+    // Whether a live hint covers position `first` of n's span or a later one of it.
+    static bool hinted(const node& n, int32_t first, std::chrono::steady_clock::time_point now);
+    // Whether evicting `s` would lose hinted positions no other device sequence holds.
+    bool holds_hint(const device_sequence& s, std::chrono::steady_clock::time_point now) const;
     bool make_room(const device_sequence* keep);
     bool worth_keeping(const device_sequence& s) const;
     void demote(device_sequence& s);

@@ -3,6 +3,7 @@
 // and the numbers it reports come back as usage_info and timings_info for the dialect to format. No JSON, no HTTP.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -38,6 +39,20 @@ struct sampling_options {
 inline constexpr size_t max_stop_strings = 16;
 inline constexpr size_t max_stop_bytes = 1024;
 
+// A prefix of the prompt a client asked to keep cached (Anthropic's cache_control breakpoints, OpenAI's
+// prompt_cache_key): the prefix cache evicts it after what nobody marked, until `ttl` after its last use.
+struct cache_hint {
+    // The prefix ends where messages[messages] starts in the rendered prompt: the tools and the system prompt, and
+    // the messages before that one. messages.size() or more: the whole prompt.
+    size_t messages = 0;
+    std::chrono::seconds ttl{300};
+};
+
+// The longest a client may ask a prefix to be kept (OpenAI's prompt_cache_retention "24h").
+inline constexpr std::chrono::seconds max_cache_hint_ttl{24 * 3600};
+// prompt_cache_key: a routing key, not prompt text; OpenAI's own limit is 64 characters.
+inline constexpr size_t max_prompt_cache_key_bytes = 1024;
+
 struct chat_request {
     std::string model;
     // Roles: system, developer (common maps it to system, except for GPT-OSS which has a real developer role),
@@ -64,6 +79,10 @@ struct chat_request {
     // A context size the client asked for (Ollama's options.num_ctx). Never applied: the context is the server's;
     // the policy layer reports that it ignored it.
     std::optional<int> requested_context;
+    std::optional<cache_hint> hint;
+    // OpenAI's prompt_cache_key (Chat Completions, Responses): requests with one key share a prefix. The proxy sends
+    // them to one upstream; the hint above keeps the prefix. Empty: none.
+    std::string prompt_cache_key;
 };
 
 struct completion_request {

@@ -82,6 +82,10 @@ struct generation_request {
     // requests never match another tenant's cached prefixes, whatever tier holds them.
     std::string tenant;
     std::string request_id;  // the HTTP request's x-request-id, for /slots; may be empty
+    // The first `hinted_tokens` prompt tokens are a prefix the client asked to keep cached (chat_request::hint): once
+    // the prompt is computed, the prefix cache evicts them after unmarked entries until `hint_ttl` from then. 0: none.
+    int hinted_tokens = 0;
+    std::chrono::seconds hint_ttl{0};
     common_params_sampling sampling;
     // The sampler made from `sampling`, built by the HTTP thread before submitting (a grammar that cannot be built is
     // that request's 400, not the engine's problem). Null: the engine builds it at admission.

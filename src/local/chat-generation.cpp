@@ -24,6 +24,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     refuse_chat_that_cannot_fit(model_, chat_);
     rendered_ = model_.renderer->render(chat_);
     set_prompt(model_, *gen_, rendered_.prompt);
+    set_cache_hint(model_, chat_, *gen_);
     gen_->sampling = to_sampling_params(chat_.sampling, model_.default_sampling);
     chat_renderer::apply_to_sampling(rendered_, gen_->sampling, model_.llm->vocab());
     prepare_sampling(model_, *gen_, grammar_field(chat_, gen_->sampling));

@@ -57,6 +57,14 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.gauge("keepwarm_cache_device_tokens", "Tokens whose KV cells the context holds", cache.device.tokens);
     out.gauge("keepwarm_cache_ram_bytes", "Bytes of KV blocks and checkpoints in RAM", cache.ram.bytes);
     out.gauge("keepwarm_cache_disk_bytes", "Bytes of KV blocks and checkpoints on disk", cache.disk.bytes);
+    out.counter("keepwarm_cache_hinted_requests_total", "Requests whose client marked a prefix to keep (cache hints)",
+                cache.hinted.requests);
+    out.gauge("keepwarm_cache_hinted_device_tokens", "Marked tokens whose KV cells the context holds",
+              cache.hinted.device_tokens);
+    out.gauge("keepwarm_cache_hinted_ram_bytes", "Bytes of marked KV blocks and checkpoints in RAM",
+              cache.hinted.ram_bytes);
+    out.counter("keepwarm_cache_hinted_evictions_total", "Marked entries evicted when nothing unmarked was left",
+                cache.hinted.evicted);
     out.counter("keepwarm_cache_evictions_total", "Entries evicted from any tier",
                 cache.device.evictions + cache.ram.evictions + cache.disk.evictions);
     const prompt_tokenizer::counters index = model.tokenizer->snapshot();
@@ -104,6 +112,14 @@ static json cache_json(const cache_snapshot& c) {
             {"block_tokens", c.block_tokens},
             {"checkpoints",
              {{"enabled", c.checkpoints_enabled}, {"in_ram", c.checkpoints}, {"ram_bytes", c.checkpoint_bytes}}},
+            {"hinted",
+             {{"requests", c.hinted.requests},
+              {"device_tokens", c.hinted.device_tokens},
+              {"ram_entries", c.hinted.ram_entries},
+              {"ram_bytes", c.hinted.ram_bytes},
+              {"disk_entries", c.hinted.disk_entries},
+              {"disk_bytes", c.hinted.disk_bytes},
+              {"evicted", c.hinted.evicted}}},
             {"disk_rejected", c.disk_rejected},
             {"disk_read_failures", c.disk_read_failures},
             {"restore_failures", c.restore_failures}};

@@ -6,12 +6,27 @@
 #include <stdexcept>
 
 #include "base/request-error.h"
+#include "policy/busters.h"
+#include "policy/prompt-diff.h"
 
 namespace keepwarm {
 
 void set_prompt(const local_model& model, generation_request& gen, std::string text) {
     gen.prompt = tokenize_prompt(model, text, gen.tenant);
     gen.prompt_text = std::move(text);
+}
+
+void set_cache_hint(const local_model& model, const chat_request& chat, generation_request& gen) {
+    if (!chat.hint) return;
+    gen.hint_ttl = chat.hint->ttl;
+    gen.hinted_tokens = static_cast<int>(gen.prompt.size());
+    if (chat.hint->messages >= chat.messages.size()) return;
+    const std::vector<size_t> offsets = policy::message_text_offsets(chat.messages, gen.prompt_text);
+    for (size_t i = chat.hint->messages; i < offsets.size(); ++i) {
+        if (offsets[i] == std::string_view::npos) continue;
+        gen.hinted_tokens = policy::locate_tokens(model.llm->vocab(), gen.prompt)(offsets[i]);
+        return;
+    }
 }
 
 namespace {

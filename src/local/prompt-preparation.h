@@ -26,6 +26,11 @@ void refuse_chat_that_cannot_fit(const local_model& model, const chat_request& c
 // tokenize_prompt() into gen.prompt (with gen.tenant's index), keeping the text in gen.prompt_text.
 void set_prompt(const local_model& model, generation_request& gen, std::string text);
 
+// How many of gen.prompt's tokens the chat's cache hint covers (see chat_request::hint) into gen.hinted_tokens and
+// gen.hint_ttl: up to where the text of the first message it leaves out starts in the rendered prompt (so that
+// message's header too), the whole prompt when it covers every message or that text cannot be found.
+void set_cache_hint(const local_model& model, const chat_request& chat, generation_request& gen);
+
 // Checks the request's token ids against the vocab, and turns ignore_eos into bans on end-of-generation tokens.
 void bind_to_vocab(const local_model& model, common_params_sampling& sampling);
 

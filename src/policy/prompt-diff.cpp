@@ -659,11 +659,10 @@ std::string suggested_rule::one_line() const {
     return out;
 }
 
-int message_index_at(const std::vector<common_chat_msg>& messages, std::string_view prompt, size_t offset) {
-    int found = -1;
+std::vector<size_t> message_text_offsets(const std::vector<common_chat_msg>& messages, std::string_view prompt) {
+    std::vector<size_t> offsets;
     size_t cursor = 0;
-    for (size_t i = 0; i < messages.size(); ++i) {
-        const common_chat_msg& m = messages[i];
+    for (const common_chat_msg& m : messages) {
         std::string_view text = m.content;
         for (const auto& part : m.content_parts)
             if (text.empty()) text = part.text;
@@ -672,12 +671,26 @@ int message_index_at(const std::vector<common_chat_msg>& messages, std::string_v
         // Templates often trim a message's text.
         while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
         while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-        if (text.empty()) continue;
+        if (text.empty()) {
+            offsets.push_back(std::string_view::npos);
+            continue;
+        }
         const std::string_view needle = text.substr(0, 64);
         const size_t at = prompt.find(needle, cursor);
-        if (at == std::string_view::npos || at > offset) break;
-        found = static_cast<int>(i);
+        if (at == std::string_view::npos) break;
+        offsets.push_back(at);
         cursor = at + (prompt.compare(at, text.size(), text) == 0 ? text.size() : needle.size());
+    }
+    return offsets;
+}
+
+int message_index_at(const std::vector<common_chat_msg>& messages, std::string_view prompt, size_t offset) {
+    int found = -1;
+    const std::vector<size_t> offsets = message_text_offsets(messages, prompt);
+    for (size_t i = 0; i < offsets.size(); ++i) {
+        if (offsets[i] == std::string_view::npos) continue;
+        if (offsets[i] > offset) break;
+        found = static_cast<int>(i);
     }
     return found;
 }

@@ -77,6 +77,10 @@ struct suggested_rule {
 
 suggested_rule suggest_rule(std::string_view earlier, std::string_view later, const volatile_span& span);
 
+// Where each message's text starts in the rendered prompt, found by its text in order: npos for a message without
+// text; the first message whose text the template changed (not found after the one before) ends the vector.
+std::vector<size_t> message_text_offsets(const std::vector<common_chat_msg>& messages, std::string_view prompt);
+
 // The index of the message whose text starts last at or before `offset` in the rendered prompt (-1: before the
 // first message's text, e.g. in the template's preamble). Messages are found by their text in order; a message
 // whose text the template changed ends the search.

@@ -89,8 +89,30 @@ json openai_body(const chat_request& chat, const std::string& model) {
     for (const auto& [key, value] : chat.chat_template_kwargs) kwargs[key] = parse_or_string(value, nullptr);
     if (chat.enable_thinking) kwargs["enable_thinking"] = *chat.enable_thinking;
     if (!kwargs.empty()) body["chat_template_kwargs"] = std::move(kwargs);
+    // The routing key goes on (an Anthropic client's breakpoints have no OpenAI form: only keepwarm's own routing and
+    // an Anthropic-dialect upstream see them).
+    if (!chat.prompt_cache_key.empty()) body["prompt_cache_key"] = chat.prompt_cache_key;
     return body;
 }
+
+namespace {
+// The request's cache hint as one Anthropic breakpoint: on the last block of the last message it covers (the system
+// prompt when it covers no message), 1h when the client asked for more than 5 minutes.
+void write_cache_breakpoint(json& body, const std::optional<cache_hint>& hint, size_t marked_messages) {
+    if (!hint) return;
+    json control = {{"type", "ephemeral"}};
+    if (hint->ttl > std::chrono::minutes(5)) control["ttl"] = "1h";
+    json& messages = body["messages"];
+    if (marked_messages > 0 && marked_messages <= messages.size()) {
+        json& content = messages[marked_messages - 1]["content"];
+        if (content.is_string()) content = json::array({{{"type", "text"}, {"text", content.get<std::string>()}}});
+        if (!content.empty()) content.back()["cache_control"] = std::move(control);
+    } else if (body.contains("system")) {
+        body["system"] = json::array(
+            {{{"type", "text"}, {"text", body["system"].get<std::string>()}, {"cache_control", std::move(control)}}});
+    }
+}
+}  // namespace
 
 json anthropic_body(const chat_request& chat, const std::string& model) {
     json body = {
@@ -104,7 +126,10 @@ json anthropic_body(const chat_request& chat, const std::string& model) {
         }
         return messages.back()["content"];
     };
-    for (const auto& msg : chat.messages) {
+    size_t marked_messages = 0;  // Anthropic messages the hint covers, once built
+    for (size_t i = 0; i < chat.messages.size(); i++) {
+        const common_chat_msg& msg = chat.messages[i];
+        if (chat.hint && i == chat.hint->messages) marked_messages = messages.size();
         const std::string text = text_of(msg);
         if ((msg.role == "system" || msg.role == "developer") && messages.empty()) {
             system += (system.empty() ? "" : "\n\n") + text;
@@ -127,8 +152,10 @@ json anthropic_body(const chat_request& chat, const std::string& model) {
             if (!text.empty()) user_turn().push_back({{"type", "text"}, {"text", text}});
         }
     }
+    if (chat.hint && chat.hint->messages >= chat.messages.size()) marked_messages = messages.size();
     if (!system.empty()) body["system"] = system;
     body["messages"] = std::move(messages);
+    write_cache_breakpoint(body, chat.hint, marked_messages);
     if (!chat.tools.empty()) {
         json tools = json::array();
         for (const auto& tool : chat.tools) {

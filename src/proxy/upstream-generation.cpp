@@ -39,7 +39,7 @@ void upstream_generation::connect(const http::request& req) {
     const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars, req.tenant);
     std::vector<size_t> tried;
     for (;;) {
-        route_ = pool_.acquire(blocks, tried, chat_.model);
+        route_ = pool_.acquire(blocks, tried, chat_.model, routing_key(chat_.prompt_cache_key, req.tenant));
         if (!route_) {
             throw request_error(503,
                                 "no upstream can take the request: " + std::to_string(pool_.size()) + " configured, " +
@@ -245,8 +245,9 @@ token_counter upstream_token_counter(frontend_context& ctx, upstream_pool& pool)
     return [&ctx, &pool](const http::request& req, const chat_request& chat) {
         chat_request served = chat;
         ctx.policy->apply(served, {}, policy::policy_use::counting);
-        const auto route = pool.peek(
-            chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant), served.model);
+        const auto route =
+            pool.peek(chained_block_hashes(canonical_prompt_text(served), pool.routing().block_chars, req.tenant),
+                      served.model, routing_key(served.prompt_cache_key, req.tenant));
         if (!route) throw request_error(503, "no upstream is up to count the tokens", "server_error");
         const upstream_config& u = *route->config;
         const auto call =

@@ -47,23 +47,23 @@ std::optional<int32_t> upstream_pool::bias_token(size_t upstream, const std::str
 
 std::optional<upstream_pool::route> upstream_pool::acquire(std::span<const uint64_t> blocks,
                                                            const std::vector<size_t>& excluded,
-                                                           const std::string& fallback_model) {
+                                                           const std::string& fallback_model, uint64_t key) {
     std::optional<upstream_router::decision> decision;
     {
         std::lock_guard lock(router_mu_);
-        decision = router_.choose(blocks, excluded);
+        decision = router_.choose(blocks, excluded, key);
         if (!decision) return std::nullopt;
-        router_.start(*decision, blocks);
+        router_.start(*decision, blocks, key);
     }
     return route_for(*decision, fallback_model);
 }
 
 std::optional<upstream_pool::route> upstream_pool::peek(std::span<const uint64_t> blocks,
-                                                        const std::string& fallback_model) const {
+                                                        const std::string& fallback_model, uint64_t key) const {
     std::optional<upstream_router::decision> decision;
     {
         std::lock_guard lock(router_mu_);
-        decision = router_.choose(blocks, {});
+        decision = router_.choose(blocks, {}, key);
     }
     if (!decision) return std::nullopt;
     return route_for(*decision, fallback_model);

@@ -76,11 +76,13 @@ public:
     };
     // Picks an upstream (see upstream_router) among healthy ones not in `excluded` and counts the request in flight
     // there until release(); nullopt when none is left. `fallback_model` is sent when the upstream's model is unknown.
+    // `key`: the request's routing_key() (0: none).
     std::optional<route> acquire(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded,
-                                 const std::string& fallback_model);
+                                 const std::string& fallback_model, uint64_t key = 0);
     void release(size_t upstream);
     // Where a request would go now, without sending it there (count_tokens): nothing is counted or remembered.
-    std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model) const;
+    std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model,
+                              uint64_t key = 0) const;
     // A call to it failed below HTTP or timed out: it is down until a health check sees it answer (its tree is
     // forgotten then). `why` goes into the log.
     void mark_down(size_t upstream, const std::string& why = "a call failed");

@@ -35,6 +35,13 @@ std::vector<uint64_t> chained_block_hashes(const std::string& text, size_t block
     return hashes;
 }
 
+uint64_t routing_key(std::string_view prompt_cache_key, std::string_view tenant) {
+    if (prompt_cache_key.empty()) return 0;
+    const uint64_t seed = tenant.empty() ? 0 : XXH3_64bits(tenant.data(), tenant.size());
+    const uint64_t key = XXH3_64bits_withSeed(prompt_cache_key.data(), prompt_cache_key.size(), seed);
+    return key == 0 ? 1 : key;
+}
+
 upstream_router::upstream_router(size_t upstreams, router_options options) : options_(options), upstreams_(upstreams) {}
 
 size_t upstream_router::match(size_t upstream, std::span<const uint64_t> blocks) const {
@@ -47,8 +54,16 @@ size_t upstream_router::match(size_t upstream, std::span<const uint64_t> blocks)
     return 0;
 }
 
+std::optional<size_t> upstream_router::keyed_upstream(uint64_t key) const {
+    if (key == 0) return std::nullopt;
+    const auto it = keys_.find(key);
+    if (it == keys_.end()) return std::nullopt;
+    return it->second->second;
+}
+
 std::optional<upstream_router::decision> upstream_router::choose(std::span<const uint64_t> blocks,
-                                                                 const std::vector<size_t>& excluded) const {
+                                                                 const std::vector<size_t>& excluded,
+                                                                 uint64_t key) const {
     std::optional<size_t> best, least;
     size_t best_match = 0;
     for (size_t i = 0; i < upstreams_.size(); i++) {
@@ -67,17 +82,42 @@ std::optional<upstream_router::decision> upstream_router::choose(std::span<const
         }
     }
     if (!least) return std::nullopt;
+    const auto overloaded = [&](size_t i) {
+        return upstreams_[i].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin;
+    };
+    if (const auto keyed = keyed_upstream(key)) {
+        const upstream_stats& s = upstreams_[*keyed].stats;
+        if (s.healthy && std::find(excluded.begin(), excluded.end(), *keyed) == excluded.end()) {
+            if (overloaded(*keyed))
+                return decision{.upstream = *least, .matched_blocks = match(*least, blocks), .rebalanced = true};
+            return decision{.upstream = *keyed, .matched_blocks = match(*keyed, blocks), .keyed = true};
+        }
+    }
     if (!best) return decision{.upstream = *least, .matched_blocks = match(*least, blocks)};
-    if (upstreams_[*best].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin) {
+    if (overloaded(*best)) {
         return decision{.upstream = *least, .matched_blocks = match(*least, blocks), .rebalanced = true};
     }
     return decision{.upstream = *best, .matched_blocks = best_match};
 }
 
-void upstream_router::start(const decision& d, std::span<const uint64_t> blocks) {
+void upstream_router::start(const decision& d, std::span<const uint64_t> blocks, uint64_t key) {
     upstream_state& u = upstreams_.at(d.upstream);
     u.stats.requests++;
     u.stats.in_flight++;
+    if (d.keyed) u.stats.keyed++;
+    if (key != 0) {
+        if (auto it = keys_.find(key); it != keys_.end()) {
+            it->second->second = d.upstream;
+            key_recency_.splice(key_recency_.begin(), key_recency_, it->second);
+        } else {
+            key_recency_.emplace_front(key, d.upstream);
+            keys_.emplace(key, key_recency_.begin());
+        }
+        while (keys_.size() > options_.max_routing_keys) {
+            keys_.erase(key_recency_.back().first);
+            key_recency_.pop_back();
+        }
+    }
     if (d.matched_blocks >= options_.min_match_blocks) {
         u.stats.prefix_hits++;
         u.stats.matched_blocks += d.matched_blocks;

@@ -4,6 +4,8 @@
 // prefix and the tree is a bounded set of hashes (least recently sent forgotten first). A request goes to the
 // upstream with the longest match, if at least min_match_blocks long, else to the least loaded; when the matching
 // upstream has more requests in flight than the least loaded one by more than rebalance_margin, load wins.
+// A request with a routing key (the client's prompt_cache_key) goes where the key's last request went, under the
+// same load rule, whatever its blocks match: the client says these requests share a prefix.
 // A pure class: no clock, no I/O. Threading: not thread-safe; the caller holds one mutex around every call.
 #pragma once
 
@@ -35,7 +37,12 @@ struct router_options {
     size_t min_match_blocks = 2;               // shorter matches do not pull a request to an upstream
     int rebalance_margin = 4;                  // in-flight requests by which the best match may exceed the least loaded
     size_t max_blocks_per_upstream = 1 << 16;  // prefix tree bound, in blocks
+    size_t max_routing_keys = 1 << 16;         // keys remembered (least recently used forgotten first)
 };
+
+// A request's routing key: its tenant's and the client's prompt_cache_key together (0: none). Tenants' keys never
+// meet, like their block hashes.
+uint64_t routing_key(std::string_view prompt_cache_key, std::string_view tenant);
 
 class upstream_router {
 public:
@@ -44,14 +51,17 @@ public:
     struct decision {
         size_t upstream = 0;
         size_t matched_blocks = 0;  // of the chosen upstream
-        bool rebalanced = false;    // a longer match elsewhere lost to load
+        bool rebalanced = false;    // a longer match (or the key's upstream) elsewhere lost to load
+        bool keyed = false;         // sent where its routing key's requests go
     };
-    // Where a request with these block hashes should go, among healthy upstreams not in `excluded`; nullopt when
-    // there is none.
-    std::optional<decision> choose(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded = {}) const;
+    // Where a request with these block hashes (and routing key, 0: none) should go, among healthy upstreams not in
+    // `excluded`; nullopt when there is none.
+    std::optional<decision> choose(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded = {},
+                                   uint64_t key = 0) const;
 
-    // The request was sent where `d` says: its blocks join that upstream's tree, and it is in flight until finish().
-    void start(const decision& d, std::span<const uint64_t> blocks);
+    // The request was sent where `d` says: its blocks join that upstream's tree, its key (if any) points there, and
+    // it is in flight until finish().
+    void start(const decision& d, std::span<const uint64_t> blocks, uint64_t key = 0);
     void finish(size_t upstream);
 
     // What the health checks (or a failed call) say. An upstream that comes back after being down, or that reports
@@ -63,6 +73,7 @@ public:
         uint64_t prefix_hits = 0;     // requests routed here by a match of at least min_match_blocks
         uint64_t matched_blocks = 0;  // summed over those requests
         uint64_t rebalanced = 0;      // requests sent here although a longer match was elsewhere
+        uint64_t keyed = 0;           // requests routed here by their routing key
         uint64_t forgotten = 0;       // times its tree was dropped (restarts)
         int in_flight = 0;
         bool healthy = true;
@@ -84,9 +95,13 @@ private:
         std::string instance;
     };
     void forget(upstream_state& u);
+    std::optional<size_t> keyed_upstream(uint64_t key) const;
 
     router_options options_;
     std::vector<upstream_state> upstreams_;
+    // Routing keys -> the upstream their last request went to; most recently used at the front.
+    std::list<std::pair<uint64_t, size_t>> key_recency_;
+    std::unordered_map<uint64_t, std::list<std::pair<uint64_t, size_t>>::iterator> keys_;
 };
 
 }  // namespace keepwarm::proxy

@@ -81,6 +81,7 @@ json cache_json(const std::vector<upstream_snapshot>& upstreams, json overhead, 
              {"prefix_hits", s.prefix_hits},
              {"matched_blocks", s.matched_blocks},
              {"rebalanced", s.rebalanced},
+             {"keyed", s.keyed},
              {"in_flight", s.in_flight},
              {"tree_blocks", s.tree_blocks},
              {"forgotten", s.forgotten},
@@ -111,6 +112,9 @@ void write_upstream_metrics(metrics_text& out, const std::vector<upstream_snapsh
     per_upstream("keepwarm_proxy_prefix_hits_total", "counter",
                  "Requests routed to the upstream because it was sent their prefix before",
                  [](snap u) { return u.routing.prefix_hits; });
+    per_upstream("keepwarm_proxy_keyed_total", "counter",
+                 "Requests sent to the upstream because their prompt_cache_key's requests go there",
+                 [](snap u) { return u.routing.keyed; });
     per_upstream("keepwarm_proxy_rebalanced_total", "counter",
                  "Requests sent to the upstream although a longer prefix match was elsewhere (load won)",
                  [](snap u) { return u.routing.rebalanced; });

@@ -491,3 +491,20 @@ test('without --policy the proxy runs the built-in defaults: a ping never reache
     assert.equal(body.source, 'built-in defaults');
     assert.match(proxy.output(), /policy: built-in defaults/);
 });
+
+test('requests with one prompt_cache_key go to one upstream, and the hint reaches it', async () => {
+    const client = openai(proxy);
+    const used = [];
+    for (const name of ['eta', 'theta', 'iota']) {
+        const messages = conversation(name);
+        messages.push({ role: 'user', content: 'hello' });
+        used.push((await turn(client, messages, { prompt_cache_key: 'team-session-7' })).upstream);
+    }
+    // Nothing of their prompts matches: without the key they would spread (as 'different conversations spread').
+    assert.equal(new Set(used).size, 1, used.join(' '));
+    const home = (await cache(proxy)).upstreams.find((u) => u.url === used[0]);
+    assert.equal(home.keyed, 2, JSON.stringify(home));
+    // The upstream (keepwarm, OpenAI dialect) got the key: each request marked its prompt there.
+    const upstreamCache = (await curl(`${used[0]}/v1/cache`)).body;
+    assert.ok(upstreamCache.hinted.requests >= 3, JSON.stringify(upstreamCache.hinted));
+});

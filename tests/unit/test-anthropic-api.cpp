@@ -509,3 +509,57 @@ TEST(AnthropicStream, EmptyAnswerAndWireFormat) {
         to_sse(error_event("overloaded_error", "busy")),
         "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n");
 }
+
+// cache_control breakpoints: the hint reaches the end of the last marked message (tools and system: the system
+// prompt; the request itself: everything), for the longest ttl asked.
+TEST(AnthropicParse, CacheControlBreakpointsMarkAPrefix) {
+    EXPECT_FALSE(parse_messages_request(minimal()).hint.has_value());
+
+    json body = with_messages(R"([
+        {"role":"user","content":[{"type":"text","text":"one"}]},
+        {"role":"assistant","content":"two"},
+        {"role":"user","content":[{"type":"text","text":"three","cache_control":{"type":"ephemeral"}}]},
+        {"role":"assistant","content":"four"},
+        {"role":"user","content":"five"}])");
+    body["system"] = json::parse(R"([{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}])");
+    chat_request r = parse_messages_request(body);
+    ASSERT_TRUE(r.hint.has_value());
+    ASSERT_EQ(r.messages.size(), 6u);
+    EXPECT_EQ(r.hint->messages, 4u) << "system + the first three messages; 'four' starts what is not marked";
+    EXPECT_EQ(r.hint->ttl, std::chrono::hours(1));
+
+    // On the system prompt only: the prefix ends where the first message starts.
+    json system_only = minimal();
+    system_only["system"] = json::parse(R"([{"type":"text","text":"rules","cache_control":{"type":"ephemeral"}}])");
+    r = parse_messages_request(system_only);
+    ASSERT_TRUE(r.hint.has_value());
+    EXPECT_EQ(r.hint->messages, 1u);
+    EXPECT_EQ(r.hint->ttl, std::chrono::minutes(5));
+
+    // On a tool without a system prompt: the same place, the first message.
+    json tools = with("tools", json::parse(R"([{"name":"f","input_schema":{"type":"object"},
+                                               "cache_control":{"type":"ephemeral"}}])"));
+    r = parse_messages_request(tools);
+    ASSERT_TRUE(r.hint.has_value());
+    EXPECT_EQ(r.hint->messages, 0u);
+
+    // A user turn split into a user and a tool message: the mark covers both.
+    json split = with_messages(R"([
+        {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"},
+                                  {"type":"text","text":"go on","cache_control":{"type":"ephemeral"}}]}])");
+    r = parse_messages_request(split);
+    ASSERT_EQ(r.messages.size(), 3u);
+    EXPECT_EQ(r.hint->messages, 3u);
+
+    // On the request itself (automatic caching): the whole prompt.
+    r = parse_messages_request(with("cache_control", json::parse(R"({"type":"ephemeral"})")));
+    ASSERT_TRUE(r.hint.has_value());
+    EXPECT_GE(r.hint->messages, r.messages.size());
+
+    expect_400(with("cache_control", "yes"), "cache_control");
+    expect_400(with("cache_control", json::parse(R"({"type":"persistent"})")), "cache_control.type");
+    expect_400(with_messages(R"([{"role":"user","content":[{"type":"text","text":"x",
+                                  "cache_control":{"type":"ephemeral","ttl":"2d"}}]}])"),
+               "messages[0].content[0].cache_control.ttl");
+}

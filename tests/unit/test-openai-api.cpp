@@ -534,3 +534,21 @@ TEST(OpenAiSampling, LogitBiasAndIgnoreEos) {
     b["ignore_eos"] = "yes";
     expect_chat_400(b, "ignore_eos");
 }
+
+TEST(OpenAiParse, PromptCacheKeyMarksTheWholePrompt) {
+    EXPECT_FALSE(parse_chat_request(minimal_chat()).hint.has_value());
+    auto r = parse_chat_request(chat_with("prompt_cache_key", "conversation-7"));
+    EXPECT_EQ(r.prompt_cache_key, "conversation-7");
+    ASSERT_TRUE(r.hint.has_value());
+    EXPECT_GE(r.hint->messages, r.messages.size());
+    EXPECT_EQ(r.hint->ttl, std::chrono::seconds(600));
+    json day = chat_with("prompt_cache_key", "k");
+    day["prompt_cache_retention"] = "24h";
+    EXPECT_EQ(parse_chat_request(day).hint->ttl, std::chrono::hours(24));
+    // Retention without a key asks for nothing; an empty key is no key.
+    EXPECT_FALSE(parse_chat_request(chat_with("prompt_cache_retention", "in_memory")).hint.has_value());
+    EXPECT_FALSE(parse_chat_request(chat_with("prompt_cache_key", "")).hint.has_value());
+    expect_chat_400(chat_with("prompt_cache_key", 7), "prompt_cache_key");
+    expect_chat_400(chat_with("prompt_cache_key", std::string(1025, 'k')), "prompt_cache_key");
+    expect_chat_400(chat_with("prompt_cache_retention", "forever"), "prompt_cache_retention");
+}

@@ -79,10 +79,14 @@ void expect_same_output(const result& actual, const result& cold) {
     }
 }
 
-result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}) {
+// With `hinted` > 0, the client asked to keep that many prompt tokens cached for `hint_ttl`.
+result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}, int hinted = 0,
+                std::chrono::seconds hint_ttl = 300s) {
     auto r = std::make_shared<generation_request>();
     r->prompt = prompt;
     r->tenant = tenant;
+    r->hinted_tokens = hinted;
+    r->hint_ttl = hint_ttl;
     r->sampling.temp = 0;
     r->max_tokens = n;
     r->keep_logits = n;
@@ -353,6 +357,62 @@ TEST(prompt_cache, ram_stays_within_its_budget_under_new_prefixes) {
         EXPECT_LE(e.cache_stats().ram.bytes, o.cache_ram_bytes);
     }
     EXPECT_GT(e.cache_stats().ram.evictions, 0u);
+}
+
+// A conversation whose client marked its prompt (a cache hint) stays parked on the device while unmarked ones come
+// and go; with a hint that has expired (ttl 0) the least recently used rule moves it to RAM as before.
+TEST(prompt_cache, a_marked_conversation_stays_on_the_device_while_unmarked_ones_are_evicted) {
+    for (const auto& [ttl, parked] : {std::pair{0s, 2}, std::pair{300s, 2}, std::pair{300s, 1}}) {
+        SCOPED_TRACE("ttl " + std::to_string(ttl.count()) + " s, parked " + std::to_string(parked));
+        engine_options o = base_options(dense_model());
+        o.cache_parked_sequences = parked;
+        engine e(o);
+        e.start();
+        const tokens marked = tokenize(e, chatml(words(300, 201), {words(20, 202)}));
+        generate(e, marked, 4, {}, static_cast<int>(marked.size()), ttl);
+        for (unsigned i = 0; i < 3; ++i) generate(e, tokenize(e, chatml(words(300, 210 + i), {words(20, 220 + i)})), 4);
+        const result again = generate(e, marked, 4);
+        if (ttl == 0s) {
+            EXPECT_LE(again.stats.reused_device, 4) << "the oldest parked conversation left the device";
+            EXPECT_GT(again.stats.reused_ram, 0);
+            EXPECT_EQ(e.cache_stats().hinted.evicted, 0u);
+        } else {
+            EXPECT_EQ(again.stats.reused_device, static_cast<int>(marked.size()) - 1);
+            EXPECT_EQ(e.cache_stats().hinted.requests, 1u);
+            EXPECT_GT(e.cache_stats().hinted.device_tokens, 0u);
+        }
+    }
+}
+
+// Under a RAM budget that holds about two prompts, new unmarked prefixes evict each other, not the marked one; only
+// its first `hinted` tokens are marked, so the blocks past them go like any other.
+TEST(prompt_cache, marked_ram_blocks_outlast_unmarked_ones_under_the_budget) {
+    for (const auto ttl : {0s, 300s}) {
+        engine_options o = base_options(dense_model());
+        o.cache_parked_sequences = 0;
+        o.cache_ram_bytes = 3u << 20;
+        engine e(o);
+        e.start();
+        const std::string system = words(300, 301);
+        const tokens marked = tokenize(e, chatml(system, {words(10, 302)}));
+        const tokens system_only = tokenize(e, chatml(system, {}));
+        const int hinted = static_cast<int>(system_only.size());
+        generate(e, marked, 4, {}, hinted, ttl);
+        for (unsigned i = 0; i < 6; ++i) {
+            generate(e, tokenize(e, chatml(words(300, 310 + i), {words(10, 320 + i)})), 4);
+            EXPECT_LE(e.cache_stats().ram.bytes, o.cache_ram_bytes);
+        }
+        const auto stats = e.cache_stats();
+        const result again = generate(e, marked, 4);
+        if (ttl == 0s) {
+            EXPECT_LT(again.stats.reused_tokens, 64) << "an expired hint protects nothing";
+        } else {
+            EXPECT_GE(again.stats.reused_tokens, hinted / 64 * 64) << "the marked blocks are all still in RAM";
+            EXPECT_GT(stats.hinted.ram_entries, 0u);
+            EXPECT_GT(stats.hinted.ram_bytes, 0u);
+            EXPECT_GT(stats.ram.evictions, 0u);
+        }
+    }
 }
 
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {

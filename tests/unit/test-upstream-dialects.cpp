@@ -272,3 +272,32 @@ TEST(UpstreamDialects, DialectNames) {
     EXPECT_STREQ(dialect_name(upstream_dialect::ollama), "ollama");
     EXPECT_THROW(parse_dialect("vllm"), std::invalid_argument);
 }
+
+// A client's cache hint reaches the upstream: as one Anthropic breakpoint that parses back to the same prefix, and
+// as the prompt_cache_key for an OpenAI-dialect upstream.
+TEST(UpstreamDialects, CacheHintsGoOnToTheUpstream) {
+    chat_request sent = agent_turn();
+    const size_t n = sent.messages.size();
+    for (size_t k = 1; k <= n; k++) {
+        sent.hint =
+            cache_hint{.messages = k == n ? std::numeric_limits<size_t>::max() : k, .ttl = std::chrono::hours(1)};
+        const json body = json::parse(build_call(upstream_dialect::anthropic, sent, "pinned").body);
+        const chat_request back = api::anthropic::parse_messages_request(body);
+        ASSERT_TRUE(back.hint.has_value()) << "hint through message " << k;
+        // At least what the client marked; a tool result shares its Anthropic turn with the text after it, so a mark
+        // between them moves to the end of that turn.
+        EXPECT_GE(std::min(back.hint->messages, n), k) << body.dump();
+        EXPECT_LE(std::min(back.hint->messages, n), sent.messages[k - 1].role == "tool" ? n : k) << body.dump();
+        EXPECT_EQ(back.hint->ttl, std::chrono::hours(1));
+        expect_same_conversation(sent, back);
+    }
+    sent.hint.reset();
+    EXPECT_EQ(build_call(upstream_dialect::anthropic, sent, "pinned").body.find("cache_control"), std::string::npos);
+
+    sent.prompt_cache_key = "session-9";
+    sent.hint = cache_hint{.messages = std::numeric_limits<size_t>::max(), .ttl = std::chrono::minutes(10)};
+    const chat_request back =
+        api::parse_chat_request(json::parse(build_call(upstream_dialect::openai, sent, "m", "").body));
+    EXPECT_EQ(back.prompt_cache_key, "session-9");
+    EXPECT_TRUE(back.hint.has_value());
+}

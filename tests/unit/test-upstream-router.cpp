@@ -186,3 +186,49 @@ TEST(upstream_router, a_tenants_prompt_never_matches_another_tenants_blocks) {
     EXPECT_EQ(router.match(1, alice), 4u);
     EXPECT_EQ(router.match(1, bob), 0u);
 }
+
+// Requests with one prompt_cache_key go to one upstream even when their prompts share too little to match (a new
+// conversation of a client that says it shares a prefix, say), within the load rule, per tenant, and a bounded
+// number of keys are remembered.
+TEST(upstream_router, requests_with_one_prompt_cache_key_go_to_one_upstream) {
+    upstream_router router(3,
+                           {.block_chars = block, .min_match_blocks = 2, .rebalance_margin = 2, .max_routing_keys = 2});
+    const uint64_t key = routing_key("agent-session-1", "");
+    const auto first_blocks = blocks_of(conversation("a", 1));
+    const auto first = router.choose(first_blocks, {}, key);
+    ASSERT_TRUE(first);
+    EXPECT_FALSE(first->keyed) << "a key seen for the first time decides nothing";
+    router.start(*first, first_blocks, key);
+    router.finish(first->upstream);
+    // Other conversations with nothing in common: without the key they spread, with it they follow it.
+    for (const char* name : {"b", "c", "d"}) {
+        const auto blocks = blocks_of(conversation(name, 1));
+        EXPECT_NE(router.choose(blocks)->upstream, first->upstream) << "least loaded without the key";
+        const auto d = router.choose(blocks, {}, key);
+        ASSERT_TRUE(d);
+        EXPECT_EQ(d->upstream, first->upstream) << name;
+        EXPECT_TRUE(d->keyed);
+        router.start(*d, blocks, key);
+        router.finish(d->upstream);
+    }
+    EXPECT_EQ(router.stats(first->upstream).keyed, 3u);
+    // Another tenant's identical key is another key.
+    EXPECT_NE(routing_key("agent-session-1", "bob"), key);
+    EXPECT_EQ(routing_key("", "bob"), 0u);
+    EXPECT_FALSE(router.choose(blocks_of(conversation("e", 1)), {}, routing_key("agent-session-1", "bob"))->keyed);
+    // Down or excluded: the key gives way.
+    EXPECT_NE(router.choose(blocks_of(conversation("f", 1)), {first->upstream}, key)->upstream, first->upstream);
+    // Load beyond the margin wins over the key.
+    const auto busy = blocks_of(conversation("g", 1));
+    for (int i = 0; i < 3; i++) router.start(*router.choose(busy, {}, key), busy, key);
+    const auto over = router.choose(busy, {}, key);
+    EXPECT_NE(over->upstream, first->upstream);
+    EXPECT_TRUE(over->rebalanced);
+    for (int i = 0; i < 3; i++) router.finish(first->upstream);
+    // Two keys are remembered: a third pushes out the least recently used (this one, after two newer keys).
+    for (const char* other : {"k2", "k3"}) {
+        const auto blocks = blocks_of(conversation(other, 1));
+        router.start(*router.choose(blocks, {}, routing_key(other, "")), blocks, routing_key(other, ""));
+    }
+    EXPECT_FALSE(router.choose(blocks_of(conversation("h", 1)), {}, key)->keyed);
+}

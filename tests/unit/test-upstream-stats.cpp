@@ -24,6 +24,7 @@ proxy::upstream_snapshot snapshot(const std::string& url, bool healthy) {
     s.routing.prefix_hits = 3;
     s.routing.matched_blocks = 12;
     s.routing.rebalanced = 1;
+    s.routing.keyed = 4;
     s.routing.in_flight = 2;
     s.routing.tree_blocks = 40;
     s.routing.forgotten = 1;
@@ -109,6 +110,7 @@ TEST(upstream_stats, cache_json_lists_each_upstream_the_latency_and_the_routing_
     EXPECT_EQ(a["prefix_hits"], 3);
     EXPECT_EQ(a["matched_blocks"], 12);
     EXPECT_EQ(a["rebalanced"], 1);
+    EXPECT_EQ(a["keyed"], 4);
     EXPECT_EQ(a["in_flight"], 2);
     EXPECT_EQ(a["tree_blocks"], 40);
     EXPECT_EQ(a["forgotten"], 1);
@@ -136,11 +138,12 @@ TEST(upstream_stats, metrics_give_each_family_once_with_one_sample_per_upstream)
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_requests_total{upstream="http://a:1"} 7)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_prefix_hits_total{upstream="http://a:1"} 3)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_rebalanced_total{upstream="http://a:1"} 1)")) << text;
+    EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_keyed_total{upstream="http://a:1"} 4)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_in_flight{upstream="http://a:1"} 2)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_prefix_tree_blocks{upstream="http://a:1"} 40)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_prefix_tree_forgotten_total{upstream="http://a:1"} 1)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_opened_total{upstream="http://b:2"} 5)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_reused_total{upstream="http://b:2"} 9)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_idle{upstream="http://b:2"} 4)")) << text;
-    EXPECT_EQ(count("# TYPE "), 10u);
+    EXPECT_EQ(count("# TYPE "), 11u);
 }
