@@ -361,6 +361,9 @@ void add_serve_command(CLI::App& app) {
                     "recomputes (0: --cache-block on a CPU, --batch-size on a GPU)")
         ->check(CLI::Range(0, 1 << 20))
         ->capture_default_str();
+    cmd->add_flag("!--no-cache-hints", e.cache_hints,
+                  "Ignore clients' cache hints (Anthropic cache_control, OpenAI prompt_cache_key); by default a "
+                  "prefix a client marked is evicted after what nobody marked");
     CLI::Option* policy_option =
         cmd->add_option("--policy", opts->policy_file,
                         "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "

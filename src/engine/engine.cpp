@@ -690,7 +690,7 @@ bool engine::step() {
             // Also at the prompt's end, where the next turn's prompt leaves this path (its tail is kept there).
             const bool prompt_end = s.prompt_done == s.request->prompt.size();
             if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end)) cache_->checkpoint(s.id);
-            if (prompt_end && s.request->hinted_tokens > 0) {
+            if (prompt_end && options_.cache_hints && s.request->hinted_tokens > 0) {
                 cache_->hint(s.id, s.request->hinted_tokens, s.request->hint_ttl);
             }
         }

@@ -50,6 +50,8 @@ struct engine_options {
     uint64_t cache_ram_bytes = 4ull << 30;
     std::string cache_dir;  // empty: no disk tier
     uint64_t cache_disk_bytes = 16ull << 30;
+    // Clients' cache hints (generation_request::hinted_tokens) order eviction; false: they are ignored.
+    bool cache_hints = true;
     // Limits that keep one request from holding the engine thread (each has a serve flag an operator can raise).
     // Tokens generated when a request names no limit (-1: until end of generation or a full context). 4096 covers a
     // long answer or a large tool call, and caps a runaway at minutes on a CPU rather than at the context's end.

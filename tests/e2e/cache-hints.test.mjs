@@ -11,9 +11,9 @@ after(async () => {
 });
 
 // One slot and one parked sequence, no RAM or disk tier: what leaves the device is gone.
-async function start() {
+async function start(extra = []) {
     const s = await startServer(['--parallel', '1', '--cache-parked', '1', '--cache-ram', '0', '--cache-disk', '0',
-        '--cache-block', '32']);
+        '--cache-block', '32', ...extra]);
     servers.push(s);
     return s;
 }
@@ -71,6 +71,12 @@ test('a system prompt the client marked stays on the device while unmarked conve
     async () => {
         const unmarked = await returnAfterOthers(await start(), false);
         assert.ok(unmarked.usage.cache_read_input_tokens < 32, JSON.stringify(unmarked.usage));
+
+        // An operator who does not trust clients' marks turns them off: the marked conversation goes like the rest.
+        const ignoring = await start(['--no-cache-hints']);
+        const ignored = await returnAfterOthers(ignoring, true);
+        assert.ok(ignored.usage.cache_read_input_tokens < 32, JSON.stringify(ignored.usage));
+        assert.equal((await curl(`${ignoring.url}/v1/cache`)).body.hinted.requests, 0);
 
         const server = await start();
         const again = await returnAfterOthers(server, true);
