@@ -741,8 +741,12 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
                 continue;
             }
         }
-        // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
+        // The slot's own content past what this prompt reuses goes now (parked above when worth keeping): the room
+        // check then counts its cells as free, and an eviction sees a parked copy of it as that copy's alone (else
+        // the copy would be dropped as shared with the slot, and lost when the slot is cut).
         const int from_device = std::min(device_len, target);
+        if (dm.holder == &s && can_truncate_) truncate(s, from_device);
+        // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
         const int needed = static_cast<int>(prompt.size()) - from_device + b;
         if (round < 64 && n_ctx - device_tokens() < needed && make_room(dm.holder)) continue;
         break;

@@ -415,6 +415,25 @@ TEST(prompt_cache, marked_ram_blocks_outlast_unmarked_ones_under_the_budget) {
     }
 }
 
+// A prompt that needs the cells of the slot's previous conversation: that conversation is parked, then moved to RAM
+// to make room, and comes back from there (found by an agent client: it was dropped instead, as shared with the slot
+// that was about to be cut).
+TEST(prompt_cache, a_parked_conversation_evicted_for_room_goes_to_ram) {
+    engine_options o = base_options(dense_model());
+    o.context_size = 4096;
+    engine e(o);
+    e.start();
+    const tokens a = tokenize(e, chatml(words(2200, 401), {words(20, 402)}));
+    const tokens b = tokenize(e, chatml(words(1800, 403), {words(20, 404)}));
+    ASSERT_GT(a.size() + b.size(), 4096u) << "the two must not fit together";
+    generate(e, a, 4);
+    generate(e, b, 4);
+    EXPECT_GT(e.cache_stats().ram.entries, 0u);
+    const result again = generate(e, a, 4);
+    EXPECT_GE(again.stats.reused_tokens, static_cast<int>(a.size()) - 64) << "A came back from RAM";
+    EXPECT_GT(again.stats.reused_ram, 0);
+}
+
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
     const fs::path dir = temp_dir("disk-budget");
     engine_options o = base_options(dense_model());
