@@ -279,6 +279,9 @@ std::vector<common_chat_tool> parse_tools(const json& body) {
             fail(in_quotes(field) + " is Anthropic's server tool '" + *type +
                  "', which keepwarm cannot run; define a custom tool (name, description, input_schema) instead");
         }
+        // A deferred tool is loaded into the model's context only when a tool search finds it (Anthropic's tool
+        // search); keepwarm has no tool search, so it is not offered (Claude Code sends a placeholder this way).
+        if (get_bool(tool, "defer_loading", field + ".defer_loading").value_or(false)) continue;
         common_chat_tool t;
         t.name = require_string(tool, "name", field + ".name");
         if (t.name.size() > 128 || t.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -11,9 +11,10 @@
 //   -> content, thinking -> reasoning_content, tool_use -> a tool call whose arguments are the input as JSON text.
 //   redacted_thinking is dropped: its data is ciphertext only Anthropic's models can read. image, document and
 //   Anthropic's server-side blocks get a 400. The last message may be an empty or partial assistant turn (prefill).
-// - tools: custom tools only. A server tool (a "type" such as web_search_20250305 or bash_20250124) gets a 400 naming
-//   it: keepwarm cannot run Anthropic's server tools, and silently dropping one would let the model answer as if it
-//   had searched or run something.
+// - tools: custom tools only; one with defer_loading true is left out (Anthropic loads it only through its tool
+//   search, which keepwarm does not have). A server tool (a "type" such as web_search_20250305 or bash_20250124) gets a
+//   400 naming it: keepwarm cannot run Anthropic's server tools, and silently dropping one would let the model answer
+//   as if it had searched or run something.
 // - tool_choice: auto -> auto, any -> required, tool -> required with the tool list narrowed to that tool (common has
 //   no named choice), none -> none; disable_parallel_tool_use -> parallel_tool_calls false.
 // - thinking: enabled (budget_tokens required, not enforced beyond max_tokens) and adaptive -> enable_thinking true;

@@ -563,3 +563,15 @@ TEST(AnthropicParse, CacheControlBreakpointsMarkAPrefix) {
                                   "cache_control":{"type":"ephemeral","ttl":"2d"}}]}])"),
                "messages[0].content[0].cache_control.ttl");
 }
+
+// A tool with defer_loading (Anthropic's tool search loads it on demand) is not offered: keepwarm has no tool search.
+TEST(AnthropicParse, DeferredToolsAreNotOffered) {
+    chat_request r = parse_messages_request(with("tools", json::parse(R"([
+        {"name":"Read","input_schema":{"type":"object"}},
+        {"name":"DeferredToolPlaceholder","description":"never call this tool","input_schema":{"type":"object"},
+         "defer_loading":true}])")));
+    ASSERT_EQ(r.tools.size(), 1u);
+    EXPECT_EQ(r.tools[0].name, "Read");
+    expect_400(with("tools", json::parse(R"([{"name":"f","input_schema":{"type":"object"},"defer_loading":"yes"}])")),
+               "tools[0].defer_loading");
+}
