@@ -9,6 +9,24 @@ import { parseArgs } from 'node:util';
 
 const secretHeaders = new Set(['authorization', 'x-api-key', 'cookie']);
 
+// The text, usage and finish reason of a streamed Chat Completions answer (an SSE body a capture recorded).
+export function streamedChat(sse) {
+    let text = '';
+    let usage;
+    let finish;
+    for (const frame of sse.split('\n\n')) {
+        const data = frame.split('\n').find((line) => line.startsWith('data: '));
+        if (!data || data === 'data: [DONE]') continue;
+        const chunk = JSON.parse(data.slice(6));
+        usage = chunk.usage ?? usage;
+        for (const c of chunk.choices ?? []) {
+            text += c.delta?.content ?? '';
+            finish = c.finish_reason ?? finish;
+        }
+    }
+    return { text, usage, finish };
+}
+
 // Starts the proxy on a free port of 127.0.0.1. Resolves to { url, requests, close() }; `requests` fills as they come,
 // each with `response` ({ status, body as text }) once its answer is complete. With `outDir`, each request (without
 // its response) is also written there as JSON. With `rewrite(body, path)`, a JSON body is forwarded as that function

@@ -1,5 +1,6 @@
-// The Claude Code CLI (@anthropic-ai/claude-code, print mode) against keepwarm, and the requests it was seen to send
-// (tests/fixtures/claude-code/) replayed through /v1/messages.
+// The Claude Code CLI (@anthropic-ai/claude-code, print mode) against keepwarm: one turn, two turns of one session
+// (the second reusing the first), a tool round trip; and the requests it was seen to send (tests/fixtures/claude-code/)
+// replayed through /v1/messages.
 //
 // A random-weight model never ends its turn by itself, and Claude Code treats a max_tokens stop as an error. So the
 // run asks, through Claude Code's own CLAUDE_CODE_EXTRA_BODY (merged into every request body), for Anthropic's
@@ -9,6 +10,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -19,6 +21,10 @@ import { startCapture } from './capture-requests.mjs';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const claude = path.join(here, 'node_modules/@anthropic-ai/claude-code/bin/claude.exe');
 const fixturesDir = path.join(here, '../fixtures/claude-code');
+// The version tests/e2e/package.json pins, as Claude Code writes it in its user agent and billing header.
+const version = JSON.parse(readFileSync(path.join(here, 'package.json'), 'utf8'))
+    .dependencies['@anthropic-ai/claude-code'];
+const versionPattern = version.replaceAll('.', '\\.');
 
 const answer = 'hello from keepwarm';
 const schema = {
@@ -45,7 +51,8 @@ function runClaude(baseUrl, apiKey, prompt, args = [], overrides = {}) {
         DISABLE_TELEMETRY: '1',
         DISABLE_AUTOUPDATER: '1',
         DISABLE_ERROR_REPORTING: '1',
-        CLAUDE_CODE_MAX_OUTPUT_TOKENS: '64',
+        // The grammar lets the random model put whitespace between the JSON's tokens (a bounded amount): room for it.
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS: '256',
         CLAUDE_CODE_EXTRA_BODY: JSON.stringify({
             thinking: { type: 'disabled' },
             output_config: { format: { type: 'json_schema', schema } },
@@ -91,13 +98,71 @@ test('Claude Code in print mode prints the answer keepwarm streamed', async () =
                      'every request Claude Code made was a generation keepwarm served');
 
         const main = messages.at(-1);
-        assert.match(main.headers['user-agent'], /^claude-cli\/2\.1\.197/);
+        assert.match(main.headers['user-agent'], new RegExp(`^claude-cli/${versionPattern} `));
         assert.equal(main.body.stream, true);
-        assert.deepEqual(main.body.tools.map((t) => t.name), ['Read']);
-        assert.match(main.body.system[0].text, /^x-anthropic-billing-header: cc_version=2\.1\.197\.[0-9a-f]{3};/);
+        // --tools Read: Read, and a placeholder Claude Code marks defer_loading (it keeps its tool search active).
+        assert.deepEqual(main.body.tools.filter((t) => !t.defer_loading).map((t) => t.name), ['Read']);
+        assert.match(main.body.system[0].text,
+                     new RegExp(`^x-anthropic-billing-header: cc_version=${versionPattern}\\.[0-9a-f]{3};`));
         const text = streamedText(main.response.body);
         assert.ok(text.includes(answer), text);
         assert.equal(run.stdout.trim(), text.trim(), 'Claude Code printed what keepwarm answered');
+    } finally {
+        await capture.close();
+        await server.stop();
+    }
+});
+
+// The usage keepwarm gave in a streamed Anthropic answer's message_delta (the final split of the prompt).
+function streamedUsage(sse) {
+    for (const frame of sse.split('\n\n')) {
+        const data = frame.split('\n').find((line) => line.startsWith('data: '));
+        if (data?.includes('"message_delta"')) return JSON.parse(data.slice(6)).usage;
+    }
+    return null;
+}
+
+// Two turns of one session: the second `claude -p --resume ID` sends the first turn again (its system blocks, tools,
+// the question and keepwarm's answer) with a new question; keepwarm reads the first turn's prompt from its cache.
+test('Claude Code resumes a session: both turns print the answer, the second reuses the first', async () => {
+    const server = await startServer(['-c', '8192', '--parallel', '1', '--api-key', 'cc-test-key']);
+    const capture = await startCapture(server.url);
+    const session = randomUUID();
+    const turn = async (prompt, args) => {
+        const from = capture.requests.length;
+        const run = await runClaude(capture.url, 'cc-test-key', prompt,
+                                    ['--model', 'tiny', '--tools', 'Read', ...args]);
+        assert.equal(run.code, 0, `claude exited ${run.code}\nstdout: ${run.stdout}\nstderr: ${run.stderr}`);
+        // The turn's own request: the one with Claude Code's tools (a title request, when sent, has none).
+        const main = capture.requests.slice(from)
+            .filter((r) => r.path.startsWith('/v1/messages') && r.body?.tools?.length).at(-1);
+        assert.ok(main, JSON.stringify(capture.requests.slice(from).map((r) => `${r.method} ${r.path}`)));
+        assert.equal(main.response?.status, 200, main.response?.body);
+        const text = streamedText(main.response.body);
+        assert.deepEqual(JSON.parse(text), { answer }, text);
+        assert.equal(run.stdout.trim(), text.trim(), 'Claude Code printed what keepwarm answered');
+        return { main, usage: streamedUsage(main.response.body) };
+    };
+    try {
+        const one = await turn('Say hello', ['--session-id', session]);
+        const two = await turn('Say it again', ['--resume', session]);
+
+        // The second turn is the first one's conversation with the answer and a new question after it.
+        const messages = two.main.body.messages;
+        assert.equal(messages.length, one.main.body.messages.length + 2, JSON.stringify(messages).slice(0, 3000));
+        assert.deepEqual(messages.map((m) => m.role),
+                         [...one.main.body.messages.map((m) => m.role), 'assistant', 'user']);
+        assert.ok(JSON.stringify(messages.at(-2).content).includes(answer), JSON.stringify(messages.at(-2)));
+        assert.ok(JSON.stringify(messages.at(-1).content).includes('Say it again'), JSON.stringify(messages.at(-1)));
+        assert.equal(JSON.stringify(two.main.body.system), JSON.stringify(one.main.body.system));
+        assert.equal(JSON.stringify(two.main.body.tools), JSON.stringify(one.main.body.tools));
+
+        // keepwarm computed the first turn's prompt once: the second read it from the cache.
+        const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
+        assert.ok(one.usage.cache_read_input_tokens < prompt(one.usage) / 2, JSON.stringify(one.usage));
+        assert.ok(prompt(two.usage) > prompt(one.usage), JSON.stringify([one.usage, two.usage]));
+        assert.ok(two.usage.cache_read_input_tokens >= prompt(one.usage) - 16,
+                  `second turn: ${JSON.stringify(two.usage)}; the first turn's prompt: ${prompt(one.usage)}`);
     } finally {
         await capture.close();
         await server.stop();

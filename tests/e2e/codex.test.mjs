@@ -1,6 +1,7 @@
 // The Codex CLI (@openai/codex, `codex exec`) against keepwarm through a custom provider speaking the Responses API:
 // one task with a tool round trip (a shell command called, run by Codex, its output sent back) and a final answer,
-// and the second request reusing the first's prefix.
+// and the second request reusing the first's prefix; against `keepwarm serve`, and through `keepwarm proxy` in front
+// of one.
 //
 // A random-weight model never calls a tool or ends a turn by itself, so a recording proxy between Codex and keepwarm
 // steers each request as the Claude Code test does through its extra body: the model is offered Codex's exec_command
@@ -15,7 +16,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer } from './harness.mjs';
+import { curl, metrics, startProcess, startServer } from './harness.mjs';
 import { startCapture } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -82,10 +83,11 @@ function finalResponse(sse) {
     return null;
 }
 
-test('codex exec runs a tool round trip against keepwarm, and its second request reuses the first', async () => {
-    const server = await startServer(['-c', '32768', '--parallel', '1']);
-    started.push(server);
-    const capture = await startCapture(server.url, { rewrite: steer });
+// Runs the task through the steering proxy in front of `target` (keepwarm serve, or a proxy in front of it) and checks
+// the round trip: the call out, Codex running it, its output back, the answer printed, the second request reusing the
+// first's prefix. Returns the two requests' final responses.
+async function roundTrip(target) {
+    const capture = await startCapture(target, { rewrite: steer });
     started.push(capture);
 
     const r = await runCodex(capture.url, 'Print the word keepwarm-e2e with a shell command.');
@@ -116,4 +118,32 @@ test('codex exec runs a tool round trip against keepwarm, and its second request
     assert.ok(two.usage.input_tokens > one.usage.input_tokens);
     assert.ok(two.usage.input_tokens_details.cached_tokens >= one.usage.input_tokens - 12,
         `cached ${two.usage.input_tokens_details.cached_tokens} of the first request's ${one.usage.input_tokens}`);
+    return [one, two];
+}
+
+test('codex exec runs a tool round trip against keepwarm, and its second request reuses the first', async () => {
+    const server = await startServer(['-c', '32768', '--parallel', '1']);
+    started.push(server);
+    await roundTrip(server.url);
+});
+
+// The same through `keepwarm proxy` in front of `keepwarm serve`: the proxy serves the Responses API, routes both
+// requests to the upstream (the second by its prefix) and passes the upstream's usage through.
+test('codex exec runs the same round trip through keepwarm proxy', async () => {
+    const server = await startServer(['-c', '32768', '--parallel', '1']);
+    started.push(server);
+    const proxy = await startProcess(['proxy', '--port', '0', '--upstream', server.url]);
+    started.push(proxy);
+    const [one, two] = await roundTrip(proxy.url);
+
+    const { body: state } = await curl(`${proxy.url}/v1/cache`);
+    assert.equal(state.upstreams.length, 1);
+    assert.ok(state.upstreams[0].requests >= 2, JSON.stringify(state.upstreams[0]));
+    assert.ok(state.upstreams[0].prefix_hits >= 1, 'the proxy routed the second request by the first one\'s prefix');
+    // The reuse reported through the proxy is the upstream's own.
+    const upstream = await metrics(server.url);
+    assert.ok(upstream.keepwarm_requests_total >= 2);
+    assert.ok(upstream.keepwarm_reused_tokens_total >= two.usage.input_tokens_details.cached_tokens,
+        JSON.stringify(upstream));
+    assert.ok(upstream.keepwarm_prompt_tokens_total >= one.usage.input_tokens + two.usage.input_tokens);
 });
