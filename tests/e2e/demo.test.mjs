@@ -34,7 +34,10 @@ test('serve without --model runs the generated demo model and says its output is
         assert.equal(res.status, 200);
         assert.equal((await res.json()).object, 'chat.completion');
     } finally {
+        // The server writes its cache on the way out: the folder goes once it has exited.
+        const exited = new Promise((resolve) => (proc.exitCode !== null ? resolve() : proc.once('exit', resolve)));
         proc.kill('SIGTERM');
+        await exited;
         rmSync(cache, { recursive: true, force: true });
     }
 });
