@@ -232,7 +232,6 @@ disk_store::disk_store(std::filesystem::path dir, uint64_t budget_bytes, std::st
     : dir_(std::move(dir)), budget_(budget_bytes), fingerprint_(std::move(model_fingerprint)) {
     if (fingerprint_.size() > max_fingerprint)
         throw std::invalid_argument("disk cache: model fingerprint longer than " + std::to_string(max_fingerprint));
-    writer_ = std::thread(&disk_store::writer_loop, this);
 }
 
 disk_store::~disk_store() {
@@ -241,7 +240,15 @@ disk_store::~disk_store() {
         stopping_ = true;
     }
     work_cv_.notify_all();
-    writer_.join();
+    if (writer_.joinable()) writer_.join();
+}
+
+void disk_store::queue(disk_op op) {
+    ops_.push_back(op);
+    // Started with the first write or deletion: a store that is only read (a start-up that finds nothing to change)
+    // never needs one.
+    if (!writer_.joinable()) writer_ = std::thread(&disk_store::writer_loop, this);
+    work_cv_.notify_one();
 }
 
 uint64_t disk_store::entry_file_bytes(const disk_entry_info& info, uint64_t payload_bytes,
@@ -369,8 +376,7 @@ bool disk_store::put(disk_entry_info info, std::shared_ptr<const std::vector<uin
     const block_key key = info.key;
     pending_.emplace(key, pending_write{std::move(info), std::move(payload), file_bytes});
     bytes_ += file_bytes;
-    ops_.push_back(disk_op{op_kind::write, key});
-    work_cv_.notify_one();
+    queue(disk_op{op_kind::write, key});
     return true;
 }
 
@@ -434,8 +440,7 @@ std::optional<std::vector<uint8_t>> disk_store::get(const block_key& key, std::s
     }
     bytes_ -= it->second.file_bytes;
     index_.erase(it);
-    ops_.push_back(disk_op{op_kind::quarantine, key});
-    work_cv_.notify_one();
+    queue(disk_op{op_kind::quarantine, key});
     lock.unlock();
     counters_.read_failures++;
     log(path.filename().string() + ": " + *why + "; dropped and moved to rejected/");
@@ -463,8 +468,7 @@ bool disk_store::erase(const block_key& key) {
         bytes_ -= it->second.file_bytes;
         index_.erase(it);
         // Deleting on the writer thread keeps the order with a later put() of the same key.
-        ops_.push_back(disk_op{op_kind::remove, key});
-        work_cv_.notify_one();
+        queue(disk_op{op_kind::remove, key});
         counters_.evicted++;
         return true;
     }

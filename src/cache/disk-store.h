@@ -163,6 +163,7 @@ private:
     };
 
     void writer_loop();
+    void queue(disk_op op);  // for the writer thread, started on first use; index_mu_ held
     void log(const std::string& message) const;
     std::filesystem::path entry_path(const block_key& key) const;
 
@@ -183,7 +184,7 @@ private:
     std::condition_variable work_cv_;  // ops_ non-empty or stopping_
     std::condition_variable idle_cv_;  // ops_ empty and !writer_busy_
 
-    std::thread writer_;  // last member: starts after everything above is constructed
+    std::thread writer_;  // last member: started by the first queue(), guarded by index_mu_ until then
 };
 
 }  // namespace keepwarm
