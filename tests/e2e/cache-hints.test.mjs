@@ -3,7 +3,7 @@
 // asked, and a bad hint is a 400 in the API's shape.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, curl, metrics } from './harness.mjs';
+import { startServer, curl, metrics, words } from './harness.mjs';
 
 const servers = [];
 after(async () => {
@@ -16,18 +16,6 @@ async function start(extra = []) {
         '--cache-block', '32', ...extra]);
     servers.push(s);
     return s;
-}
-
-// Deterministic filler text of roughly `n` words.
-function words(n, seed) {
-    const vocab = ['cache', 'prefix', 'agent', 'tool', 'model', 'turn', 'state', 'block', 'the', 'of', 'and', 'with'];
-    let x = seed;
-    const out = [];
-    for (let i = 0; i < n; i++) {
-        x = (x * 1103515245 + 12345) % 2147483648;
-        out.push(vocab[x % vocab.length]);
-    }
-    return out.join(' ');
 }
 
 // An Anthropic request whose system prompt carries a breakpoint when `marked`.

@@ -124,3 +124,15 @@ export async function waitFor(predicate, { timeoutMs = 10_000, intervalMs = 50 }
         await new Promise((r) => setTimeout(r, intervalMs));
     }
 }
+
+// Deterministic filler text of roughly `n` words.
+export function words(n, seed) {
+    const vocab = ['cache', 'prefix', 'agent', 'tool', 'model', 'turn', 'state', 'block', 'the', 'of', 'and', 'with'];
+    let x = seed;
+    const out = [];
+    for (let i = 0; i < n; i++) {
+        x = (x * 1103515245 + 12345) % 2147483648;
+        out.push(vocab[x % vocab.length]);
+    }
+    return out.join(' ');
+}

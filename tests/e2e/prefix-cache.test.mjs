@@ -4,7 +4,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, writeFileSync, truncateSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { startServer, curl, metrics, waitFor } from './harness.mjs';
+import { startServer, curl, metrics, waitFor, words } from './harness.mjs';
 
 const servers = [];
 after(async () => {
@@ -15,18 +15,6 @@ async function start(args, options) {
     const s = await startServer(args, options);
     servers.push(s);
     return s;
-}
-
-// Deterministic filler text of roughly `n` words.
-function words(n, seed) {
-    const vocab = ['cache', 'prefix', 'agent', 'tool', 'model', 'turn', 'state', 'block', 'the', 'of', 'and', 'with'];
-    let x = seed;
-    const out = [];
-    for (let i = 0; i < n; i++) {
-        x = (x * 1103515245 + 12345) % 2147483648;
-        out.push(vocab[x % vocab.length]);
-    }
-    return out.join(' ');
 }
 
 function chat(system, user) {
