@@ -2,6 +2,7 @@
 // follows llama-server's task_result_state::update_chat_msg.
 #include "chat/chat-output-parser.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
@@ -33,28 +34,52 @@ void chat_output_parser::assign_ids(common_chat_msg& msg) {
     msg.set_tool_call_ids(tool_call_ids_, gen_tool_call_id);
 }
 
+bool chat_output_parser::parse_due() const {
+    if (text_.size() < always_parse_bytes || parse_ns_per_byte_ == 0) return true;
+    const double cost_ns = parse_ns_per_byte_ * static_cast<double>(text_.size());
+    return std::chrono::duration<double, std::nano>(now_() - last_parse_end_).count() >= idle_per_parse * cost_ns;
+}
+
+std::optional<common_chat_msg> chat_output_parser::timed_partial_parse() {
+    const clock::time_point started = now_();
+    std::optional<common_chat_msg> msg;
+    try {
+        msg = parse(true);
+    } catch (const std::exception&) {
+        // The partial text does not parse yet.
+    }
+    last_parse_end_ = now_();
+    if (text_.size() >= always_parse_bytes) {
+        const double ns_per_byte = std::chrono::duration<double, std::nano>(last_parse_end_ - started).count() /
+                                   static_cast<double>(text_.size());
+        parse_ns_per_byte_ = parse_ns_per_byte_ == 0 ? ns_per_byte : std::min(parse_ns_per_byte_, ns_per_byte);
+    }
+    return msg;
+}
+
 std::vector<common_chat_msg_diff> chat_output_parser::push(std::string_view text_delta) {
     if (text_delta.empty() || overflowed_) {
         return {};
     }
     text_.append(text_delta);
+    if (!parse_due()) return {};
+    std::optional<common_chat_msg> next = timed_partial_parse();
+    if (!next || next->empty()) {
+        return {};
+    }
+    if (max_tool_calls_ > 0 && next->tool_calls.size() > max_tool_calls_) {
+        // The calls before it are whole: a call ends before the next one begins.
+        next->tool_calls.resize(max_tool_calls_);
+        overflowed_ = true;
+    }
     try {
-        common_chat_msg next = parse(true);
-        if (next.empty()) {
-            return {};
-        }
-        if (max_tool_calls_ > 0 && next.tool_calls.size() > max_tool_calls_) {
-            // The calls before it are whole: a call ends before the next one begins.
-            next.tool_calls.resize(max_tool_calls_);
-            overflowed_ = true;
-        }
-        assign_ids(next);
-        auto diffs = common_chat_msg_diff::compute_diffs(msg_, next);
-        msg_ = std::move(next);
+        assign_ids(*next);
+        auto diffs = common_chat_msg_diff::compute_diffs(msg_, *next);
+        msg_ = std::move(*next);
         return diffs;
     } catch (const std::exception&) {
-        // Either the partial text does not parse yet, or the new parse is not an extension of what was already sent
-        // (compute_diffs throws then); keep the last emitted state and wait for more text.
+        // The new parse is not an extension of what was already sent (compute_diffs throws then); keep the last
+        // emitted state and wait for more text.
         return {};
     }
 }

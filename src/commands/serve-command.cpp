@@ -379,6 +379,11 @@ void add_serve_command(CLI::App& app) {
                     "A request whose one token takes longer than this to sample (a costly grammar) ends with an error")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-step-ms", e.step_ms_target,
+                    "While a request generates, other requests' prompts go in chunks sized so that one step takes "
+                    "about this long: its tokens keep streaming during a long prefill (0: one --ubatch-size per step)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-grammar-bytes", e.grammar_max_bytes,
                     "Largest grammar a response format or tools may make, in bytes")
         ->capture_default_str()

@@ -614,6 +614,7 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
 // One llama_decode: a token for each generating slot first (so decoding never starves behind a long prompt),
 // then prompt chunks until the batch is full. Returns false if there was nothing to do.
 bool engine::step() {
+    const auto step_started = clock::now();
     common_batch_clear(batch_);
     struct contribution {
         slot* s;
@@ -630,11 +631,8 @@ bool engine::step() {
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});
     }
-    // While other requests wait or generate, a step carries at most one physical batch of prompt, so that a long
-    // prefill delays them by one ubatch rather than by a whole logical batch.
-    const int busy = static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](auto& sp) { return sp->busy(); }));
-    const int budget = busy > 1 || queued() > 0 ? std::min(options_.batch_size, options_.ubatch_size + batch_.n_tokens)
-                                                : options_.batch_size;
+    const int decode_tokens = batch_.n_tokens;
+    const int budget = decode_tokens + prompt_budget(decode_tokens);
     for (auto& sp : slots_) {
         slot& s = *sp;
         if (!s.prefilling() || batch_.n_tokens >= budget) continue;
@@ -708,7 +706,45 @@ bool engine::step() {
         }
         progress_ns_ = now_ns();
     }
+    // What a generating slot waited for its next token: the batch, the decode and the sampling.
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, ms_between(step_started, clock::now()));
     return true;
+}
+
+// How many prompt tokens the next step may carry besides `decode_tokens` generated ones. Alone, a prompt goes in
+// whole logical batches. While other requests wait or generate, at most one physical batch goes per step, so that a
+// long prefill delays them by one ubatch rather than by a whole logical batch; and while a slot generates, only as
+// many as fit in the step time target at the last measured cost, so that its stream keeps flowing (chunked prefill,
+// as vLLM and SGLang schedule it). The prompt's own time grows a little: a smaller batch computes less efficiently.
+int engine::prompt_budget(int decode_tokens) const {
+    const int busy = static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](auto& sp) { return sp->busy(); }));
+    if (busy <= 1 && queued() == 0) return options_.batch_size;
+    const int room = options_.batch_size - decode_tokens;
+    int budget = std::min(options_.ubatch_size, room);
+    if (decode_tokens > 0 && options_.step_ms_target > 0 && ms_per_prompt_token_ > 0) {
+        // A few tokens at least, so that a model too slow for the target still moves its prompts forward.
+        constexpr double fewest = 8;
+        const double fits = std::max(fewest, (options_.step_ms_target - generation_step_ms_) / ms_per_prompt_token_);
+        budget = std::min(budget, static_cast<int>(std::min(fits, static_cast<double>(room))));
+    }
+    return std::max(budget, 0);
+}
+
+// Learns what steps cost, as step time = generation step + prompt tokens x cost per prompt token. A step of
+// generated tokens only costs about what reading the weights does (and sampling); prompt tokens riding along share
+// that read and add their own compute, which grows with the depth they attend over. Averaged over the last few
+// steps, as a prompt's depth changes slowly and a single step may be slowed by anything else on the machine.
+void engine::measure_step(int prompt_tokens, int decode_tokens, double ms) {
+    constexpr double weight = 0.5;  // of the newest step
+    const auto average = [&](double& into, double value) { into = into > 0 ? into + weight * (value - into) : value; };
+    if (prompt_tokens == 0) {
+        if (decode_tokens > 0) average(generation_step_ms_, ms);
+        return;
+    }
+    constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
+    if (prompt_tokens < enough) return;
+    const double fixed = decode_tokens > 0 ? generation_step_ms_ : 0;
+    average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
 }
 
 // Samples the slot's next token from the last decode's logits and hands its text to the request.

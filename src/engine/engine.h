@@ -66,6 +66,11 @@ struct engine_options {
     // The most alternatives one grammar rule may offer (an enum's values, a oneOf's branches): the grammar's per-token
     // cost grows with them faster than linearly (a 2,000-string enum: 8 s per token). Claude Code's tools need 266.
     size_t grammar_max_alternatives = 1024;
+    // While a slot is generating, one step (its next token plus other slots' prompt chunks) aims to take at most
+    // this long: prompt chunks are cut to the size that fits, measured from the steps before, so that a long prefill
+    // never holds a stream's next token for longer (chunked prefill). 0: no time limit, one physical batch of
+    // prompt per step.
+    double step_ms_target = 75;
     // /health reports the engine stalled when a step has made no progress for this long.
     double stall_seconds = 10;
     // Requests that may wait for a slot (0: no limit). One more is refused at once with a 503 and Retry-After, so a
@@ -166,6 +171,8 @@ private:
     void follow_shared_prefills(slot& s);
     void finish(slot& s, finish_reason reason, const std::string& error = {});
     bool step();
+    int prompt_budget(int decode_tokens) const;
+    void measure_step(int prompt_tokens, int decode_tokens, double ms);
     int next_cut(const slot& s) const;
     std::string describe_divergence(const std::vector<llama_token>& prompt, const cache_restore& r) const;
 
@@ -184,6 +191,11 @@ private:
 
     std::vector<std::unique_ptr<slot>> slots_;  // engine thread only
     llama_batch batch_{};                       // engine thread only
+    // What a step costs, learnt from the steps before (0: not seen yet), to size the prompt chunks that ride along
+    // with generating slots (engine_options::step_ms_target): a step of generated tokens only, and what each prompt
+    // token adds to it. Engine thread only.
+    double generation_step_ms_ = 0;
+    double ms_per_prompt_token_ = 0;
 
     mutable std::mutex mu_;
     std::condition_variable wake_;

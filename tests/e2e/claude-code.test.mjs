@@ -174,10 +174,12 @@ test('Claude Code resumes a session: both turns print the answer, the second reu
 // Read call with a random path; Claude Code runs it (the file does not exist), and sends the tool_result back with
 // the tool_use id keepwarm gave. Every turn is forced to call Read, so --max-turns ends the run. The random model
 // would write a path until max_tokens, so a policy file biases this client towards '"' (which the grammar admits
-// only to end a string) and the end of the turn: a per-client forced logit bias, as an operator would write it.
+// only to end a string) and the end of the turn, and samples greedily (with sampling, a long string now and then ran
+// into max_tokens under load): a per-client forced logit bias and temperature, as an operator would write them.
 test('Claude Code completes a tool round trip: tool_use out, tool_result back with its id', async () => {
     const policy = path.join(home, 'short-strings.toml');
-    writeFileSync(policy, `[[client]]\nclient = "claude-cli"\nlogit_bias = { '"' = 12, "<|im_end|>" = 12 }\n`);
+    writeFileSync(policy, '[[client]]\nclient = "claude-cli"\ntemperature = 0\n' +
+        `logit_bias = { '"' = 12, "<|im_end|>" = 12 }\n`);
     const server = await startServer(['-c', '8192', '--parallel', '1', '--api-key', 'cc-test-key', '--policy', policy]);
     const capture = await startCapture(server.url);
     try {

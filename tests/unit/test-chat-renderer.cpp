@@ -311,6 +311,49 @@ TEST(ChatRenderer, PrefillContinuesAssistantMessage) {
     EXPECT_EQ(res.final_msg.content, "1, 2, 3");
 }
 
+// Below always_parse_bytes every piece of text is streamed as it comes.
+TEST(ChatOutputParser, ShortAnswersStreamEveryPiece) {
+    auto req = request(R"([{"role":"user","content":"hi"}])");
+    req.enable_thinking = false;
+    auto r = qwen3().render(req);
+    chat_output_parser parser(qwen3().parser_params(r, req));
+    auto fake_now = chat_output_parser::clock::time_point{};
+    parser.set_clock([&] { return fake_now += std::chrono::seconds(1); });  // however slow parsing looks
+    for (size_t i = 0; i < chat_output_parser::always_parse_bytes / 5 - 1; ++i) {
+        ASSERT_EQ(accumulate(parser.push("word ")).content, "word ") << "piece " << i;
+    }
+}
+
+// A long answer: the parser re-parses only after idle_per_parse times a parse's cost has passed, and the text pushed
+// meanwhile comes with the next parse. The clock here moves 1 ms per reading, so every parse "takes" 1 ms: about
+// one push in idle_per_parse parses. Nothing is lost: the deltas add up to the answer.
+TEST(ChatOutputParser, LongAnswersParseLessOftenAndLoseNothing) {
+    auto req = request(R"([{"role":"user","content":"hi"}])", weather_tools);
+    req.enable_thinking = false;
+    auto r = qwen3().render(req);
+    chat_output_parser parser(qwen3().parser_params(r, req));
+    auto fake_now = chat_output_parser::clock::time_point{};
+    parser.set_clock([&] { return fake_now += std::chrono::milliseconds(1); });
+    std::string text(chat_output_parser::always_parse_bytes, 'x');
+    std::vector<common_chat_msg_diff> diffs = parser.push(text);
+    int parsed_pushes = 0;
+    const int pushes = 600;
+    for (int i = 0; i < pushes; ++i) {
+        const std::string piece = " token" + std::to_string(i);
+        text += piece;
+        const auto d = parser.push(piece);
+        if (!d.empty()) ++parsed_pushes;
+        diffs.insert(diffs.end(), d.begin(), d.end());
+    }
+    EXPECT_GE(parsed_pushes, pushes / chat_output_parser::idle_per_parse / 2);
+    EXPECT_LE(parsed_pushes, pushes / chat_output_parser::idle_per_parse + 2);
+    std::vector<common_chat_msg_diff> last;
+    const common_chat_msg answer = parser.finish(&last);
+    diffs.insert(diffs.end(), last.begin(), last.end());
+    EXPECT_EQ(answer.content, text);
+    EXPECT_EQ(accumulate(diffs).content, text);
+}
+
 // parallel_tool_calls false: the pinned llama.cpp's grammar for Qwen3's calls repeats them whatever the request says,
 // so the parser keeps to one. Nothing of a second call is emitted, the final message has the first, and the parser
 // says the generation can stop.

@@ -324,3 +324,46 @@ TEST(engine_limits, a_request_past_the_queue_limit_is_refused_at_once_and_the_wa
     EXPECT_GT(served.stats.queued_ms, 0);
     EXPECT_GE(latencies.queue_wait.sum_seconds() + 1e-9, served.stats.queued_ms / 1000);
 }
+
+// Issue 18: a long prompt admitted beside a generating slot went in one ubatch per step, and the stream waited that
+// long for each token (567 ms at 12K cached on this machine). With a step time target, the prompt rides along in
+// chunks sized to fit, so the generating slot gets a token every step: many while the prompt is prefilled. With no
+// target (0), one ubatch per step, and the stream gets a handful.
+TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_prompt_is_prefilled) {
+    for (const double target_ms : {0.0, 0.001}) {
+        SCOPED_TRACE("step_ms_target " + std::to_string(target_ms));
+        auto e = limited_engine([&](engine_options& o) {
+            o.context_size = 4096;
+            o.ubatch_size = 512;
+            o.step_ms_target = target_ms;
+        });
+        auto stream = plain_request(*e, "Tell a story that never ends.", 100000);
+        stream->request_id = "stream";
+        e->submit(stream);
+        ASSERT_TRUE(stream->output.pop(30s));
+        const auto generated = [&] {
+            for (const slot_status& s : e->slots()) {
+                if (s.request_id == "stream") return s.generated;
+            }
+            return -1;
+        };
+        std::string prompt;
+        for (int i = 0; prompt.size() < 6000; ++i) prompt += "Line " + std::to_string(i) + " of a long document. ";
+        auto long_prompt = plain_request(*e, prompt, 1);
+        ASSERT_GT(long_prompt->prompt.size(), 1200u);
+        const int before = generated();
+        ASSERT_GE(before, 0);
+        e->submit(long_prompt);
+        const generation_event prefilled = final_event(*long_prompt);
+        const int during = generated() - before;
+        stream->cancelled = true;
+        final_event(*stream);
+        ASSERT_EQ(prefilled.reason, finish_reason::length);
+        const int chunked = prefilled.stats.computed_tokens - 512;  // the first chunk goes before anything is measured
+        if (target_ms == 0) {
+            EXPECT_LE(during, prefilled.stats.computed_tokens / 512 + 3);
+        } else {
+            EXPECT_GE(during, chunked / 16) << "computed " << prefilled.stats.computed_tokens;
+        }
+    }
+}
