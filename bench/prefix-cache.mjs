@@ -11,6 +11,11 @@
 //   d  hybrid model: a prompt, then the same prompt with a change inside the last user message: tokens recomputed.
 //   e  overhead: warm turns with ~6 new tokens after N cached tokens: wall TTFT - server-reported prompt_ms, and
 //      keepwarm's timings.setup_ms; median of several repetitions.
+//   f  stalls: one client streams a long answer while another sends a cold N-token prompt; the gaps between the
+//      stream's tokens while that prompt is prefilled (longest, percentiles), and the prompt's TTFT beside its TTFT
+//      alone.
+//   g  a long streamed answer (8K tokens), without and with tools in the request: tokens/s over its first and its
+//      last tenth (content characters map arrivals to tokens), and their ratio.
 //
 // Node 20, no dependencies. Run `node bench/prefix-cache.mjs --help` for the flags; bench/prefix-cache.sh finds the
 // binaries and models and calls this.
@@ -32,7 +37,7 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --model FILE              dense model for a, b, c, e
   --hybrid-model FILE       hybrid (qwen35) model for d
   --servers LIST            keepwarm,llama-server (order they run in; either alone works)
-  --only LIST               benchmarks to run: a,b,c,d,e (default all)
+  --only LIST               benchmarks to run: a,b,c,d,e,f,g (default a,b,c,d,e)
   --threads N               -t for both servers (default: nproc)
   --parallel N              slots for a, c, d, e (default 2); b always uses --b-slots (default 2)
   --sizes LIST              cached tokens for a (default 16384,32768)
@@ -47,6 +52,9 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --hybrid-user-tokens N    d: tokens of the last user message, edited in its middle (default 1024)
   --new-tokens N            a, c: tokens of the new user message (default 20)
   --overhead-new-tokens N   e: tokens of the new user message (default 6)
+  --stall-size N            f: tokens of the prompt prefilled beside the stream (default 12288)
+  --reps-f N                f: repetitions (default 3)
+  --answer-tokens N         g: tokens of the streamed answer (default 8192)
   --reps N                  a: conversations per size, e: warm turns per size (default 3 for a, 7 for e)
   --reps-a N / --reps-e N   the same, per benchmark
   --max-tokens N            tokens generated per request (default 8, ignore_eos)
@@ -83,6 +91,10 @@ function parseArgs(argv) {
         overheadNewTokens: 6,
         repsA: 3,
         repsE: 7,
+        repsF: 3,
+        stallSize: 12288,
+        streamTokens: 4096,
+        answerTokens: 8192,
         maxTokens: 8,
         margin: 2048,
         kv: 'f16',
@@ -128,6 +140,9 @@ function parseArgs(argv) {
             case '--reps': o.repsA = o.repsE = parseSize(v()); break;
             case '--reps-a': o.repsA = parseSize(v()); break;
             case '--reps-e': o.repsE = parseSize(v()); break;
+            case '--reps-f': o.repsF = parseSize(v()); break;
+            case '--answer-tokens': o.answerTokens = parseSize(v()); break;
+            case '--stall-size': o.stallSize = parseSize(v()); set.stallSize = true; break;
             case '--max-tokens': o.maxTokens = parseSize(v()); break;
             case '--margin': o.margin = parseSize(v()); break;
             case '--kv': o.kv = v(); break;
@@ -149,13 +164,14 @@ function parseArgs(argv) {
         if (!set.sharedSize) o.sharedSize = min;
         if (!set.hybridSize) o.hybridSize = min;
         if (!set.restartSize) o.restartSize = max;
+        if (!set.stallSize) o.stallSize = min;
         o.hybridUserTokens = Math.min(o.hybridUserTokens, Math.floor(o.hybridSize / 4));
     }
-    for (const b of o.only) if (!'abcde'.includes(b) || b.length !== 1) fail(`unknown benchmark '${b}' in --only`);
+    for (const b of o.only) if (!'abcdefg'.includes(b) || b.length !== 1) fail(`unknown benchmark '${b}' in --only`);
     for (const s of o.servers) if (!['keepwarm', 'llama-server'].includes(s)) fail(`unknown server '${s}'`);
     if (!o.keepwarm) fail('--keepwarm is required (for inspect, and to serve unless --servers excludes it)');
     if (o.servers.includes('llama-server') && !o.llamaServer) fail('--llama-server is required');
-    if (!o.model && o.only.some((b) => 'abce'.includes(b))) fail('--model is required');
+    if (!o.model && o.only.some((b) => 'abcefg'.includes(b))) fail('--model is required');
     if (!o.hybridModel && o.only.includes('d')) fail('--hybrid-model is required for d');
     if (!o.out) o.out = path.resolve(`prefix-cache-${stamp()}.json`);
     o.out = path.resolve(o.out);
@@ -484,8 +500,9 @@ class Server {
 
     // One streamed chat completion. TTFT is the time to the first SSE event (both servers send their first chunk
     // when the first token is sampled); timings and usage come from the final chunks.
-    async chat(messages, { maxTokens = this.opts.maxTokens } = {}) {
+    async chat(messages, { maxTokens = this.opts.maxTokens, onContent, signal, extra = {} } = {}) {
         const body = {
+            ...extra,
             model: 'bench',
             messages,
             max_tokens: maxTokens,
@@ -495,13 +512,14 @@ class Server {
             stream: true,
             stream_options: { include_usage: true },
         };
-        const res = await streamChat(this.url, body, this.opts.requestTimeout * 1000);
+        const res = await streamChat(this.url, body, this.opts.requestTimeout * 1000, { onContent, signal });
         if (this.exitCode !== undefined) throw new ServerError(`${this.kind} exited (${this.exitCode}):\n${this.logTail()}`);
         const mem = this.memory();
         const t = res.timings ?? {};
         return {
             ttft_ms: res.ttft_ms,
             total_ms: res.total_ms,
+            aborted: res.aborted ?? false,
             prompt_tokens: res.usage?.prompt_tokens ?? (t.cache_n ?? 0) + (t.prompt_n ?? 0),
             completion_tokens: res.usage?.completion_tokens ?? t.predicted_n,
             cache_n: t.cache_n,
@@ -553,7 +571,9 @@ function request(base, method, route, body, { timeoutMs }) {
     });
 }
 
-function streamChat(base, body, timeoutMs) {
+// A streamed chat completion. `onContent(ms, text)` is called at each event that carries content (ms: since the
+// request was sent); `signal` ends the request early, which resolves with what had arrived (aborted: true).
+function streamChat(base, body, timeoutMs, { onContent, signal } = {}) {
     return new Promise((resolve, reject) => {
         const data = Buffer.from(JSON.stringify(body));
         const t0 = performance.now();
@@ -604,7 +624,10 @@ function streamChat(base, body, timeoutMs) {
                         if (j.timings) timings = j.timings;
                         if (j.usage) usage = j.usage;
                         const d = j.choices?.[0]?.delta;
-                        if (d?.content) content += d.content;
+                        if (d?.content) {
+                            content += d.content;
+                            onContent?.(performance.now() - t0, d.content);
+                        }
                     }
                 }
             });
@@ -622,8 +645,10 @@ function streamChat(base, body, timeoutMs) {
         });
         req.on('error', (e) => {
             clearTimeout(timer);
-            reject(e);
+            if (signal?.aborted) resolve({ aborted: true, ttft_ms: ttft, total_ms: performance.now() - t0, content });
+            else reject(e);
         });
+        signal?.addEventListener('abort', () => req.destroy(new Error('aborted')));
         req.end(data);
     });
 }
@@ -636,6 +661,11 @@ const median = (xs) => {
     if (!v.length) return NaN;
     const m = Math.floor(v.length / 2);
     return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+};
+
+const percentile = (xs, p) => {
+    const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+    return v.length ? v[Math.min(v.length - 1, Math.floor((p / 100) * v.length))] : NaN;
 };
 
 const SYSTEM_HEAD = 'You are a coding agent working in a large repository. Follow the instructions, use the tools, and ' +
@@ -852,6 +882,104 @@ const benchmarks = {
             return out;
         },
     },
+    f: {
+        title: 'stalls: gaps between a stream\'s tokens while another client\'s cold prompt is prefilled',
+        ctx: (o) => o.parallel * (Math.max(o.stallSize, o.streamTokens + 256) + 64 + o.maxTokens + o.margin),
+        servers: (o) => o.servers,
+        model: (o) => o.model,
+        async run(server, o, texts) {
+            const out = [];
+            const story = [{ role: 'user', content: 'Write a very long story about a lighthouse keeper.' }];
+            for (let r = 0; r < o.repsF; r++) {
+                const seed = mix(o.seed, 0xf, r);
+                const prompt = (tag) => systemPrompt(server, texts, mix(seed, tag), o.stallSize)
+                    .then((sys) => [{ role: 'system', content: sys }, { role: 'user', content: 'Summarize.' }]);
+                // The same prompt size alone first (another text, so that the prompt below is cold too).
+                const alone = await server.chat(await prompt(1));
+                log(`  f ${server.kind} rep ${r} alone: ${brief(alone)}`);
+                const beside = await prompt(2);
+
+                const arrivals = [];
+                const abort = new AbortController();
+                const streamStarted = performance.now();
+                const stream = server.chat(story, {
+                    maxTokens: o.streamTokens,
+                    onContent: () => arrivals.push(performance.now()),
+                    signal: abort.signal,
+                });
+                while (arrivals.length < 16 && performance.now() - streamStarted < 60_000) await sleep(20);
+                const sent = performance.now();
+                const prefill = await server.chat(beside);
+                const firstToken = sent + prefill.ttft_ms;
+                await sleep(200);
+                abort.abort();
+                await stream;
+                // Gaps that end while the prompt was being prefilled (its TTFT), the first one counted from when it
+                // was sent.
+                const gaps = [];
+                let previous = sent;
+                for (const t of arrivals) {
+                    if (t <= sent) continue;
+                    if (t > firstToken) {
+                        gaps.push(t - previous);  // the gap the prefill's end closed
+                        break;
+                    }
+                    gaps.push(t - previous);
+                    previous = t;
+                }
+                const rec = {
+                    size: o.stallSize, rep: r, alone: strip(alone), beside: strip(prefill),
+                    ttft_ratio: prefill.ttft_ms / alone.ttft_ms, stream_tokens_during: gaps.length,
+                    gap_max_ms: Math.max(...gaps), gap_p50_ms: percentile(gaps, 50), gap_p90_ms: percentile(gaps, 90),
+                    gap_p99_ms: percentile(gaps, 99),
+                };
+                log(`  f ${server.kind} rep ${r} beside a stream: ${brief(prefill)}; stream: ${gaps.length} tokens, ` +
+                    `longest gap ${fmt(rec.gap_max_ms)} ms, p50 ${fmt(rec.gap_p50_ms)}, p90 ${fmt(rec.gap_p90_ms)}`);
+                out.push(rec);
+            }
+            return out;
+        },
+    },
+    g: {
+        title: 'a long streamed answer: tokens/s over its first and its last tenth',
+        ctx: (o) => o.parallel * (o.answerTokens + 1024 + o.margin),
+        servers: (o) => o.servers,
+        model: (o) => o.model,
+        async run(server, o) {
+            const out = [];
+            const tools = ['read_file', 'write_file', 'run_command'].map((name) => ({
+                type: 'function',
+                function: {
+                    name,
+                    description: `The ${name.replace('_', ' ')} tool of a coding agent.`,
+                    parameters: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] },
+                },
+            }));
+            for (const withTools of [false, true]) {
+                const arrivals = [];  // [ms, content characters so far]
+                let chars = 0;
+                const rec = await server.chat([{ role: 'user', content: 'Write the whole file, a long one.' }], {
+                    maxTokens: o.answerTokens,
+                    extra: withTools ? { tools, tool_choice: 'auto' } : {},
+                    onContent: (ms, text) => arrivals.push([ms, (chars += text.length)]),
+                });
+                // The time the answer took to go from a fraction `from` to `to` of its characters, as tokens/s.
+                const at = (fraction) => arrivals.find(([, c]) => c >= fraction * chars)?.[0] ?? NaN;
+                const rate = (from, to) => ((to - from) * rec.completion_tokens) / ((at(to) - at(from)) / 1000);
+                const r = {
+                    tools: withTools, completion_tokens: rec.completion_tokens, content_chars: chars,
+                    events: arrivals.length, start_tps: rate(0, 0.1), end_tps: rate(0.9, 1),
+                    server_tps: rec.timings?.predicted_per_second,
+                };
+                r.end_over_start = r.end_tps / r.start_tps;
+                log(`  g ${server.kind} ${withTools ? 'with' : 'without'} tools: ${r.completion_tokens} tokens, ` +
+                    `${chars} characters in ${r.events} events; ${fmt(r.start_tps, 1)} tokens/s over the first ` +
+                    `tenth, ${fmt(r.end_tps, 1)} over the last (${ratio(r.end_over_start)})`);
+                out.push(r);
+            }
+            return out;
+        },
+    },
 };
 
 function strip(rec) {
@@ -952,6 +1080,23 @@ function views(results, o) {
             fmt(r.ttft_median_ms, 1), fmt(r.prompt_ms_median, 1), fmt(r.overhead_median_ms, 1),
             fmt(r.setup_median_ms, 1)]))]);
     }
+    if (results.f) {
+        out.push(['f', benchmarks.f.title, ['server', 'prompt tokens', 'TTFT alone ms', 'TTFT beside a stream ms',
+            'beside/alone', 'stream tokens during the prefill', 'longest gap ms', 'gap p50 ms', 'gap p90 ms',
+            'gap p99 ms'],
+        each('f', (server, recs) => [[server, fmt(median(recs.map((x) => x.beside.prompt_tokens))),
+            fmt(median(recs.map((x) => x.alone.ttft_ms))), fmt(median(recs.map((x) => x.beside.ttft_ms))),
+            ratio(median(recs.map((x) => x.ttft_ratio))), fmt(median(recs.map((x) => x.stream_tokens_during))),
+            `${fmt(Math.max(...recs.map((x) => x.gap_max_ms)))} (max of ${recs.length})`,
+            fmt(median(recs.map((x) => x.gap_p50_ms))), fmt(median(recs.map((x) => x.gap_p90_ms))),
+            fmt(median(recs.map((x) => x.gap_p99_ms)))]])]);
+    }
+    if (results.g) {
+        out.push(['g', benchmarks.g.title, ['server', 'tools', 'tokens', 'SSE events', 'tokens/s, first tenth',
+            'tokens/s, last tenth', 'last/first', 'server tokens/s'],
+        each('g', (server, recs) => recs.map((r) => [server, r.tools ? 'yes' : 'no', r.completion_tokens, r.events,
+            fmt(r.start_tps, 1), fmt(r.end_tps, 1), ratio(r.end_over_start), fmt(r.server_tps, 1)]))]);
+    }
     for (const v of out) {
         v.push(notes[v[0]] ?? []);
         const width = v[2].length;
@@ -1024,7 +1169,7 @@ async function main() {
     const results = {};
     fs.mkdirSync(o.logDir, { recursive: true });
 
-    for (const b of 'abcde') {
+    for (const b of 'abcdefg') {
         if (!o.only.includes(b)) continue;
         const bench = benchmarks[b];
         const servers = bench.servers(o);

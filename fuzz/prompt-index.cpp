@@ -9,6 +9,7 @@
 // The vocab is Qwen2's (BPE, indexed), vocab-only from the pinned llama.cpp source's models/ folder.
 #include <unistd.h>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -97,7 +98,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 3) return 0;
     const uint8_t control = data[0];
     const size_t text_size = std::min<size_t>(data[1] | (size_t{data[2]} << 8), size - 3);
-    const std::string text(reinterpret_cast<const char*>(data) + 3, text_size);
+    std::string text(reinterpret_cast<const char*>(data) + 3, text_size);
+    // Prompt text reaches the tokenizer through a JSON parser, which admits only valid UTF-8 (llama's own tokenizer
+    // throws "invalid codepoint" past U+10FFFF): other bytes leave only the index file to fuzz.
+    try {
+        (void)nlohmann::json(text).dump();
+    } catch (const nlohmann::json::type_error&) {
+        text.clear();
+    }
     std::string file(reinterpret_cast<const char*>(data) + 3 + text_size, size - 3 - text_size);
     if ((control & 1) && file.size() >= 16) {
         const uint64_t sum = XXH3_64bits(file.data(), file.size() - 8);

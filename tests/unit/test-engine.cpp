@@ -363,7 +363,9 @@ TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_pro
         if (target_ms == 0) {
             EXPECT_LE(during, prefilled.stats.computed_tokens / 512 + 3);
         } else {
-            EXPECT_GE(during, chunked / 16) << "computed " << prefilled.stats.computed_tokens;
+            // Chunks of one attention tile (64 tokens, the stream's included): the step target is far below
+            // what even one tile costs.
+            EXPECT_GE(during, chunked / 64 - 2) << "computed " << prefilled.stats.computed_tokens;
         }
     }
 }
