@@ -354,6 +354,23 @@ bool prompt_cache::make_room(const device_sequence* keep) {
     return true;
 }
 
+std::vector<int> prompt_cache::make_way(int slot) {
+    std::vector<int> emptied;
+    bool moved = false;
+    for (auto& s : sequences_) {
+        if (s.in_use || s.seq == slot || s.seq == scratch_ || tree::is_root(s.tip)) continue;
+        // The whole sequence's state: more than its unshared part needs, never less.
+        const uint64_t bytes = llama_state_seq_get_size(ctx_, s.seq);
+        if (ram_bytes_ + bytes > options_.ram_budget) continue;
+        demote(s);
+        drop(s);
+        moved = true;
+        if (s.seq < options_.slots) emptied.push_back(s.seq);
+    }
+    if (moved) publish();
+    return emptied;
+}
+
 void prompt_cache::persist_all() {
     for (auto& s : sequences_) {
         if (!tree::is_root(s.tip)) save_path(s, 0, /*write_ram_to_disk=*/true);

@@ -504,6 +504,10 @@ void engine::restore_prefix(slot& s) {
     s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1, s.request->tenant);
     s.tenant = s.request->tenant;
     s.cached.assign(prompt.begin(), prompt.begin() + s.restored.reused);
+    const int to_compute = static_cast<int>(prompt.size()) - s.restored.reused;
+    if (options_.idle_to_ram_tokens > 0 && to_compute >= options_.idle_to_ram_tokens) {
+        for (const int emptied : cache_->make_way(s.id)) slots_[static_cast<size_t>(emptied)]->cached.clear();
+    }
     s.prompt_done = static_cast<size_t>(s.restored.reused);
     s.reused = s.restored.reused;
 }

@@ -71,6 +71,9 @@ struct engine_options {
     // never holds a stream's next token for longer (chunked prefill). 0: no time limit, one physical batch of
     // prompt per step.
     double step_ms_target = 75;
+    // A prompt that computes at least this many tokens first moves the idle conversations on the device to RAM, out
+    // of its attention's way (prompt_cache::make_way); they come back from RAM on their next turn. 0: never.
+    int idle_to_ram_tokens = 1024;
     // /health reports the engine stalled when a step has made no progress for this long.
     double stall_seconds = 10;
     // Requests that may wait for a slot (0: no limit). One more is refused at once with a 503 and Retry-After, so a

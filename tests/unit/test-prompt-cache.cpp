@@ -434,6 +434,43 @@ TEST(prompt_cache, a_parked_conversation_evicted_for_room_goes_to_ram) {
     EXPECT_GT(again.stats.reused_ram, 0);
 }
 
+// Issue 18: the KV is unified, so a prompt's attention runs over every cell in use up to the highest, the idle
+// conversations' cells included (masked, but paid for: a cold 12K prompt took 10.5 s beside two idle 12K
+// conversations, 6.9 s without). A long prompt first moves them to RAM; they come back from there. A short one
+// (a turn's new message) leaves them where they are, and so does --idle-to-ram-at 0.
+TEST(prompt_cache, a_long_prompt_moves_idle_conversations_to_ram_out_of_its_way) {
+    for (const int threshold : {512, 0}) {
+        SCOPED_TRACE("idle_to_ram_tokens " + std::to_string(threshold));
+        engine_options o = base_options(dense_model());
+        o.idle_to_ram_tokens = threshold;
+        engine e(o);
+        e.start();
+        const tokens a = tokenize(e, chatml(words(250, 501), {words(20, 502)}));
+        const tokens b = tokenize(e, chatml(words(250, 503), {words(20, 504)}));
+        const tokens c = tokenize(e, chatml(words(900, 505), {words(20, 506)}));
+        ASSERT_LT(b.size(), 512u);
+        ASSERT_GT(c.size(), 600u);
+        generate(e, a, 4);
+        generate(e, b, 4);  // short: A stays parked on the device
+        EXPECT_EQ(e.cache_stats().ram.entries, 0u);
+        EXPECT_GE(e.cache_stats().device.tokens, a.size() + b.size());
+        generate(e, c, 4);
+        const cache_snapshot after = e.cache_stats();
+        const result again = generate(e, a, 4);
+        // The same prompt again: from RAM, whole blocks (the tail that ends at its last token is computed with it).
+        EXPECT_GE(again.stats.reused_tokens, static_cast<int>(a.size()) - o.cache_block_tokens);
+        if (threshold > 0) {
+            EXPECT_GT(after.ram.entries, 0u);
+            EXPECT_LE(after.device.tokens, c.size() + 4) << "only C's cells are left on the device";
+            EXPECT_GT(again.stats.reused_ram, 0) << "A came back from RAM";
+        } else {
+            EXPECT_EQ(after.ram.entries, 0u);
+            EXPECT_GE(after.device.tokens, a.size() + b.size() + c.size());
+            EXPECT_EQ(again.stats.reused_device, again.stats.reused_tokens);
+        }
+    }
+}
+
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
     const fs::path dir = temp_dir("disk-budget");
     engine_options o = base_options(dense_model());
