@@ -14,8 +14,10 @@
 //   f  stalls: one client streams a long answer while another sends a cold N-token prompt; the gaps between the
 //      stream's tokens while that prompt is prefilled (longest, percentiles), and the prompt's TTFT beside its TTFT
 //      alone.
-//   g  a long streamed answer (8K tokens), without and with tools in the request: tokens/s over its first and its
-//      last tenth (content characters map arrivals to tokens), and their ratio.
+//   g  a long streamed answer (8K tokens, every token forced to the same word so that characters count tokens),
+//      without and with tools in the request: tokens/s over its first and its last tenth, and their ratio.
+//   h  cold prefill with parked conversations: a fresh server per case, P earlier conversations of --parked-tokens
+//      each, then a cold prompt of N tokens (--sizes); its TTFT.
 //
 // Node 20, no dependencies. Run `node bench/prefix-cache.mjs --help` for the flags; bench/prefix-cache.sh finds the
 // binaries and models and calls this.
@@ -37,7 +39,7 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --model FILE              dense model for a, b, c, e
   --hybrid-model FILE       hybrid (qwen35) model for d
   --servers LIST            keepwarm,llama-server (order they run in; either alone works)
-  --only LIST               benchmarks to run: a,b,c,d,e,f,g (default a,b,c,d,e)
+  --only LIST               benchmarks to run: a,b,c,d,e,f,g,h (default a,b,c,d,e)
   --threads N               -t for both servers (default: nproc)
   --parallel N              slots for a, c, d, e (default 2); b always uses --b-slots (default 2)
   --sizes LIST              cached tokens for a (default 16384,32768)
@@ -55,6 +57,8 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --stall-size N            f: tokens of the prompt prefilled beside the stream (default 12288)
   --reps-f N                f: repetitions (default 3)
   --answer-tokens N         g: tokens of the streamed answer (default 8192)
+  --parked-counts LIST      h: earlier conversations before the cold prompt (default 0,1,4)
+  --parked-tokens N         h: tokens of each earlier conversation (default 8192)
   --reps N                  a: conversations per size, e: warm turns per size (default 3 for a, 7 for e)
   --reps-a N / --reps-e N   the same, per benchmark
   --max-tokens N            tokens generated per request (default 8, ignore_eos)
@@ -95,6 +99,8 @@ function parseArgs(argv) {
         stallSize: 12288,
         streamTokens: 4096,
         answerTokens: 8192,
+        parkedCounts: [0, 1, 4],
+        parkedTokens: 8192,
         maxTokens: 8,
         margin: 2048,
         kv: 'f16',
@@ -142,6 +148,8 @@ function parseArgs(argv) {
             case '--reps-e': o.repsE = parseSize(v()); break;
             case '--reps-f': o.repsF = parseSize(v()); break;
             case '--answer-tokens': o.answerTokens = parseSize(v()); break;
+            case '--parked-counts': o.parkedCounts = ints(v()); break;
+            case '--parked-tokens': o.parkedTokens = parseSize(v()); break;
             case '--stall-size': o.stallSize = parseSize(v()); set.stallSize = true; break;
             case '--max-tokens': o.maxTokens = parseSize(v()); break;
             case '--margin': o.margin = parseSize(v()); break;
@@ -167,11 +175,11 @@ function parseArgs(argv) {
         if (!set.stallSize) o.stallSize = min;
         o.hybridUserTokens = Math.min(o.hybridUserTokens, Math.floor(o.hybridSize / 4));
     }
-    for (const b of o.only) if (!'abcdefg'.includes(b) || b.length !== 1) fail(`unknown benchmark '${b}' in --only`);
+    for (const b of o.only) if (!'abcdefgh'.includes(b) || b.length !== 1) fail(`unknown benchmark '${b}' in --only`);
     for (const s of o.servers) if (!['keepwarm', 'llama-server'].includes(s)) fail(`unknown server '${s}'`);
     if (!o.keepwarm) fail('--keepwarm is required (for inspect, and to serve unless --servers excludes it)');
     if (o.servers.includes('llama-server') && !o.llamaServer) fail('--llama-server is required');
-    if (!o.model && o.only.some((b) => 'abcefg'.includes(b))) fail('--model is required');
+    if (!o.model && o.only.some((b) => 'abcefgh'.includes(b))) fail('--model is required');
     if (!o.hybridModel && o.only.includes('d')) fail('--hybrid-model is required for d');
     if (!o.out) o.out = path.resolve(`prefix-cache-${stamp()}.json`);
     o.out = path.resolve(o.out);
@@ -927,15 +935,50 @@ const benchmarks = {
                     gaps.push(t - previous);
                     previous = t;
                 }
+                const longest = gaps.indexOf(Math.max(...gaps));
                 const rec = {
                     size: o.stallSize, rep: r, alone: strip(alone), beside: strip(prefill),
+                    gap_max_at_ms: gaps.slice(0, longest).reduce((a, b) => a + b, 0),  // since the prompt was sent
                     ttft_ratio: prefill.ttft_ms / alone.ttft_ms, stream_tokens_during: gaps.length,
                     gap_max_ms: Math.max(...gaps), gap_p50_ms: percentile(gaps, 50), gap_p90_ms: percentile(gaps, 90),
                     gap_p99_ms: percentile(gaps, 99),
                 };
                 log(`  f ${server.kind} rep ${r} beside a stream: ${brief(prefill)}; stream: ${gaps.length} tokens, ` +
-                    `longest gap ${fmt(rec.gap_max_ms)} ms, p50 ${fmt(rec.gap_p50_ms)}, p90 ${fmt(rec.gap_p90_ms)}`);
+                    `longest gap ${fmt(rec.gap_max_ms)} ms (ending ${fmt(rec.gap_max_at_ms + rec.gap_max_ms)} ms after ` +
+                    `the prompt was sent), p50 ${fmt(rec.gap_p50_ms)}, p90 ${fmt(rec.gap_p90_ms)}`);
                 out.push(rec);
+            }
+            return out;
+        },
+    },
+    h: {
+        title: 'cold prefill with parked conversations: TTFT',
+        ctx: (o) => o.parallel * (Math.max(...o.sizes, o.parkedTokens) + 64 + o.maxTokens + o.margin),
+        servers: (o) => o.servers,
+        model: (o) => o.model,
+        custom: true,
+        async run(_server, o, texts, make) {
+            const out = [];
+            for (const n of o.sizes) {
+                for (const parked of o.parkedCounts) {
+                    // keepwarm: a fresh disk tier, or an earlier run's prompts (same seed) would not be cold.
+                    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keepwarm-bench-cache-'));
+                    const server = await make(make([]).kind === 'keepwarm' ? ['--cache-dir', dir] : []).start();
+                    try {
+                        await warmUp(server);
+                        for (let p = 0; p < parked; p++) {
+                            const sys = await systemPrompt(server, texts, mix(o.seed, 0x4, n, p), o.parkedTokens);
+                            await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
+                        }
+                        const sys = await systemPrompt(server, texts, mix(o.seed, 0x8, n), n);
+                        const cold = await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
+                        log(`  h ${server.kind} ${n} after ${parked} parked: ${brief(cold)}`);
+                        out.push({ size: n, parked, cold: strip(cold), command: server.commandLine() });
+                    } finally {
+                        await server.stop();
+                        fs.rmSync(dir, { recursive: true, force: true });
+                    }
+                }
             }
             return out;
         },
@@ -955,12 +998,15 @@ const benchmarks = {
                     parameters: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] },
                 },
             }));
+            // Every token the same word: then characters count tokens, and the random model's output cannot wander
+            // into a tool call's markup.
+            const [word] = (await server.post('/tokenize', { content: ' the', add_special: false })).tokens;
             for (const withTools of [false, true]) {
                 const arrivals = [];  // [ms, content characters so far]
                 let chars = 0;
                 const rec = await server.chat([{ role: 'user', content: 'Write the whole file, a long one.' }], {
                     maxTokens: o.answerTokens,
-                    extra: withTools ? { tools, tool_choice: 'auto' } : {},
+                    extra: { logit_bias: { [word]: 100 }, ...(withTools ? { tools, tool_choice: 'auto' } : {}) },
                     onContent: (ms, text) => arrivals.push([ms, (chars += text.length)]),
                 });
                 // The time the answer took to go from a fraction `from` to `to` of its characters, as tokens/s.
@@ -1091,6 +1137,12 @@ function views(results, o) {
             fmt(median(recs.map((x) => x.gap_p50_ms))), fmt(median(recs.map((x) => x.gap_p90_ms))),
             fmt(median(recs.map((x) => x.gap_p99_ms)))]])]);
     }
+    if (results.h) {
+        out.push(['h', benchmarks.h.title, ['server', 'prompt tokens', ...o.parkedCounts.map((p) => `TTFT ms, ${p} parked`)],
+        each('h', (server, recs) => o.sizes.map((n) => [server, fmt(median(recs.filter((r) => r.size === n)
+            .map((r) => r.cold.prompt_tokens))), ...o.parkedCounts.map((p) => fmt(recs.find((r) => r.size === n &&
+            r.parked === p)?.cold.ttft_ms))]))]);
+    }
     if (results.g) {
         out.push(['g', benchmarks.g.title, ['server', 'tools', 'tokens', 'SSE events', 'tokens/s, first tenth',
             'tokens/s, last tenth', 'last/first', 'server tokens/s'],
@@ -1169,7 +1221,7 @@ async function main() {
     const results = {};
     fs.mkdirSync(o.logDir, { recursive: true });
 
-    for (const b of 'abcdefg') {
+    for (const b of 'abcdefgh') {
         if (!o.only.includes(b)) continue;
         const bench = benchmarks[b];
         const servers = bench.servers(o);
@@ -1190,7 +1242,7 @@ async function main() {
                 logFile: path.join(o.logDir, `${b}-${kind}.log`),
                 opts: o,
             });
-            meta.server_commands[`${b}/${kind}`] = make(bench.custom ? o.restartArgs : []).commandLine();
+            meta.server_commands[`${b}/${kind}`] = make(b === 'c' ? o.restartArgs : []).commandLine();
             let server;
             let scratchDir;
             try {

@@ -260,21 +260,21 @@ void prompt_cache::hint(int slot, int tokens, std::chrono::seconds ttl) {
 // Keeps what sequence `s` holds alone (not shared with another device sequence) in RAM blocks, before its cells
 // are freed. Blocks already in RAM or on disk are not written again.
 void prompt_cache::demote(device_sequence& s) {
-    node* tip = s.tip;
-    if (tree::is_root(tip)) return;
-    size_t shared_depth = 0;
-    for (node* n = tip; !tree::is_root(n); n = n->parent) {
-        if (n->value.holders > 1) {
-            shared_depth = n->depth;
-            break;
-        }
-    }
-    save_path(s, static_cast<int>(shared_depth), /*write_ram_to_disk=*/false);
+    if (tree::is_root(s.tip)) return;
+    save_path(s, shared_depth(s), /*write_ram_to_disk=*/false);
     counters_.device.evictions++;
     if (holds_hint(s, clock::now())) counters_.hinted.evicted++;
 }
 
-void prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_disk) {
+// The positions of what `s` holds that another device sequence holds too.
+int prompt_cache::shared_depth(const device_sequence& s) {
+    for (const node* n = s.tip; !tree::is_root(n); n = n->parent) {
+        if (n->value.holders > 1) return static_cast<int>(n->depth);
+    }
+    return 0;
+}
+
+bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_disk, clock::time_point deadline) {
     node* tip = s.tip;
     const int b = options_.block_tokens;
     const int length = static_cast<int>(tip->depth);
@@ -291,7 +291,10 @@ void prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
         if (path.empty()) path = tree_.path(tip);
         store_block(n, end, serialize_span(s.seq, block_start(end), end), path);
     };
-    for (int end = (from / b + 1) * b; end <= length; end += b) save(end);
+    for (int end = (from / b + 1) * b; end <= length; end += b) {
+        save(end);
+        if (clock::now() > deadline) return false;  // the blocks saved so far are kept: the next call goes on
+    }
     // The tokens past the last whole block, up to the end of the last prompt (where the next turn's prompt, which
     // renders the answer its own way, leaves this path) and up to the end: without them a restart or a demotion
     // would cost up to a block of recomputation, and a conversation shorter than a block everything.
@@ -302,6 +305,7 @@ void prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
         if (path.empty()) path = tree_.path(tip);
         store_checkpoint(tip, length, serialize_checkpoint(s.seq, length), path);
     }
+    return true;
 }
 
 // Whether what `s` alone holds (beyond what other device sequences share) is long enough to keep when the slot
@@ -354,21 +358,30 @@ bool prompt_cache::make_room(const device_sequence* keep) {
     return true;
 }
 
-std::vector<int> prompt_cache::make_way(int slot) {
-    std::vector<int> emptied;
+bool prompt_cache::make_way(clock::duration budget, std::vector<int>& emptied_slots) {
+    const clock::time_point deadline = clock::now() + budget;
     bool moved = false;
+    bool done = true;
     for (auto& s : sequences_) {
-        if (s.in_use || s.seq == slot || s.seq == scratch_ || tree::is_root(s.tip)) continue;
+        if (s.in_use || s.seq == scratch_ || tree::is_root(s.tip)) continue;
         // The whole sequence's state: more than its unshared part needs, never less.
-        const uint64_t bytes = llama_state_seq_get_size(ctx_, s.seq);
-        if (ram_bytes_ + bytes > options_.ram_budget) continue;
-        demote(s);
+        if (ram_bytes_ + llama_state_seq_get_size(ctx_, s.seq) > options_.ram_budget) continue;
+        if (!save_path(s, shared_depth(s), /*write_ram_to_disk=*/false, deadline)) {
+            done = false;
+            break;
+        }
+        counters_.device.evictions++;
+        if (holds_hint(s, clock::now())) counters_.hinted.evicted++;
         drop(s);
         moved = true;
-        if (s.seq < options_.slots) emptied.push_back(s.seq);
+        if (s.seq < options_.slots) emptied_slots.push_back(s.seq);
+        if (clock::now() > deadline) {
+            done = false;
+            break;
+        }
     }
     if (moved) publish();
-    return emptied;
+    return done;
 }
 
 void prompt_cache::persist_all() {

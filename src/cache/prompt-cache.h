@@ -117,13 +117,14 @@ public:
     int slot_length(int slot) const;
     // The KV is full: demote the least recently used idle sequence to RAM and free its cells. False if none.
     bool make_room() { return make_room(nullptr); }
-    // `slot` is about to compute a long prompt. The KV is unified: attention runs over every cell up to the highest
-    // one in use, and ggml's CPU kernels pay for the cells masked off too (a cold 12K prompt took 10.5 s with two
-    // idle 12K conversations on the device against 6.9 s without). So every idle sequence (parked, or a slot
-    // between requests) goes to RAM, as a demotion does, as far as the RAM budget takes it without evicting; its
-    // next turn restores it from there. What an idle sequence shares with a sequence in use stays. Returns the idle
-    // slots emptied.
-    std::vector<int> make_way(int slot);
+    // A long prompt is about to be computed. The KV is unified: attention runs over every cell up to the highest one
+    // in use, and ggml's CPU kernels pay for the cells masked off too (a cold 12K prompt took 10.5 s with two idle
+    // 12K conversations on the device against 6.9 s without). So every idle sequence (parked, or a slot between
+    // requests) goes to RAM, as a demotion does, as far as the RAM budget takes it without evicting; its next turn
+    // restores it from there. What an idle sequence shares with a sequence in use stays. Works for about `budget`
+    // (a block at least), so that generating slots are not held up: false when there is more to do (call again),
+    // true when done. Idle slots emptied are added to `emptied_slots`.
+    bool make_way(std::chrono::steady_clock::duration budget, std::vector<int>& emptied_slots);
     // Graceful shutdown: write what only the device holds to RAM and disk.
     void persist_all();
 
@@ -184,7 +185,10 @@ private:
     void demote(device_sequence& s);
     // Stores the whole blocks past `from` of what `s` holds, then its tail, and (hybrid) the recurrent state at its
     // end, each unless a tier has it; `write_ram_to_disk` also writes held blocks that only RAM has to the disk tier.
-    void save_path(device_sequence& s, int from, bool write_ram_to_disk);
+    // Stops after the block during which `deadline` passed (false: call again to go on; true: all saved).
+    bool save_path(device_sequence& s, int from, bool write_ram_to_disk,
+                   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
+    static int shared_depth(const device_sequence& s);
     // The first position a block or tail ending at `end` covers: the last whole block's end before it.
     int32_t block_start(int32_t end) const { return (end - 1) / options_.block_tokens * options_.block_tokens; }
     int32_t find_tail(const tree::match& m, int from, int limit);

@@ -505,9 +505,7 @@ void engine::restore_prefix(slot& s) {
     s.tenant = s.request->tenant;
     s.cached.assign(prompt.begin(), prompt.begin() + s.restored.reused);
     const int to_compute = static_cast<int>(prompt.size()) - s.restored.reused;
-    if (options_.idle_to_ram_tokens > 0 && to_compute >= options_.idle_to_ram_tokens) {
-        for (const int emptied : cache_->make_way(s.id)) slots_[static_cast<size_t>(emptied)]->cached.clear();
-    }
+    if (options_.idle_to_ram_tokens > 0 && to_compute >= options_.idle_to_ram_tokens) making_way_ = true;
     s.prompt_done = static_cast<size_t>(s.restored.reused);
     s.reused = s.restored.reused;
 }
@@ -619,6 +617,7 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
 // then prompt chunks until the batch is full. Returns false if there was nothing to do.
 bool engine::step() {
     const auto step_started = clock::now();
+    if (making_way_) make_way();
     common_batch_clear(batch_);
     struct contribution {
         slot* s;
@@ -713,6 +712,19 @@ bool engine::step() {
     // What a generating slot waited for its next token: the batch, the decode and the sampling.
     measure_step(batch_.n_tokens - decode_tokens, decode_tokens, ms_between(step_started, clock::now()));
     return true;
+}
+
+// Moves idle conversations to RAM for a long prompt (prompt_cache::make_way): all at once when nobody generates,
+// else a share of each step's time target, so that the streams do not wait for it.
+void engine::make_way() {
+    const bool generating = std::any_of(slots_.begin(), slots_.end(), [](auto& sp) { return sp->pending >= 0; });
+    const auto budget = generating && options_.step_ms_target > 0
+                            ? std::chrono::duration_cast<clock::duration>(
+                                  std::chrono::duration<double, std::milli>(options_.step_ms_target / 4))
+                            : clock::duration::max() / 2;
+    std::vector<int> emptied;
+    making_way_ = !cache_->make_way(budget, emptied);
+    for (const int id : emptied) slots_[static_cast<size_t>(id)]->cached.clear();
 }
 
 // How many prompt tokens the next step may carry besides `decode_tokens` generated ones. Alone, a prompt goes in

@@ -174,6 +174,7 @@ private:
     void follow_shared_prefills(slot& s);
     void finish(slot& s, finish_reason reason, const std::string& error = {});
     bool step();
+    void make_way();
     int prompt_budget(int decode_tokens) const;
     void measure_step(int prompt_tokens, int decode_tokens, double ms);
     int next_cut(const slot& s) const;
@@ -199,6 +200,8 @@ private:
     // token adds to it. Engine thread only.
     double generation_step_ms_ = 0;
     double ms_per_prompt_token_ = 0;
+    // A long prompt was admitted: idle conversations are being moved to RAM, out of its way. Engine thread only.
+    bool making_way_ = false;
 
     mutable std::mutex mu_;
     std::condition_variable wake_;
