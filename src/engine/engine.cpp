@@ -24,6 +24,11 @@ double ms_between(clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// ggml's CPU flash attention computes 64 query rows at a time, and a batch of fewer takes a row-by-row path several
+// times slower per token: beside a stream, a 12K prompt in 47-token chunks took 19.2 s to prefill, in whole tiles
+// 9.0 s (alone 6.2-6.7 s). Prompt chunks that ride along with generating slots are sized in whole tiles.
+constexpr int attention_tile = 64;
+
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
 }
@@ -653,7 +658,13 @@ bool engine::step() {
         if (s.prompt_started == clock::time_point{}) s.prompt_started = clock::now();
         const auto& prompt = s.request->prompt;
         const size_t cut = static_cast<size_t>(next_cut(s));
-        const size_t n = std::min(cut - s.prompt_done, static_cast<size_t>(budget - batch_.n_tokens));
+        const size_t left = cut - s.prompt_done;
+        size_t n = std::min(left, static_cast<size_t>(budget - batch_.n_tokens));
+        // A last piece of less than an attention tile would go alone, through the slow path (a 37-token last chunk
+        // held a stream 128 ms where whole tiles took 60-75): it goes with this chunk, for one tile more.
+        if (left > n && left - n < attention_tile && batch_.n_tokens + static_cast<int>(left) <= options_.batch_size) {
+            n = left;
+        }
         const int first = batch_.n_tokens;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = s.prompt_done + k;
@@ -737,10 +748,7 @@ int engine::prompt_budget(int decode_tokens) const {
     if (busy <= 1 && queued() == 0) return options_.batch_size;
     int total = std::min(options_.ubatch_size, options_.batch_size);
     if (decode_tokens > 0 && options_.step_ms_target > 0 && ms_per_prompt_token_ > 0) {
-        // Whole tiles of attention: ggml's CPU flash attention computes 64 query rows at a time, and a batch of
-        // fewer takes a row-by-row path several times slower per token (beside a stream, a 12K prompt in 47-token
-        // chunks took 19.2 s to prefill, in whole tiles 9.0 s; alone 6.2-6.7 s). One tile at least.
-        constexpr int attention_tile = 64;
+        // Whole attention tiles (see attention_tile), one at least.
         const double fits =
             decode_tokens + (options_.step_ms_target - generation_step_ms_) / std::max(ms_per_prompt_token_, 1e-6);
         const int tiles = static_cast<int>(std::min(fits, static_cast<double>(total))) / attention_tile;
