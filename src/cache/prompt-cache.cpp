@@ -259,11 +259,12 @@ void prompt_cache::hint(int slot, int tokens, std::chrono::seconds ttl) {
 
 // Keeps what sequence `s` holds alone (not shared with another device sequence) in RAM blocks, before its cells
 // are freed. Blocks already in RAM or on disk are not written again.
-void prompt_cache::demote(device_sequence& s) {
-    if (tree::is_root(s.tip)) return;
-    save_path(s, shared_depth(s), /*write_ram_to_disk=*/false);
+bool prompt_cache::demote(device_sequence& s, clock::time_point deadline) {
+    if (tree::is_root(s.tip)) return true;
+    if (!save_path(s, shared_depth(s), /*write_ram_to_disk=*/false, deadline)) return false;
     counters_.device.evictions++;
     if (holds_hint(s, clock::now())) counters_.hinted.evicted++;
+    return true;
 }
 
 // The positions of what `s` holds that another device sequence holds too.
@@ -313,14 +314,7 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
 // recompute than to keep a parked sequence for: each one costs a sequence and adds to every cell walk.
 bool prompt_cache::worth_keeping(const device_sequence& s) const {
     if (tree::is_root(s.tip) || s.tip->value.holders > 1) return false;
-    size_t shared_depth = 0;
-    for (const node* n = s.tip; !tree::is_root(n); n = n->parent) {
-        if (n->value.holders > 1) {
-            shared_depth = n->depth;
-            break;
-        }
-    }
-    return s.tip->depth - shared_depth >= static_cast<size_t>(std::min(64, options_.block_tokens));
+    return static_cast<int>(s.tip->depth) - shared_depth(s) >= std::min(64, options_.block_tokens);
 }
 
 // The slot is about to serve another prompt: keep its current content on the device in a parked sequence
@@ -366,12 +360,10 @@ bool prompt_cache::make_way(clock::duration budget, std::vector<int>& emptied_sl
         if (s.in_use || s.seq == scratch_ || tree::is_root(s.tip)) continue;
         // The whole sequence's state: more than its unshared part needs, never less.
         if (ram_bytes_ + llama_state_seq_get_size(ctx_, s.seq) > options_.ram_budget) continue;
-        if (!save_path(s, shared_depth(s), /*write_ram_to_disk=*/false, deadline)) {
+        if (!demote(s, deadline)) {
             done = false;
             break;
         }
-        counters_.device.evictions++;
-        if (holds_hint(s, clock::now())) counters_.hinted.evicted++;
         drop(s);
         moved = true;
         if (s.seq < options_.slots) emptied_slots.push_back(s.seq);

@@ -182,7 +182,9 @@ private:
     bool holds_hint(const device_sequence& s, std::chrono::steady_clock::time_point now) const;
     bool make_room(const device_sequence* keep);
     bool worth_keeping(const device_sequence& s) const;
-    void demote(device_sequence& s);
+    // Stops after the block during which `deadline` passed (false: call again to go on; true: demoted).
+    bool demote(device_sequence& s,
+                std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
     // Stores the whole blocks past `from` of what `s` holds, then its tail, and (hybrid) the recurrent state at its
     // end, each unless a tier has it; `write_ram_to_disk` also writes held blocks that only RAM has to the disk tier.
     // Stops after the block during which `deadline` passed (false: call again to go on; true: all saved).

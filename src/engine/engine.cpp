@@ -749,8 +749,7 @@ int engine::prompt_budget(int decode_tokens) const {
     int total = std::min(options_.ubatch_size, options_.batch_size);
     if (decode_tokens > 0 && options_.step_ms_target > 0 && ms_per_prompt_token_ > 0) {
         // Whole attention tiles (see attention_tile), one at least.
-        const double fits =
-            decode_tokens + (options_.step_ms_target - generation_step_ms_) / std::max(ms_per_prompt_token_, 1e-6);
+        const double fits = decode_tokens + (options_.step_ms_target - generation_step_ms_) / ms_per_prompt_token_;
         const int tiles = static_cast<int>(std::min(fits, static_cast<double>(total))) / attention_tile;
         total = std::min(total, std::max(1, tiles) * attention_tile);
     }
