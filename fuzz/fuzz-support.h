@@ -62,13 +62,26 @@ void expect_accepted_or_4xx(const char* parser, F&& parse) {
 // The body as routes/generation-relay.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
 // nullopt where the route answers 400 (not JSON, too deep, not an object). Any other exception would escape that
 // function as a 500, so it is a finding here.
+// bounded_json parses with simdjson and falls back to nlohmann's parser: it must accept what nlohmann's parser accepts
+// and build the same value, which is checked here too.
 inline std::optional<nlohmann::ordered_json> request_body(const uint8_t* data, size_t size) {
     if (size == 0) return std::nullopt;
+    const std::string_view text = as_text(data, size);
     try {
-        nlohmann::ordered_json body = bounded_json::parse(as_text(data, size));
+        nlohmann::ordered_json body = bounded_json::parse(text);
+        if (!nlohmann::ordered_json::accept(text)) {
+            finding("request body: bounded_json accepted a text nlohmann's parser refuses");
+        } else if (body.dump() != nlohmann::ordered_json::parse(text).dump()) {
+            finding("request body: bounded_json built another value than nlohmann's parser");
+        }
         if (!body.is_object()) return std::nullopt;
         return body;
+    } catch (const bounded_json::depth_error&) {
+        return std::nullopt;
     } catch (const bounded_json::limit_error&) {
+        if (nlohmann::ordered_json::accept(text)) {
+            finding("request body: bounded_json refused a text nlohmann's parser accepts");
+        }
         return std::nullopt;
     } catch (const std::exception& e) {
         finding(std::string("request body: JSON parser threw past parse_json_body (500): ") + e.what());

@@ -13,6 +13,7 @@ debian_packages=(
     libxxhash-dev        # prefix-cache block keys and disk-entry checksums
     libtomlplusplus-dev  # the policy file (TOML)
     libre2-dev           # policy patterns: linear-time regular expressions
+    libsimdjson-dev      # request bodies: fast JSON parsing
     clang-format         # the formatting check in the test suite
     clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients

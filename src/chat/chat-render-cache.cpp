@@ -418,12 +418,43 @@ struct chat_render_cache::impl {
 
     // What the template renders for M[cut..n) when rendering M[0..h) + M[cut..n); nullopt if the head's own
     // rendering is not where the window's starts.
+    // The head's system and user messages render in windows with their text replaced by a stand-in: the engine's
+    // cost of a render grows with the text it carries (an agent's 150 KB system prompt: ~0.5 ms per render, three
+    // renders per splice), and the head's own text is cut off the window anyway. Like the tools' stand-in, this
+    // holds for templates that render the messages after the head without reading the head's text; a template that
+    // does (a "/no_think" in the system prompt) makes the windows of the conversation's first, full render disagree
+    // with common's prompt, which learn() checks, and its conversation is then not remembered. A later splice has
+    // the same head as the conversation it extends. The first user message stays plain (templates look for tags).
+    static std::vector<const common_chat_msg*> head_with_stand_ins(const std::vector<common_chat_msg>& messages,
+                                                                   size_t h, std::vector<common_chat_msg>& stand_ins) {
+        static const std::string stand_in_text = "keepwarm stand-in";
+        stand_ins.reserve(h);
+        std::vector<const common_chat_msg*> head;
+        for (size_t i = 0; i < h; ++i) {
+            const common_chat_msg& m = messages[i];
+            if ((m.role != "system" && m.role != "user") || !m.content_parts.empty() ||
+                m.content.size() <= stand_in_text.size()) {
+                head.push_back(&m);
+                continue;
+            }
+            common_chat_msg& s = stand_ins.emplace_back();
+            s.role = m.role;
+            s.content = stand_in_text;
+            s.reasoning_content = m.reasoning_content;
+            s.tool_calls = m.tool_calls;
+            s.tool_name = m.tool_name;
+            s.tool_call_id = m.tool_call_id;
+            head.push_back(&s);
+        }
+        return head;
+    }
+
     std::optional<std::string> render_window(const request_view& v, key_store* store,
                                              const std::vector<message_hash>& hashes, size_t h, size_t cut,
                                              bool add_generation_prompt) const {
         const auto& messages = v.in->messages;
-        std::vector<const common_chat_msg*> head;
-        for (size_t i = 0; i < h; ++i) head.push_back(&messages[i]);
+        std::vector<common_chat_msg> stand_ins;
+        const std::vector<const common_chat_msg*> head = head_with_stand_ins(messages, h, stand_ins);
         std::vector<const common_chat_msg*> window = head;
         for (size_t i = cut; i < messages.size(); ++i) window.push_back(&messages[i]);
 

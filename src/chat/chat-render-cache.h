@@ -48,6 +48,10 @@ namespace keepwarm {
 // later full render checks itself too: a cut is kept only if its window is the tail of common's prompt, a
 // conversation only if the window's generation prompt is common's, and a profile that contradicts an earlier one with
 // the same generation prompt stops the key. A splice whose windows disagree with each other is not used.
+// Windows render the head with its system and user text replaced by a stand-in (and the tools by one stand-in tool):
+// a render's cost grows with the text it carries. That holds for templates that do not read the head's text again
+// when they render later messages; one that does (a "/no_think" in the system prompt) makes the conversation's first
+// full render disagree with its windows, and the conversation is not remembered.
 // Never spliced: continuations of a trailing assistant message, templates common renders through a handler that
 // rewrites messages (gpt-oss, Gemma 4, Ministral/Devstral, DeepSeek V3.2+, Kimi, ...; the generic path and the
 // Qwen3-Coder/Qwen3.5 handler are fine), templates that read the clock (strftime_now), templates whose head renders

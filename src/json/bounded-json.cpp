@@ -1,6 +1,8 @@
 // See bounded-json.h.
 #include "json/bounded-json.h"
 
+#include <simdjson.h>
+
 #include "base/request-error.h"
 
 #include <string>
@@ -152,7 +154,75 @@ const json* resolve_local_ref(const json& root, const std::string& ref) {
 
 }  // namespace
 
+namespace {
+
+// Feeds a document simdjson has validated to the tree builder, as nlohmann's parser would: a non-negative integer is
+// an unsigned number, a negative one an integer. False when the builder refuses (too deep); recursion stops there.
+bool replay(const simdjson::dom::element& e, tree_builder& builder) {
+    using simdjson::dom::element_type;
+    switch (e.type()) {
+        case element_type::ARRAY: {
+            if (!builder.start_array(static_cast<std::size_t>(-1))) return false;
+            const simdjson::dom::array items = e.get_array().value_unsafe();
+            for (const simdjson::dom::element item : items) {
+                if (!replay(item, builder)) return false;
+            }
+            return builder.end_array();
+        }
+        case element_type::OBJECT: {
+            if (!builder.start_object(static_cast<std::size_t>(-1))) return false;
+            const simdjson::dom::object fields = e.get_object().value_unsafe();
+            for (const simdjson::dom::key_value_pair field : fields) {
+                json::string_t key(field.key);
+                builder.key(key);
+                if (!replay(field.value, builder)) return false;
+            }
+            return builder.end_object();
+        }
+        case element_type::INT64: {
+            const int64_t v = e.get_int64().value_unsafe();
+            return v < 0 ? builder.number_integer(v) : builder.number_unsigned(static_cast<uint64_t>(v));
+        }
+        case element_type::UINT64:
+            return builder.number_unsigned(e.get_uint64().value_unsafe());
+        case element_type::DOUBLE:
+            return builder.number_float(e.get_double().value_unsafe(), {});
+        case element_type::STRING: {
+            json::string_t v(e.get_string().value_unsafe());
+            return builder.string(v);
+        }
+        case element_type::BOOL:
+            return builder.boolean(e.get_bool().value_unsafe());
+        case element_type::NULL_VALUE:
+            return builder.null();
+    }
+    return false;
+}
+
+// simdjson's parse of `text` into `builder`; false when simdjson does not take it (not JSON, a number it does not
+// hold, deeper than its own limit), and then nothing was built.
+bool parse_fast(std::string_view text, tree_builder& builder) {
+    // A connection's thread keeps its parser (buffers sized to the largest text it parsed) for texts up to this size;
+    // a larger one gets a parser of its own, freed with it.
+    constexpr size_t kept_parser_bytes = size_t{1} << 20;
+    thread_local simdjson::dom::parser kept;
+    std::optional<simdjson::dom::parser> own;
+    simdjson::dom::parser& parser = text.size() <= kept_parser_bytes ? kept : own.emplace();
+    simdjson::dom::element root;
+    if (parser.parse(text.data(), text.size()).get(root) != simdjson::SUCCESS) return false;
+    return replay(root, builder);
+}
+
+}  // namespace
+
 json parse(std::string_view text, int depth_limit) {
+    {
+        // simdjson first (a 150 KB agent request: ~0.2 ms instead of ~1.5 ms); anything it refuses goes through
+        // nlohmann's parser, whose answer (value or error message) is the reference.
+        tree_builder builder(depth_limit);
+        if (parse_fast(text, builder)) return std::move(builder.root);
+        if (builder.too_deep) throw depth_error(depth_message(depth_limit));
+    }
     tree_builder builder(depth_limit);
     const bool ok = json::sax_parse(text.begin(), text.end(), &builder);
     if (builder.too_deep) throw depth_error(depth_message(depth_limit));

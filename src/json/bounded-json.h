@@ -34,7 +34,9 @@ struct depth_error : limit_error {
     using limit_error::limit_error;
 };
 
-// Parses `text` into ordered_json in time linear in its size. Keys keep the order they came in; a key given twice
+// Parses `text` into ordered_json in time linear in its size: simdjson parses, and anything it refuses (not JSON, a
+// number beyond 64 bits) goes through nlohmann's parser, so the value and the error are nlohmann's (the one
+// difference: "-0" is an unsigned 0, as "0"). Keys keep the order they came in; a key given twice
 // keeps its first position and its last value (what nlohmann's own parser does). Throws limit_error when the text
 // is not JSON (nlohmann's message: "parse error at line 1, column 12: ..."), depth_error when it nests deeper than
 // `depth_limit` containers.

@@ -3,9 +3,12 @@
 
 #include <re2/re2.h>
 #include <re2/set.h>
+#include <xxhash.h>
 
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace keepwarm::policy {
 
@@ -41,6 +44,39 @@ const char* role_label(unsigned bit) {
 // The patterns of a rule set as one RE2::Set, index i being rule i.
 struct span_prefilter {
     re2::RE2::Set set{regex_options(), re2::RE2::UNANCHORED};
+
+    // Long texts the set found no rule in, by hash: an agent's system prompt and history come back on every turn and
+    // are hashed (~30 GB/s) instead of scanned again (~1 GB/s).
+    static constexpr size_t clean_min_bytes = 4096;
+    static constexpr size_t clean_max_texts = 16384;  // then forgotten all at once
+    struct hash_of_hash {
+        size_t operator()(const XXH128_hash_t& h) const { return static_cast<size_t>(h.low64); }
+    };
+    struct same_hash {
+        bool operator()(const XXH128_hash_t& a, const XXH128_hash_t& b) const { return XXH128_isEqual(a, b); }
+    };
+    std::mutex mu;
+    std::unordered_set<XXH128_hash_t, hash_of_hash, same_hash> clean;
+
+    // The rules that may match `text` into `candidates` (sorted); false when the set gave up (its DFA's memory).
+    bool candidates_for(const std::string& text, std::vector<int>& candidates) {
+        const bool long_text = text.size() >= clean_min_bytes;
+        XXH128_hash_t h{};
+        if (long_text) {
+            h = XXH3_128bits(text.data(), text.size());
+            std::lock_guard lock(mu);
+            if (clean.count(h)) return true;
+        }
+        re2::RE2::Set::ErrorInfo error{};
+        if (!set.Match(text, &candidates, &error) && error.kind != re2::RE2::Set::kNoError) return false;
+        if (long_text && candidates.empty()) {
+            std::lock_guard lock(mu);
+            if (clean.size() >= clean_max_texts) clean.clear();
+            clean.insert(h);
+        }
+        std::sort(candidates.begin(), candidates.end());
+        return true;
+    }
 };
 
 const char* span_action_name(span_action action) {
@@ -161,13 +197,11 @@ void span_rule_set::apply_to_text(std::string& text, unsigned role, std::vector<
                                   std::vector<int>& matches_per_rule) const {
     if (text.empty() || !(roles_ & role)) return;
     matches_per_rule.resize(rules_.size());
-    std::vector<int> candidates;
-    re2::RE2::Set::ErrorInfo error{};
-    if (!prefilter_ || (!prefilter_->set.Match(text, &candidates, &error) && error.kind != re2::RE2::Set::kNoError)) {
+    std::vector<int> candidates;  // in the rules' order: they apply in it
+    if (!prefilter_ || !prefilter_->candidates_for(text, candidates)) {
         candidates.resize(rules_.size());  // the prefilter gave up (DFA memory): try every rule
         for (size_t i = 0; i < rules_.size(); i++) candidates[i] = static_cast<int>(i);
     }
-    std::sort(candidates.begin(), candidates.end());  // rules apply in their order
     for (const int i : candidates) {
         const span_rule& rule = rules_[i];
         if (rule.roles() & role) matches_per_rule[i] += rule.apply(text, moved);

@@ -63,6 +63,20 @@ pair_of_prompts with_span(const std::string& line_a, const std::string& line_b) 
 
 }  // namespace
 
+TEST(PromptDiff, CommonPrefixLengthAtEveryPositionAroundBlocks) {
+    std::string a(2000, 'x');
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>('a' + i % 23);
+    EXPECT_EQ(keepwarm::policy::common_prefix_length(a, a), a.size());
+    EXPECT_EQ(keepwarm::policy::common_prefix_length(a, a.substr(0, 700)), 700u);
+    EXPECT_EQ(keepwarm::policy::common_prefix_length("", a), 0u);
+    for (size_t at : {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257}, size_t{511}, size_t{1999}}) {
+        std::string b = a;
+        b[at] = '#';
+        EXPECT_EQ(keepwarm::policy::common_prefix_length(a, b), at) << at;
+        EXPECT_EQ(keepwarm::policy::common_prefix_length(b + "tail", a), at) << at;
+    }
+}
+
 TEST(PromptDiff, NonceInLongPrefixIsAHexIdWithItsKeyAsContext) {
     const auto p = with_span("x-anthropic-billing-header: cc_version=2.1.197; cch=5f2e1; cc_entrypoint=cli",
                              "x-anthropic-billing-header: cc_version=2.1.197; cch=a03b9; cc_entrypoint=cli");

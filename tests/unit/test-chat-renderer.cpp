@@ -837,6 +837,41 @@ TEST(ChatRenderCache, TemplateCarryingStateAcrossMessagesIsNeverSpliced) {
                    {.sessions = 1, .turns = 8});
 }
 
+TEST(ChatRenderCache, TemplateReadingTheSystemPromptLaterMatchesCommon) {
+    // Windows render the head (system prompt, first user message) with stand-in text. This template reads the system
+    // prompt again further on: a "/no_think" there marks every assistant message and the generation prompt. Its
+    // conversations must still match common: the first full render's windows disagree with common's prompt, and
+    // such a conversation is not remembered; conversations without the marker are spliced.
+    const std::string source =
+        "{%- set quiet = messages[0].role == 'system' and '/no_think' in messages[0].content -%}"
+        "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+        "{%- if m.role == 'assistant' and quiet %}[quiet] {% endif %}{{ m.content }}<|im_end|>\n{% endfor -%}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% if quiet %}<think>\n\n</think>\n\n{% endif %}"
+        "{%- endif -%}";
+    chat_renderer renderer(source, "", "<|im_end|>");
+    auto templates = common_chat_templates_init(nullptr, source, "", "<|im_end|>");
+    const template_case tc{"inline", "", "<|im_end|>", false};
+    for (const char* system : {"Be brief. /no_think Really.", "A long system prompt that says nothing special."}) {
+        session_simulator sim(4242, tc);
+        json messages = sim.start();
+        const auto spliced_before = renderer.render_stats().spliced;
+        for (int t = 0; t < 8; ++t, messages = sim.next()) {
+            if (messages[0]["role"] != "system") messages.insert(messages.begin(), json{{"role", "system"}});
+            messages[0]["content"] = system;
+            const chat_request req = parse_chat_request(json{{"messages", messages}});
+            const std::string where = std::string(system) + " turn " + std::to_string(t) + "\n" + messages.dump();
+            expect_same(common_render(templates.get(), renderer, req), renderer.render(req).params, where);
+            if (::testing::Test::HasFailure()) return;
+        }
+        const auto spliced = renderer.render_stats().spliced - spliced_before;
+        if (std::string_view(system).find("/no_think") != std::string_view::npos) {
+            EXPECT_EQ(spliced, 0u) << system;
+        } else {
+            EXPECT_GT(spliced, 0u) << system;
+        }
+    }
+}
+
 TEST(ChatRenderCache, ConcurrentSessionsMatchCommon) {
     // Three threads extend their own conversations through one renderer at once.
     const template_case& tc = qwen3_case;

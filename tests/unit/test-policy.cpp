@@ -486,6 +486,25 @@ TEST(SpanRules, RulesApplyInOrderAndOnlyWhereTheyMatch) {
     EXPECT_EQ(report.fired[1].matches, 2);
 }
 
+TEST(SpanRules, LongTextsComeBackTheSameEveryTurn) {
+    // Long texts the rules found nothing in are remembered by hash: the same text again is left alone, a text that
+    // differs from it by one span is still rewritten, and one the rules rewrote is rewritten every time.
+    span_rule_set rules({span_rule("nonce", "nonce=[0-9a-f]+", span_action::replace, "nonce=0")});
+    std::string clean;
+    while (clean.size() < 20000) clean += "You are a coding agent. Never guess. ";
+    const std::string dirty = clean + "nonce=abc123";
+    for (int turn = 0; turn < 3; ++turn) {
+        std::vector<common_chat_msg> messages = {message("system", clean), message("user", dirty),
+                                                 message("user", clean + "nonce=ff")};
+        const span_report report = rules.apply(messages);
+        EXPECT_EQ(messages[0].content, clean) << turn;
+        EXPECT_EQ(messages[1].content, clean + "nonce=0") << turn;
+        EXPECT_EQ(messages[2].content, clean + "nonce=0") << turn;
+        ASSERT_EQ(report.fired.size(), 1u) << turn;
+        EXPECT_EQ(report.fired[0].matches, 2) << turn;
+    }
+}
+
 TEST(SpanRules, HostileInputStaysLinear) {
     // Inputs that make backtracking engines take exponential (or quadratic) time: RE2 runs them in linear time.
     const std::string as(200000, 'a');
