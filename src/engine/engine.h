@@ -160,6 +160,11 @@ public:
     engine_health health() const;
     cache_snapshot cache_stats() const { return cache_->snapshot(); }
 
+    // How many of `left` prompt tokens (before the next cut) the next step carries, with `room` left in its budget,
+    // `decode_tokens` generated tokens in it and `space` left in the batch: chunks fill whole attention tiles beside
+    // the decode rows, the piece that does not goes first (see engine.cpp).
+    static size_t prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space);
+
 private:
     struct slot;
     void run();

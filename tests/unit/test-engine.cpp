@@ -329,6 +329,45 @@ TEST(engine_limits, a_request_past_the_queue_limit_is_refused_at_once_and_the_wa
 // long for each token (567 ms at 12K cached on this machine). With a step time target, the prompt rides along in
 // chunks sized to fit, so the generating slot gets a token every step: many while the prompt is prefilled. With no
 // target (0), one ubatch per step, and the stream gets a handful.
+// A prompt prefilled beside one generating slot, its budget shrinking from four attention tiles to one as it gets
+// deeper: the piece that does not fill a tile goes in the first step; every later step, the last one included, fills
+// whole tiles with the decode row (a partial tile costs a whole one, fewer than 64 rows take the slow path).
+TEST(engine_scheduling, prompt_chunks_fill_whole_tiles_and_the_odd_piece_goes_first) {
+    for (const bool one_tile : {false, true}) {
+        for (const size_t prompt : {size_t{12298}, size_t{12302}, size_t{4097}, size_t{640}}) {
+            SCOPED_TRACE(prompt);
+            SCOPED_TRACE(one_tile ? "one tile throughout" : "four tiles down to one");
+            size_t done = 0;
+            int step = 0;
+            while (done < prompt) {
+                const int tiles = one_tile ? 1 : done < 2000 ? 4 : done < 5000 ? 3 : done < 8000 ? 2 : 1;
+                const size_t room =
+                    static_cast<size_t>(tiles * 64 - 1);  // prompt_budget: whole tiles less the decode row
+                const size_t n = keepwarm::engine::prompt_chunk(prompt - done, room, 1, 2047);
+                ASSERT_GT(n, 0u);
+                ASSERT_LE(n, room);
+                if (step > 0) {
+                    EXPECT_EQ(n % 63, 0u) << "step " << step << ": " << n << " tokens";
+                    EXPECT_GE(n + 1, 64u) << "step " << step << " takes the slow path";
+                }
+                done += n;
+                ++step;
+            }
+            EXPECT_EQ(done, prompt);
+        }
+    }
+    // Alone (no decode rows, a whole logical batch): the odd piece first, then whole tiles.
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(12301, 2048, 0, 2048), 13u + 31 * 64);
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(10304, 2048, 0, 2048), 2048u);
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(900, 2048, 0, 2048), 900u);
+    // A budget under one tile (50 streams: 32 prompt tokens fill a tile beside the decode rows): the odd piece if it
+    // fits, else what fits, and a last piece of less than a tile goes with it if the batch has space.
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(1000, 16, 50, 2000), 8u);
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(992, 16, 50, 2000), 16u);
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(60, 16, 50, 2000), 60u);
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(60, 16, 50, 40), 16u);
+}
+
 TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_prompt_is_prefilled) {
     for (const double target_ms : {0.0, 0.001}) {
         SCOPED_TRACE("step_ms_target " + std::to_string(target_ms));
