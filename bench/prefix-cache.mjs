@@ -10,7 +10,8 @@
 //      conversation + 20 new tokens: TTFT after restart / cold TTFT.
 //   d  hybrid model: a prompt, then the same prompt with a change inside the last user message: tokens recomputed.
 //   e  overhead: warm turns with ~6 new tokens after N cached tokens: wall TTFT - server-reported prompt_ms, and
-//      keepwarm's timings.setup_ms; median of several repetitions.
+//      keepwarm's timings.setup_ms; median of several repetitions. The client floor: the same last request against
+//      a Node server that answers at once (the client's and the loopback's share).
 //   f  stalls: one client streams a long answer while another sends a cold N-token prompt; the gaps between the
 //      stream's tokens while that prompt is prefilled (longest, percentiles), and the prompt's TTFT beside its TTFT
 //      alone.
@@ -508,8 +509,8 @@ class Server {
 
     // One streamed chat completion. TTFT is the time to the first SSE event (both servers send their first chunk
     // when the first token is sampled); timings and usage come from the final chunks.
-    async chat(messages, { maxTokens = this.opts.maxTokens, onContent, signal, extra = {} } = {}) {
-        const body = {
+    chatBody(messages, { maxTokens = this.opts.maxTokens, extra = {} } = {}) {
+        return {
             ...extra,
             model: 'bench',
             messages,
@@ -520,6 +521,10 @@ class Server {
             stream: true,
             stream_options: { include_usage: true },
         };
+    }
+
+    async chat(messages, { maxTokens = this.opts.maxTokens, onContent, signal, extra = {} } = {}) {
+        const body = this.chatBody(messages, { maxTokens, extra });
         const res = await streamChat(this.url, body, this.opts.requestTimeout * 1000, { onContent, signal });
         if (this.exitCode !== undefined) throw new ServerError(`${this.kind} exited (${this.exitCode}):\n${this.logTail()}`);
         const mem = this.memory();
@@ -661,8 +666,78 @@ function streamChat(base, body, timeoutMs, { onContent, signal } = {}) {
     });
 }
 
+// The client's own share of "TTFT - prompt_ms" (e): a server in another Node process that reads the request and
+// answers at once with one SSE event, so that the same client, body size and connection handling give the time
+// that is not the server's.
+class NullServer {
+    async start() {
+        const script = `
+            const http = require('node:http');
+            const srv = http.createServer((req, res) => {
+                req.on('data', () => {});
+                req.on('end', () => {
+                    res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+                    res.end('data: {"choices":[{"delta":{"content":"x"}}],"timings":{}}\\n\\ndata: [DONE]\\n\\n');
+                });
+            });
+            srv.listen(0, '127.0.0.1', () => console.log(srv.address().port));`;
+        this.proc = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+        const port = await new Promise((resolve, reject) => {
+            this.proc.stdout.once('data', (d) => resolve(Number(String(d).trim())));
+            this.proc.once('exit', (code) => reject(new Error(`null server exited (${code})`)));
+        });
+        this.url = `http://127.0.0.1:${port}`;
+        return this;
+    }
+
+    // Median TTFT of `reps` streamed requests with this body.
+    async ttft(body, reps) {
+        const times = [];
+        for (let r = 0; r < reps; r++) times.push((await streamChat(this.url, body, 60_000)).ttft_ms);
+        return median(times);
+    }
+
+    stop() {
+        this.proc?.kill();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Benchmarks. Each takes a started server and returns its records; the driver starts and stops the servers.
+
+// (e) at `n` cached tokens: a conversation primed with a cold request, then warm turns of a few new tokens.
+async function overheadAt(server, o, texts, n, floor) {
+    const seed = mix(o.seed, 0xe, n);
+    const sys = await systemPrompt(server, texts, seed, n);
+    const u1 = await texts.text(server, mix(seed, 1), o.newTokens);
+    const msgs = [{ role: 'system', content: sys }, { role: 'user', content: u1 }];
+    const prime = await server.chat(msgs);
+    log(`  e ${server.kind} ${n} prime: ${brief(prime)}`);
+    const reps = [];
+    let last;
+    for (let r = 0; r < o.repsE; r++) {
+        const u = await texts.text(server, mix(seed, 10, r), o.overheadNewTokens);
+        last = [...msgs, { role: 'assistant', content: prime.content }, { role: 'user', content: u }];
+        const rec = await server.chat(last);
+        log(`  e ${server.kind} ${n} rep ${r}: ${brief(rec)}`);
+        reps.push({ ...strip(rec), overhead_ms: rec.ttft_ms - rec.prompt_ms });
+    }
+    // The last turn's body against the null server: the client's and the loopback's share of TTFT - prompt_ms.
+    const clientFloor = await floor.ttft(server.chatBody(last), o.repsE);
+    log(`  e ${server.kind} ${n} client floor: ${fmt(clientFloor, 1)} ms`);
+    return {
+        size: n,
+        cached_median: median(reps.map((x) => x.cache_n)),
+        computed_median: median(reps.map((x) => x.prompt_n)),
+        ttft_median_ms: median(reps.map((x) => x.ttft_ms)),
+        prompt_ms_median: median(reps.map((x) => x.prompt_ms)),
+        overhead_median_ms: median(reps.map((x) => x.overhead_ms)),
+        setup_median_ms: median(reps.map((x) => x.setup_ms)),
+        client_floor_ms: clientFloor,
+        prime: strip(prime),
+        reps,
+    };
+}
 
 const median = (xs) => {
     const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
@@ -861,31 +936,11 @@ const benchmarks = {
         model: (o) => o.model,
         async run(server, o, texts) {
             const out = [];
-            for (const n of o.overheadSizes) {
-                const seed = mix(o.seed, 0xe, n);
-                const sys = await systemPrompt(server, texts, seed, n);
-                const u1 = await texts.text(server, mix(seed, 1), o.newTokens);
-                const msgs = [{ role: 'system', content: sys }, { role: 'user', content: u1 }];
-                const prime = await server.chat(msgs);
-                log(`  e ${server.kind} ${n} prime: ${brief(prime)}`);
-                const reps = [];
-                for (let r = 0; r < o.repsE; r++) {
-                    const u = await texts.text(server, mix(seed, 10, r), o.overheadNewTokens);
-                    const rec = await server.chat([...msgs, { role: 'assistant', content: prime.content }, { role: 'user', content: u }]);
-                    log(`  e ${server.kind} ${n} rep ${r}: ${brief(rec)}`);
-                    reps.push({ ...strip(rec), overhead_ms: rec.ttft_ms - rec.prompt_ms });
-                }
-                out.push({
-                    size: n,
-                    cached_median: median(reps.map((x) => x.cache_n)),
-                    computed_median: median(reps.map((x) => x.prompt_n)),
-                    ttft_median_ms: median(reps.map((x) => x.ttft_ms)),
-                    prompt_ms_median: median(reps.map((x) => x.prompt_ms)),
-                    overhead_median_ms: median(reps.map((x) => x.overhead_ms)),
-                    setup_median_ms: median(reps.map((x) => x.setup_ms)),
-                    prime: strip(prime),
-                    reps,
-                });
+            const floor = await new NullServer().start();
+            try {
+                for (const n of o.overheadSizes) out.push(await overheadAt(server, o, texts, n, floor));
+            } finally {
+                floor.stop();
             }
             return out;
         },
@@ -1121,10 +1176,10 @@ function views(results, o) {
     }
     if (results.e) {
         out.push(['e', benchmarks.e.title, ['server', 'cached tokens', 'computed', 'TTFT ms', 'prompt_ms',
-            'TTFT - prompt_ms', 'setup_ms'],
+            'TTFT - prompt_ms', 'setup_ms', 'client floor ms'],
         each('e', (server, recs) => recs.map((r) => [server, fmt(r.cached_median), fmt(r.computed_median),
             fmt(r.ttft_median_ms, 1), fmt(r.prompt_ms_median, 1), fmt(r.overhead_median_ms, 1),
-            fmt(r.setup_median_ms, 1)]))]);
+            fmt(r.setup_median_ms, 1), fmt(r.client_floor_ms, 1)]))]);
     }
     if (results.f) {
         out.push(['f', benchmarks.f.title, ['server', 'prompt tokens', 'TTFT alone ms', 'TTFT beside a stream ms',
