@@ -171,7 +171,7 @@ chat_renderer::rendered chat_renderer::render(const chat_request& request) const
         }
         cache_->remember(in, r.params);
     }
-    r.prompt = r.params.prompt;
+    r.prompt = std::move(r.params.prompt);  // one copy of it: rendered::prompt
 
     if (!r.params.grammar.empty()) {
         // Template grammars start at the generation prompt, so they are typed tool_calls: the sampler feeds the

@@ -29,7 +29,8 @@ public:
 
     struct rendered {
         std::string prompt;         // text to tokenize (with parse_special); bos is NOT included when the model adds it
-        common_chat_params params;  // grammar, triggers, preserved tokens, parser, generation prompt, ...
+        common_chat_params params;  // grammar, triggers, preserved tokens, parser, generation prompt, ... (its prompt
+                                    // moved to `prompt`)
         // What constrains sampling: the template's grammar (typed tool_calls), or for a response_format the template
         // did not handle, a plain JSON-schema grammar (typed user, so no generation-prompt prefill). Often empty.
         common_grammar grammar;

@@ -23,7 +23,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     }
     refuse_chat_that_cannot_fit(model_, chat_);
     rendered_ = model_.renderer->render(chat_);
-    set_prompt(model_, *gen_, rendered_.prompt);
+    set_prompt(model_, *gen_, std::move(rendered_.prompt));  // kept in gen_->prompt_text from here on
     set_cache_hint(model_, chat_, *gen_);
     gen_->sampling = to_sampling_params(chat_.sampling, model_.default_sampling);
     chat_renderer::apply_to_sampling(rendered_, gen_->sampling, model_.llm->vocab());
@@ -37,7 +37,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     parser_.emplace(model_.renderer->parser_params(rendered_, chat_));
     if (!chat_.parallel_tool_calls.value_or(true)) parser_->limit_tool_calls(1);
     if (front_.busters) {
-        buster_ = front_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, rendered_.prompt,
+        buster_ = front_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, gen_->prompt_text,
                                           chat_.messages, policy::locate_tokens(model_.llm->vocab(), gen_->prompt));
     }
 }

@@ -604,8 +604,9 @@ common_chat_params common_render(const common_chat_templates* templates, const c
 }
 
 // Every field of common's result, compared one by one so a failure names the field.
-void expect_same(const common_chat_params& want, const common_chat_params& got, const std::string& where) {
-    EXPECT_EQ(want.prompt, got.prompt) << where;
+void expect_same(const common_chat_params& want, const chat_renderer::rendered& rendered, const std::string& where) {
+    EXPECT_EQ(want.prompt, rendered.prompt) << where;
+    const common_chat_params& got = rendered.params;
     EXPECT_EQ(want.generation_prompt, got.generation_prompt) << where;
     EXPECT_EQ(want.format, got.format) << where;
     EXPECT_EQ(want.grammar, got.grammar) << where;
@@ -773,7 +774,7 @@ void check_sessions(const template_case& tc, const session_options& o) {
             }
             auto got = renderer.render(req);
             ++renders;
-            expect_same(want, got.params, where);
+            expect_same(want, got, where);
             if (::testing::Test::HasFailure()) return;
         }
     }
@@ -860,7 +861,7 @@ TEST(ChatRenderCache, TemplateReadingTheSystemPromptLaterMatchesCommon) {
             messages[0]["content"] = system;
             const chat_request req = parse_chat_request(json{{"messages", messages}});
             const std::string where = std::string(system) + " turn " + std::to_string(t) + "\n" + messages.dump();
-            expect_same(common_render(templates.get(), renderer, req), renderer.render(req).params, where);
+            expect_same(common_render(templates.get(), renderer, req), renderer.render(req), where);
             if (::testing::Test::HasFailure()) return;
         }
         const auto spliced = renderer.render_stats().spliced - spliced_before;
@@ -893,7 +894,7 @@ TEST(ChatRenderCache, ConcurrentSessionsMatchCommon) {
         threads.emplace_back([&, s] {
             for (const auto& [req, want] : expected[s]) {
                 const auto got = renderer.render(req);
-                if (got.params.prompt != want.prompt || got.params.parser != want.parser ||
+                if (got.prompt != want.prompt || got.params.parser != want.parser ||
                     got.params.generation_prompt != want.generation_prompt) {
                     failures[s] = "session " + std::to_string(s) + " differs at " + req.messages.back().content;
                     return;
@@ -978,7 +979,7 @@ TEST(ChatRenderCache, ReportsTheCostOfA38kTokenTurn) {
         const common_chat_params want = common_render(templates.get(), renderer, req);
         const auto t3 = clock::now();
 
-        expect_same(want, warm.params, file);
+        expect_same(want, warm, file);
         EXPECT_EQ(renderer.render_stats().spliced, 1u);
         std::printf(
             "38K-token turn, %s (%zu messages, %zu-byte prompt):\n  first render %.1f ms (common + checks), next turn "
