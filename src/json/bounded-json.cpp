@@ -200,8 +200,13 @@ bool replay(const simdjson::dom::element& e, tree_builder& builder) {
 }
 
 // simdjson's parse of `text` into `builder`; false when simdjson does not take it (not JSON, a number it does not
-// hold, deeper than its own limit), and then nothing was built.
+// hold, deeper than its own limit, or larger than fast_parse_bytes), and then nothing was built.
 bool parse_fast(std::string_view text, tree_builder& builder) {
+    // simdjson's document (up to ~15 bytes of buffers per byte of text, touched as the text needs) lives beside the
+    // tree built from it: past this size, nlohmann's parser alone keeps the peak lower. Agent requests are far
+    // smaller (a 128K-token conversation is ~0.5 MB).
+    constexpr size_t fast_parse_bytes = size_t{8} << 20;
+    if (text.size() > fast_parse_bytes) return false;
     // A connection's thread keeps its parser (buffers sized to the largest text it parsed) for texts up to this size;
     // a larger one gets a parser of its own, freed with it.
     constexpr size_t kept_parser_bytes = size_t{1} << 20;
