@@ -16,7 +16,8 @@
 //      stream's tokens while that prompt is prefilled (longest, percentiles), and the prompt's TTFT beside its TTFT
 //      alone.
 //   g  a long streamed answer (8K tokens, every token forced to the same word so that characters count tokens),
-//      without and with tools in the request: tokens/s over its first and its last tenth, and their ratio.
+//      without and with tools in the request (with tools twice: while the first answer stays cached, and on a
+//      restarted server): tokens/s over its first and its last tenth, and their ratio.
 //   h  cold prefill with parked conversations: a fresh server per case, P earlier conversations of --parked-tokens
 //      each, then a cold prompt of N tokens (--sizes); its TTFT.
 //
@@ -1056,7 +1057,17 @@ const benchmarks = {
             // Every token the same word: then characters count tokens, and the random model's output cannot wander
             // into a tool call's markup.
             const [word] = (await server.post('/tokenize', { content: ' the', add_special: false })).tokens;
-            for (const withTools of [false, true]) {
+            // Without tools, then with tools while the first answer's conversation stays cached (keepwarm parks it
+            // on the device, in the same KV cells pool; llama-server keeps it in its other slot), then with tools
+            // again on a restarted server: the last two tell the cached conversation's cost from the tools'.
+            const cases = [{ withTools: false, after: 'fresh' }, { withTools: true, after: 'answer cached' },
+                { withTools: true, after: 'restarted', restart: true }];
+            for (const { withTools, after, restart } of cases) {
+                if (restart) {
+                    await server.stop();
+                    await server.start();
+                    await warmUp(server);
+                }
                 const arrivals = [];  // [ms, content characters so far]
                 let chars = 0;
                 const rec = await server.chat([{ role: 'user', content: 'Write the whole file, a long one.' }], {
@@ -1068,12 +1079,12 @@ const benchmarks = {
                 const at = (fraction) => arrivals.find(([, c]) => c >= fraction * chars)?.[0] ?? NaN;
                 const rate = (from, to) => ((to - from) * rec.completion_tokens) / ((at(to) - at(from)) / 1000);
                 const r = {
-                    tools: withTools, completion_tokens: rec.completion_tokens, content_chars: chars,
+                    tools: withTools, after, completion_tokens: rec.completion_tokens, content_chars: chars,
                     events: arrivals.length, start_tps: rate(0, 0.1), end_tps: rate(0.9, 1),
                     server_tps: rec.timings?.predicted_per_second,
                 };
                 r.end_over_start = r.end_tps / r.start_tps;
-                log(`  g ${server.kind} ${withTools ? 'with' : 'without'} tools: ${r.completion_tokens} tokens, ` +
+                log(`  g ${server.kind} ${withTools ? 'with' : 'without'} tools (${after}): ${r.completion_tokens} tokens, ` +
                     `${chars} characters in ${r.events} events; ${fmt(r.start_tps, 1)} tokens/s over the first ` +
                     `tenth, ${fmt(r.end_tps, 1)} over the last (${ratio(r.end_over_start)})`);
                 out.push(r);
@@ -1199,9 +1210,10 @@ function views(results, o) {
             r.parked === p)?.cold.ttft_ms))]))]);
     }
     if (results.g) {
-        out.push(['g', benchmarks.g.title, ['server', 'tools', 'tokens', 'SSE events', 'tokens/s, first tenth',
-            'tokens/s, last tenth', 'last/first', 'server tokens/s'],
-        each('g', (server, recs) => recs.map((r) => [server, r.tools ? 'yes' : 'no', r.completion_tokens, r.events,
+        out.push(['g', benchmarks.g.title, ['server', 'tools', 'server state', 'tokens', 'SSE events',
+            'tokens/s, first tenth', 'tokens/s, last tenth', 'last/first', 'server tokens/s'],
+        each('g', (server, recs) => recs.map((r) => [server, r.tools ? 'yes' : 'no', r.after ?? '',
+            r.completion_tokens, r.events,
             fmt(r.start_tps, 1), fmt(r.end_tps, 1), ratio(r.end_over_start), fmt(r.server_tps, 1)]))]);
     }
     for (const v of out) {
