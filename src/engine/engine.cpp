@@ -41,18 +41,6 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
-common_sampler_ptr make_sampler(const llama_model* model, common_params_sampling& params) {
-    const std::string& grammar = common_grammar_value(params.grammar);
-    if (!grammar.empty()) {
-        if (grammar.starts_with("%llguidance")) throw std::runtime_error("failed to parse grammar (llguidance)");
-        // A lazy grammar parses as the plain one does: the probe decides whether common_sampler_init may throw.
-        llama_sampler* probe = llama_sampler_init_grammar(llama_model_get_vocab(model), grammar.c_str(), "root");
-        if (!probe) throw std::runtime_error("failed to parse grammar");
-        llama_sampler_free(probe);
-    }
-    return common_sampler_ptr(common_sampler_init(model, params));
-}
-
 const char* finish_reason_name(finish_reason reason) {
     switch (reason) {
         case finish_reason::stop:
@@ -98,7 +86,7 @@ struct engine::slot {
     std::vector<int> cuts;    // hybrid models: message starts, where a checkpoint is taken
     int follow = -1;          // waits for this slot to compute a prompt prefix shared with it ...
     size_t follow_until = 0;  // ... up to here, then takes it from the cache instead of computing it twice
-    common_sampler_ptr sampler;
+    token_sampler_ptr sampler;
     std::unique_ptr<text_stream> text;
     size_t prompt_done = 0;  // prompt tokens in the KV (reused + computed)
     int reused = 0;
@@ -445,8 +433,8 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     slot& s = *best;
     // Normally built by the HTTP thread; a request submitted without one (tests, internal callers) gets it here,
     // where a failure throws to admit_queued() and ends only this request.
-    s.sampler = request->sampler ? std::move(request->sampler) : make_sampler(model_.get(), request->sampling);
-    if (!s.sampler) throw std::runtime_error("could not initialize sampling");
+    s.sampler = request->sampler ? std::move(request->sampler)
+                                 : std::make_unique<token_sampler>(model_.get(), request->sampling);
     s.text = std::make_unique<text_stream>(request->stop);
     s.pending = -1;
     s.batch_index = -1;
@@ -798,8 +786,8 @@ void engine::sample(slot& s) {
         s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
     }
     const auto sample_started = clock::now();
-    const llama_token token = common_sampler_sample(s.sampler.get(), ctx_.get(), s.batch_index);
-    common_sampler_accept(s.sampler.get(), token, true);
+    const llama_token token = s.sampler->sample(ctx_.get(), s.batch_index);
+    s.sampler->accept(token);
     // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
     // It cannot be interrupted inside one token, so it ends after the first one that took too long.
     if (const double took = ms_between(sample_started, clock::now()); took > options_.sample_ms_limit) {

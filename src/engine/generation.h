@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/token-sampler.h"
 #include "sampling.h"
 
 namespace keepwarm {
@@ -70,11 +71,6 @@ private:
     std::deque<generation_event> events_;  // guarded by mu_
 };
 
-// common_sampler_init(model, params), except that a grammar which does not parse throws std::runtime_error("failed to
-// parse grammar") before anything is allocated (common's own throw leaks the sampler chain it made: 88 bytes a bad
-// request), and a grammar naming an engine this build lacks (llguidance, which common aborts on) is refused the same.
-common_sampler_ptr make_sampler(const llama_model* model, common_params_sampling& params);
-
 struct generation_request {
     std::vector<llama_token> prompt;
     std::string prompt_text;  // what `prompt` spells (the rendered prompt), for the prompt tokenizer's index
@@ -89,7 +85,7 @@ struct generation_request {
     common_params_sampling sampling;
     // The sampler made from `sampling`, built by the HTTP thread before submitting (a grammar that cannot be built is
     // that request's 400, not the engine's problem). Null: the engine builds it at admission.
-    common_sampler_ptr sampler;
+    token_sampler_ptr sampler;
     int max_tokens = -1;                   // -1: the server's default (engine_options::default_max_tokens)
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)

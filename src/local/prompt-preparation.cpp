@@ -129,7 +129,7 @@ void prepare_sampling(const local_model& model, generation_request& gen, const s
                            " (--max-grammar-alternatives)");
     }
     try {
-        gen.sampler = make_sampler(model.llm->model(), gen.sampling);
+        gen.sampler = std::make_unique<token_sampler>(model.llm->model(), gen.sampling);
     } catch (const std::invalid_argument& e) {
         throw request_error(400, std::string("sampling parameters cannot be used: ") + e.what());
     } catch (const std::exception& e) {
@@ -137,7 +137,6 @@ void prepare_sampling(const local_model& model, generation_request& gen, const s
         throw cannot_build(std::string(e.what()) +
                            " (e.g. a minItems, maxItems, minLength or maxLength over 2000, which llama.cpp refuses)");
     }
-    if (!gen.sampler) throw cannot_build("the sampler could not be initialized");
 }
 
 std::string grammar_field(const chat_request& chat, const common_params_sampling& sampling) {

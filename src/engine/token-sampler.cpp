@@ -1,0 +1,165 @@
+// See token-sampler.h.
+#include "engine/token-sampler.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <stdexcept>
+
+#include "common.h"
+#include "reasoning-budget.h"
+
+namespace keepwarm {
+
+namespace {
+
+// Whether the lazy grammar's triggers can be watched here: words (found anywhere, as common's escaped pattern is) and
+// tokens. Regex patterns stay with llama.cpp.
+bool watchable(const common_params_sampling& params) {
+    if (!params.grammar_lazy || params.grammar_triggers.empty()) return false;
+    return std::all_of(params.grammar_triggers.begin(), params.grammar_triggers.end(), [](const auto& t) {
+        return t.type == COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN ||
+               (t.type == COMMON_GRAMMAR_TRIGGER_TYPE_WORD && !t.value.empty());
+    });
+}
+
+// The generation prompt's tokens that common_sampler_init feeds its reasoning-budget sampler (common/sampling.cpp:
+// the prompt tokenized with special tokens, less a first token that only adds a leading space).
+std::vector<llama_token> generation_prompt_tokens(const llama_vocab* vocab, const std::string& generation_prompt) {
+    std::vector<llama_token> out;
+    if (generation_prompt.empty()) return out;
+    const std::vector<llama_token> tokens = common_tokenize(vocab, generation_prompt, false, true);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const std::string piece = common_token_to_piece(vocab, tokens[i], true);
+        const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+        if (i == 0 && !piece.empty() && space(piece[0]) && !space(generation_prompt[0])) continue;
+        out.push_back(tokens[i]);
+    }
+    return out;
+}
+
+common_sampler_ptr make_common_sampler(const llama_model* model, const common_params_sampling& params) {
+    common_params_sampling copy = params;  // common_sampler_init may turn backend sampling off in its argument
+    common_sampler_ptr sampler(common_sampler_init(model, copy));
+    if (!sampler) throw std::runtime_error("could not initialize sampling");
+    return sampler;
+}
+
+}  // namespace
+
+token_sampler::token_sampler(const llama_model* model, const common_params_sampling& params)
+    : vocab_(llama_model_get_vocab(model)) {
+    const std::string& grammar = common_grammar_value(params.grammar);
+    if (!grammar.empty()) {
+        if (grammar.starts_with("%llguidance")) throw std::runtime_error("failed to parse grammar (llguidance)");
+        // A lazy grammar parses as the plain one does: the probe decides whether common_sampler_init may throw.
+        llama_sampler* probe = llama_sampler_init_grammar(vocab_, grammar.c_str(), "root");
+        if (!probe) throw std::runtime_error("failed to parse grammar");
+        llama_sampler_free(probe);
+    }
+    if (grammar.empty() || !watchable(params)) {
+        sampler_ = make_common_sampler(model, params);
+        return;
+    }
+
+    common_params_sampling unconstrained = params;
+    unconstrained.grammar = {};
+    unconstrained.grammar_lazy = false;
+    unconstrained.grammar_triggers.clear();
+    sampler_ = make_common_sampler(model, unconstrained);
+    // Past the trigger, common's reasoning-budget sampler is idle or done (the trigger counts only there), and done it
+    // passes everything: the grammar's sampler goes without it.
+    common_params_sampling constrained = params;
+    constrained.reasoning_budget_start.clear();
+    constrained.reasoning_budget_end.clear();
+    constrained.reasoning_control = false;
+    constrained_ = make_common_sampler(model, constrained);
+
+    if (!params.reasoning_budget_start.empty() && !params.reasoning_budget_end.empty()) {
+        // As common_sampler_init makes its own for a lazy grammar.
+        reasoning_.reset(common_reasoning_budget_init(
+            vocab_, {params.reasoning_budget_start}, params.reasoning_budget_end, params.reasoning_budget_forced,
+            params.reasoning_budget_tokens < 0 ? INT_MAX : params.reasoning_budget_tokens));
+        if (!reasoning_) throw std::runtime_error("could not initialize sampling (reasoning budget)");
+        for (const llama_token t : generation_prompt_tokens(vocab_, params.generation_prompt)) {
+            llama_sampler_accept(reasoning_.get(), t);
+        }
+    }
+    for (const auto& t : params.grammar_triggers) {
+        if (t.type == COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN) {
+            trigger_tokens_.push_back(t.token);
+        } else {
+            words_.push_back(t.value);
+            longest_word_ = std::max(longest_word_, t.value.size());
+        }
+    }
+}
+
+llama_token token_sampler::sample(llama_context* ctx, int idx) {
+    return common_sampler_sample(sampler_.get(), ctx, idx);
+}
+
+void token_sampler::accept(llama_token token) {
+    common_sampler_accept(sampler_.get(), token, true);
+    if (!constrained_) return;
+    // What common_sampler_accept gives the grammar: the token, unless a thinking block is open; at the block's end,
+    // the end sequence.
+    std::vector<llama_token> given;
+    bool to_grammar = true;
+    if (reasoning_) {
+        const common_reasoning_budget_state before = common_reasoning_budget_get_state(reasoning_.get());
+        to_grammar = before == REASONING_BUDGET_IDLE || before == REASONING_BUDGET_DONE;
+        llama_sampler_accept(reasoning_.get(), token);
+        if (!to_grammar && common_reasoning_budget_get_state(reasoning_.get()) == REASONING_BUDGET_DONE) {
+            if (const llama_tokens* end = common_reasoning_budget_get_end_match(reasoning_.get())) given = *end;
+        }
+    }
+    if (to_grammar) given.push_back(token);
+    for (const llama_token t : given) {
+        if (completes_trigger(t)) {
+            hand_over();
+            return;
+        }
+    }
+}
+
+bool token_sampler::completes_trigger(llama_token token) {
+    if (std::find(trigger_tokens_.begin(), trigger_tokens_.end(), token) != trigger_tokens_.end()) {
+        window_.clear();
+        window_tokens_.assign(1, {token, 0});
+        return true;
+    }
+    const std::string piece = common_token_to_piece(vocab_, token, true);
+    const size_t before = window_.size();
+    window_ += piece;
+    window_tokens_.emplace_back(token, piece.size());
+    for (const std::string& word : words_) {
+        // Earlier text held no trigger: a new one ends in this piece.
+        const size_t from = before >= word.size() - 1 ? before - (word.size() - 1) : 0;
+        if (window_.find(word, from) != std::string::npos) return true;
+    }
+    size_t drop = 0;
+    size_t dropped_bytes = 0;
+    while (drop + 1 < window_tokens_.size() &&
+           window_.size() - dropped_bytes - window_tokens_[drop].second >= longest_word_ - 1) {
+        dropped_bytes += window_tokens_[drop].second;
+        ++drop;
+    }
+    window_.erase(0, dropped_bytes);
+    window_tokens_.erase(window_tokens_.begin(), window_tokens_.begin() + static_cast<std::ptrdiff_t>(drop));
+    return false;
+}
+
+void token_sampler::hand_over() {
+    // The grammar's own search finds the trigger among these (it holds no other: each token was checked) and replays
+    // from its first byte, a token's partial piece included.
+    for (const auto& [token, bytes] : window_tokens_) common_sampler_accept(constrained_.get(), token, true);
+    // The chain saw every token; its state (random generator, penalties, DRY) continues.
+    llama_sampler_copy(common_sampler_get(sampler_.get()), common_sampler_get(constrained_.get()));
+    sampler_ = std::move(constrained_);
+    reasoning_.reset();
+    window_.clear();
+    window_tokens_.clear();
+}
+
+}  // namespace keepwarm
