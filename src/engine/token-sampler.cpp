@@ -129,6 +129,7 @@ bool token_sampler::completes_trigger(llama_token token) {
         window_tokens_.assign(1, {token, 0});
         return true;
     }
+    if (words_.empty()) return false;
     const std::string piece = common_token_to_piece(vocab_, token, true);
     const size_t before = window_.size();
     window_ += piece;

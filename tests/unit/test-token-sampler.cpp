@@ -149,6 +149,25 @@ TEST_F(token_sampler_test, a_trigger_inside_a_thinking_block_waits_for_its_end) 
     EXPECT_TRUE(all_digits(text_of(s.sample(6)).substr(0, 6)));
 }
 
+TEST_F(token_sampler_test, a_trigger_token_constrains_from_the_next_token) {
+    common_params_sampling p;
+    p.seed = 7;
+    p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_TOOL_CALLS, R"(root ::= ":" [0-9] [0-9] [0-9] [0-9] [0-9] [0-9])");
+    p.grammar_lazy = true;
+    common_grammar_trigger token;
+    token.type = COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN;
+    token.value = ":";
+    token.token = tokens(":").front();
+    p.grammar_triggers.push_back(token);
+    side_by_side s(p);
+    s.force(tokens("no colon here, but a long text without one"));
+    EXPECT_TRUE(s.ours.waiting_for_trigger());
+    s.sample(3);
+    s.force({token.token});
+    EXPECT_FALSE(s.ours.waiting_for_trigger());
+    EXPECT_TRUE(all_digits(text_of(s.sample(6)).substr(0, 6)));
+}
+
 TEST_F(token_sampler_test, regex_triggers_stay_with_llama_cpp) {
     common_params_sampling p = lazy_digits();
     p.grammar_triggers.front().type = COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN;
