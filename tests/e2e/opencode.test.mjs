@@ -33,6 +33,7 @@ before(() => {
     // npm when the lock does not list it.
     const config = path.join(home, '.config/opencode');
     mkdirSync(path.join(config, 'node_modules'), { recursive: true });
+    mkdirSync(path.join(home, 'tmp'));
     const plugin = { '@opencode-ai/plugin': version };
     writeFileSync(path.join(config, 'package.json'), JSON.stringify({ dependencies: plugin }));
     writeFileSync(path.join(config, 'package-lock.json'),
@@ -85,6 +86,8 @@ function runOpencode(baseUrl, args) {
         XDG_DATA_HOME: path.join(home, '.local/share'),
         XDG_CACHE_HOME: path.join(home, '.cache'),
         XDG_STATE_HOME: path.join(home, '.local/state'),
+        // Bun extracts the binary's native libraries (OpenTUI's, 5.5 MB) there and never removes them.
+        TMPDIR: path.join(home, 'tmp'),
         OPENCODE_CONFIG: configFile,
         OPENCODE_DISABLE_AUTOUPDATE: '1',
         OPENCODE_DISABLE_MODELS_FETCH: '1',
