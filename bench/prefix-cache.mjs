@@ -72,6 +72,7 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
                             (default "--cache-dir {dir}")
   --seed N                  text generator seed (default 1)
   --start-timeout S         seconds for a server to load and answer /health (default 600)
+  --keep-alive              requests reuse their connections (as agents do) instead of one connection each
   --request-timeout S       seconds for one request (default 3600)
   --out FILE.json           results (a .md with the README table is written next to it)
   --log-dir DIR             server logs (default: next to --out)
@@ -111,6 +112,7 @@ function parseArgs(argv) {
         restartArgs: ['--cache-dir', '{dir}'],
         seed: 1,
         startTimeout: 600,
+        keepAlive: false,
         requestTimeout: 3600,
     };
     const list = (v) => v.split(',').map((s) => s.trim()).filter(Boolean);
@@ -161,6 +163,7 @@ function parseArgs(argv) {
             case '--restart-args': o.restartArgs = words(v()); break;
             case '--seed': o.seed = parseSize(v()); break;
             case '--start-timeout': o.startTimeout = Number(v()); break;
+            case '--keep-alive': o.keepAlive = true; break;
             case '--request-timeout': o.requestTimeout = Number(v()); break;
             case '--out': o.out = v(); break;
             case '--log-dir': o.logDir = v(); break;
@@ -526,7 +529,8 @@ class Server {
 
     async chat(messages, { maxTokens = this.opts.maxTokens, onContent, signal, extra = {} } = {}) {
         const body = this.chatBody(messages, { maxTokens, extra });
-        const res = await streamChat(this.url, body, this.opts.requestTimeout * 1000, { onContent, signal });
+        const res = await streamChat(this.url, body, this.opts.requestTimeout * 1000,
+            { onContent, signal, agent: this.opts.keepAlive ? keepAliveAgent : false });
         if (this.exitCode !== undefined) throw new ServerError(`${this.kind} exited (${this.exitCode}):\n${this.logTail()}`);
         const mem = this.memory();
         const t = res.timings ?? {};
@@ -587,7 +591,10 @@ function request(base, method, route, body, { timeoutMs }) {
 
 // A streamed chat completion. `onContent(ms, text)` is called at each event that carries content (ms: since the
 // request was sent); `signal` ends the request early, which resolves with what had arrived (aborted: true).
-function streamChat(base, body, timeoutMs, { onContent, signal } = {}) {
+// With --keep-alive, the agent whose connections every streamed request reuses.
+const keepAliveAgent = new http.Agent({ keepAlive: true });
+
+function streamChat(base, body, timeoutMs, { onContent, signal, agent = false } = {}) {
     return new Promise((resolve, reject) => {
         const data = Buffer.from(JSON.stringify(body));
         const t0 = performance.now();
@@ -601,7 +608,7 @@ function streamChat(base, body, timeoutMs, { onContent, signal } = {}) {
         const timer = setTimeout(() => req.destroy(new Error(`request timed out after ${timeoutMs / 1000} s`)), timeoutMs);
         const req = http.request(`${base}/v1/chat/completions`, {
             method: 'POST',
-            agent: false,
+            agent,
             headers: { 'Content-Type': 'application/json', 'Content-Length': data.length },
         }, (res) => {
             res.setEncoding('utf8');
@@ -692,9 +699,9 @@ class NullServer {
     }
 
     // Median TTFT of `reps` streamed requests with this body.
-    async ttft(body, reps) {
+    async ttft(body, reps, agent = false) {
         const times = [];
-        for (let r = 0; r < reps; r++) times.push((await streamChat(this.url, body, 60_000)).ttft_ms);
+        for (let r = 0; r < reps; r++) times.push((await streamChat(this.url, body, 60_000, { agent })).ttft_ms);
         return median(times);
     }
 
@@ -724,7 +731,7 @@ async function overheadAt(server, o, texts, n, floor) {
         reps.push({ ...strip(rec), overhead_ms: rec.ttft_ms - rec.prompt_ms });
     }
     // The last turn's body against the null server: the client's and the loopback's share of TTFT - prompt_ms.
-    const clientFloor = await floor.ttft(server.chatBody(last), o.repsE);
+    const clientFloor = await floor.ttft(server.chatBody(last), o.repsE, o.keepAlive ? keepAliveAgent : false);
     log(`  e ${server.kind} ${n} client floor: ${fmt(clientFloor, 1)} ms`);
     return {
         size: n,
@@ -1374,6 +1381,7 @@ async function main() {
     fs.writeFileSync(mdFile, md.join('\n') + '\n');
     log(`results: ${o.out}, ${mdFile}; server logs in ${o.logDir}`);
     const failed = Object.values(results).some((r) => Object.values(r).some((x) => x.error));
+    keepAliveAgent.destroy();
     process.exitCode = failed ? 1 : 0;
 }
 
