@@ -176,6 +176,9 @@ test('Claude Code resumes a session: both turns print the answer, the second reu
 // would write a path until max_tokens, so a policy file biases this client towards '"' (which the grammar admits
 // only to end a string) and the end of the turn, and samples greedily (with sampling, a long string now and then ran
 // into max_tokens under load): a per-client forced logit bias and temperature, as an operator would write them.
+// The template's grammar lets calls follow one another, and the random model wrote 5 to 7 of them, each padded with
+// the whitespace the grammar allows (115-230 tokens; the prompt holds the random home folder, so it differs per run,
+// and in one CI run the calls reached max_tokens): disable_parallel_tool_use asks for one call, as a client may.
 test('Claude Code completes a tool round trip: tool_use out, tool_result back with its id', async () => {
     const policy = path.join(home, 'short-strings.toml');
     writeFileSync(policy, '[[client]]\nclient = "claude-cli"\ntemperature = 0\n' +
@@ -188,7 +191,7 @@ test('Claude Code completes a tool round trip: tool_use out, tool_result back wi
                 CLAUDE_CODE_MAX_OUTPUT_TOKENS: '512',
                 CLAUDE_CODE_EXTRA_BODY: JSON.stringify({
                     thinking: { type: 'disabled' },
-                    tool_choice: { type: 'tool', name: 'Read' },
+                    tool_choice: { type: 'tool', name: 'Read', disable_parallel_tool_use: true },
                 }),
             });
         const turns = capture.requests.filter((r) => r.path.startsWith('/v1/messages') && r.body?.tools?.length);
@@ -202,6 +205,8 @@ test('Claude Code completes a tool round trip: tool_use out, tool_result back wi
         const toolStart = events.find((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use');
         assert.ok(toolStart, turns[0].response.body.slice(0, 2000));
         assert.equal(toolStart.content_block.name, 'Read');
+        assert.equal(events.filter((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use')
+            .length, 1, 'disable_parallel_tool_use: one call');
         assert.match(toolStart.content_block.id, /^toolu_/);
         assert.equal(events.find((e) => e.type === 'message_delta').delta.stop_reason, 'tool_use');
 
