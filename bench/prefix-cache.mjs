@@ -19,7 +19,8 @@
 //      without and with tools in the request (with tools twice: while the first answer stays cached, and on a
 //      restarted server): tokens/s over its first and its last tenth, and their ratio.
 //   h  cold prefill with parked conversations: a fresh server per case, P earlier conversations of --parked-tokens
-//      each, then a cold prompt of N tokens (--sizes); its TTFT.
+//      each, then a cold prompt of N tokens (--sizes); its TTFT. The servers take turns case by case (--reps-h
+//      times, the order swapped every repetition), so that the machine's slow spells fall on both.
 //
 // Node 20, no dependencies. Run `node bench/prefix-cache.mjs --help` for the flags; bench/prefix-cache.sh finds the
 // binaries and models and calls this.
@@ -58,6 +59,7 @@ const HELP = `usage: node bench/prefix-cache.mjs --keepwarm BIN --llama-server B
   --overhead-new-tokens N   e: tokens of the new user message (default 6)
   --stall-size N            f: tokens of the prompt prefilled beside the stream (default 12288)
   --reps-f N                f: repetitions (default 3)
+  --reps-h N                h: repetitions of each case, servers taking turns (default 1)
   --answer-tokens N         g: tokens of the streamed answer (default 8192)
   --parked-counts LIST      h: earlier conversations before the cold prompt (default 0,1,4)
   --parked-tokens N         h: tokens of each earlier conversation (default 8192)
@@ -99,6 +101,7 @@ function parseArgs(argv) {
         repsA: 3,
         repsE: 7,
         repsF: 3,
+        repsH: 1,
         stallSize: 12288,
         streamTokens: 4096,
         answerTokens: 8192,
@@ -151,6 +154,7 @@ function parseArgs(argv) {
             case '--reps-a': o.repsA = parseSize(v()); break;
             case '--reps-e': o.repsE = parseSize(v()); break;
             case '--reps-f': o.repsF = parseSize(v()); break;
+            case '--reps-h': o.repsH = parseSize(v()); break;
             case '--answer-tokens': o.answerTokens = parseSize(v()); break;
             case '--parked-counts': o.parkedCounts = ints(v()); break;
             case '--parked-tokens': o.parkedTokens = parseSize(v()); break;
@@ -1035,27 +1039,33 @@ const benchmarks = {
         ctx: (o) => o.parallel * (Math.max(...o.sizes, o.parkedTokens) + 64 + o.maxTokens + o.margin),
         servers: (o) => o.servers,
         model: (o) => o.model,
-        custom: true,
-        async run(_server, o, texts, make) {
-            const out = [];
+        paired: true,
+        // makers: kind -> (extra args) -> Server. Returns kind -> records.
+        async run(o, texts, makers) {
+            const kinds = Object.keys(makers);
+            const out = Object.fromEntries(kinds.map((k) => [k, []]));
             for (const n of o.sizes) {
                 for (const parked of o.parkedCounts) {
-                    // keepwarm: a fresh disk tier, or an earlier run's prompts (same seed) would not be cold.
-                    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keepwarm-bench-cache-'));
-                    const server = await make(make([]).kind === 'keepwarm' ? ['--cache-dir', dir] : []).start();
-                    try {
-                        await warmUp(server);
-                        for (let p = 0; p < parked; p++) {
-                            const sys = await systemPrompt(server, texts, mix(o.seed, 0x4, n, p), o.parkedTokens);
-                            await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
+                    for (let rep = 0; rep < o.repsH; rep++) {
+                        for (const kind of rep % 2 ? [...kinds].reverse() : kinds) {
+                            // keepwarm: a fresh disk tier, or an earlier run's prompts (same seed) would not be cold.
+                            const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keepwarm-bench-cache-'));
+                            const server = await makers[kind](kind === 'keepwarm' ? ['--cache-dir', dir] : []).start();
+                            try {
+                                await warmUp(server);
+                                for (let p = 0; p < parked; p++) {
+                                    const sys = await systemPrompt(server, texts, mix(o.seed, 0x4, n, p), o.parkedTokens);
+                                    await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
+                                }
+                                const sys = await systemPrompt(server, texts, mix(o.seed, 0x8, n), n);
+                                const cold = await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
+                                log(`  h ${kind} ${n} after ${parked} parked, rep ${rep}: ${brief(cold)}`);
+                                out[kind].push({ size: n, parked, rep, cold: strip(cold), command: server.commandLine() });
+                            } finally {
+                                await server.stop();
+                                fs.rmSync(dir, { recursive: true, force: true });
+                            }
                         }
-                        const sys = await systemPrompt(server, texts, mix(o.seed, 0x8, n), n);
-                        const cold = await server.chat([{ role: 'system', content: sys }, { role: 'user', content: 'Go on.' }]);
-                        log(`  h ${server.kind} ${n} after ${parked} parked: ${brief(cold)}`);
-                        out.push({ size: n, parked, cold: strip(cold), command: server.commandLine() });
-                    } finally {
-                        await server.stop();
-                        fs.rmSync(dir, { recursive: true, force: true });
                     }
                 }
             }
@@ -1227,10 +1237,15 @@ function views(results, o) {
             fmt(median(recs.map((x) => x.gap_p99_ms)))]])]);
     }
     if (results.h) {
+        // The median of the repetitions, and their range when there are several.
+        const ttft = (recs) => {
+            const t = recs.map((r) => r.cold.ttft_ms);
+            return t.length > 1 ? `${fmt(median(t))} (${fmt(Math.min(...t))}-${fmt(Math.max(...t))})` : fmt(t[0]);
+        };
         out.push(['h', benchmarks.h.title, ['server', 'prompt tokens', ...o.parkedCounts.map((p) => `TTFT ms, ${p} parked`)],
         each('h', (server, recs) => o.sizes.map((n) => [server, fmt(median(recs.filter((r) => r.size === n)
-            .map((r) => r.cold.prompt_tokens))), ...o.parkedCounts.map((p) => fmt(recs.find((r) => r.size === n &&
-            r.parked === p)?.cold.ttft_ms))]))]);
+            .map((r) => r.cold.prompt_tokens))), ...o.parkedCounts.map((p) => ttft(recs.filter((r) => r.size === n &&
+            r.parked === p)))]))]);
     }
     if (results.g) {
         out.push(['g', benchmarks.g.title, ['server', 'tools', 'server state', 'tokens', 'SSE events',
@@ -1324,14 +1339,27 @@ async function main() {
         const ctx = bench.ctx(o);
         const parallel = bench.parallel?.(o) ?? o.parallel;
         log(`${b}: ${bench.title} (ctx ${ctx}, ${parallel} slots, ${o.threads} threads, ${path.basename(model)})`);
-        for (const kind of servers) {
-            const make = (extra = []) => new Server(kind, {
+        const makerFor = (kind) => (extra = []) => new Server(kind, {
                 bin: kind === 'keepwarm' ? o.keepwarm : o.llamaServer,
                 model, ctx, parallel, threads: o.threads,
                 extra: [...(kind === 'keepwarm' ? o.keepwarmArgs : o.llamaServerArgs), ...extra],
                 logFile: path.join(o.logDir, `${b}-${kind}.log`),
                 opts: o,
             });
+        if (bench.paired) {
+            const makers = Object.fromEntries(servers.map((kind) => [kind, makerFor(kind)]));
+            for (const kind of servers) meta.server_commands[`${b}/${kind}`] = makers[kind]().commandLine();
+            try {
+                Object.assign(results[b], await bench.run(o, texts, makers));
+            } catch (e) {
+                const msg = e instanceof ServerError ? e.message : `${e.stack ?? e}`;
+                log(`${b}: FAILED: ${msg}`);
+                for (const kind of servers) results[b][kind] = { error: msg };
+            }
+            continue;
+        }
+        for (const kind of servers) {
+            const make = makerFor(kind);
             meta.server_commands[`${b}/${kind}`] = make(b === 'c' ? o.restartArgs : []).commandLine();
             let server;
             let scratchDir;

@@ -362,8 +362,9 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::Range(0, 1 << 20))
         ->capture_default_str();
     cmd->add_option("--idle-to-ram-at", e.idle_to_ram_tokens,
-                    "A prompt computing at least this many tokens first moves the idle conversations on the device "
-                    "to RAM, out of its attention's way; they come back from RAM on their next turn (0: never)")
+                    "A prompt computing at least this many tokens, or an answer reaching this many, moves the idle "
+                    "conversations on the device to RAM, out of its attention's way; they come back from RAM on "
+                    "their next turn (0: never)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     cmd->add_flag("!--no-cache-hints", e.cache_hints,

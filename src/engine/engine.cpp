@@ -340,7 +340,8 @@ void engine::run() {
             const auto any_busy = [&] {
                 return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->busy(); });
             };
-            wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || any_busy(); });
+            // An unfinished make_way goes on while nothing else is to be done.
+            wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || any_busy() || making_way_; });
             if (stopping_) break;
         }
         const int64_t started = now_ns();
@@ -823,6 +824,9 @@ void engine::sample(slot& s) {
         finish(s, finish_reason::length);
     } else {
         s.pending = token;
+        // A long answer's attention spans the idle conversations' cells too: out of its way, as for a long prompt
+        // (seq_rm moves the cache's head down, so the answer's next tokens fill the cells they leave).
+        if (options_.idle_to_ram_tokens > 0 && s.generated == options_.idle_to_ram_tokens) making_way_ = true;
     }
 }
 

@@ -72,7 +72,8 @@ struct engine_options {
     // prompt per step.
     double step_ms_target = 75;
     // A prompt that computes at least this many tokens first moves the idle conversations on the device to RAM, out
-    // of its attention's way (prompt_cache::make_way); they come back from RAM on their next turn. 0: never.
+    // of its attention's way (prompt_cache::make_way), and so does an answer once it has generated this many; they
+    // come back from RAM on their next turn. 0: never.
     int idle_to_ram_tokens = 1024;
     // /health reports the engine stalled when a step has made no progress for this long.
     double stall_seconds = 10;

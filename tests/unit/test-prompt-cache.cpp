@@ -471,6 +471,31 @@ TEST(prompt_cache, a_long_prompt_moves_idle_conversations_to_ram_out_of_its_way)
     }
 }
 
+// The same for a long answer (an agent writing a file): each decode's attention spans the idle conversations' cells
+// too (on 2 threads, a decode at 8K took 11.2 ms beside an idle 8K conversation, 7.6 ms without). Once an answer has
+// generated --idle-to-ram-at tokens, they go to RAM; an answer one token shorter leaves them on the device.
+TEST(prompt_cache, a_long_answer_moves_idle_conversations_to_ram_out_of_its_way) {
+    engine_options o = base_options(dense_model());
+    o.idle_to_ram_tokens = 200;
+    engine e(o);
+    e.start();
+    const tokens a = tokenize(e, chatml(words(250, 521), {words(20, 522)}));
+    const tokens b = tokenize(e, chatml(words(60, 523), {words(20, 524)}));
+    const tokens c = tokenize(e, chatml(words(60, 525), {words(20, 526)}));
+    ASSERT_LT(b.size() + c.size(), 200u) << "the prompts alone must not move anything";
+    generate(e, a, 4);
+    generate(e, b, 199);
+    EXPECT_EQ(e.cache_stats().ram.entries, 0u) << "199 generated: A stays parked on the device";
+    EXPECT_GE(e.cache_stats().device.tokens, a.size() + b.size() + 150);
+    generate(e, c, 240);
+    const cache_snapshot after = e.cache_stats();
+    EXPECT_GT(after.ram.entries, 0u);
+    EXPECT_LE(after.device.tokens, c.size() + 240) << "only C's cells are left on the device";
+    const result again = generate(e, a, 4);
+    EXPECT_GE(again.stats.reused_tokens, static_cast<int>(a.size()) - o.cache_block_tokens);
+    EXPECT_GT(again.stats.reused_ram, 0) << "A came back from RAM";
+}
+
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
     const fs::path dir = temp_dir("disk-budget");
     engine_options o = base_options(dense_model());
