@@ -3,6 +3,8 @@
 #include "cache/disk-store.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -512,6 +514,14 @@ void disk_store::flush() {
 }
 
 void disk_store::writer_loop() {
+    // Writing behind is background work. At normal priority it took a core from the model's threads for a third of a
+    // second while a cold prompt was computed beside four demoted 8K conversations (their 128 MiB written), and those
+    // threads wait for each other at every barrier of the graph. SCHED_IDLE runs it only on a core nobody else wants;
+    // until then the entries are in RAM, and flush() still waits for them.
+    sched_param idle{};
+    if (const int rc = pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle); rc != 0) {
+        log(std::string("could not lower the writer's priority: ") + std::strerror(rc));
+    }
     std::unique_lock lock(index_mu_);
     for (;;) {
         work_cv_.wait(lock, [&] { return stopping_ || !ops_.empty(); });
