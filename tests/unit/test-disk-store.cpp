@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "test-temp-dir.h"
@@ -125,6 +127,35 @@ TEST(disk_store, put_flush_get_round_trip) {
     EXPECT_TRUE(store.put(info, payload));
     store.flush();
     EXPECT_EQ(store.counters().writes, 1u);
+}
+
+// Threads of this process whose scheduling policy is SCHED_IDLE (field 41 of /proc/self/task/<tid>/stat).
+int idle_threads() {
+    int n = 0;
+    for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+        std::ifstream in(task.path() / "stat");
+        std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // fields 3.. after "pid (comm) "
+        std::string field;
+        for (int i = 3; i <= 41 && fields >> field; ++i) {
+            if (i == 41 && field == std::to_string(SCHED_IDLE)) ++n;
+        }
+    }
+    return n;
+}
+
+// Writing behind is background work: the writer must not take a core from the model's threads (which wait for each
+// other at every barrier), so it runs at SCHED_IDLE, and what it queued is still written.
+TEST(disk_store, the_writer_runs_only_on_an_idle_core) {
+    temp_dir dir;
+    const int before = idle_threads();
+    disk_store store(dir.path, big_budget, fingerprint);
+    store.open();
+    const auto info = block_n(7);
+    ASSERT_TRUE(store.put(info, make_payload(1000, 7)));
+    store.flush();
+    EXPECT_TRUE(fs::exists(file_of(dir.path, info.key)));
+    EXPECT_EQ(idle_threads(), before + 1);
 }
 
 TEST(disk_store, reopen_finds_entries_after_restart) {
