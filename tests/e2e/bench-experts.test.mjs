@@ -3,11 +3,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
-import os from 'node:os';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { binary, testModel } from './harness.mjs';
+import { binary, testModel, tempDir } from './harness.mjs';
 
 const run = promisify(execFile);
 
@@ -22,7 +21,7 @@ async function fails(args) {
 
 test('bench experts records routing and writes table, JSON, SVG and a trace it can re-simulate', async () => {
     const model = await testModel('tiny-moe');
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-bench-experts-'));
+    const dir = tempDir('bench-experts');
     const json = path.join(dir, 'experts.json');
     const svg = path.join(dir, 'experts.svg');
     const trace = path.join(dir, 'trace.bin');

@@ -4,14 +4,13 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID, randomBytes } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { startServer, curl } from './harness.mjs';
+import { startServer, curl, tempDir } from './harness.mjs';
 
 // Auto mode: random ids become span rules by themselves. The built-in timestamp rule is off so that a changing
 // clock reaches the detector.
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-busters-'));
+const dir = tempDir('busters');
 const autoPolicy = path.join(dir, 'auto.toml');
 writeFileSync(autoPolicy, '[detect]\nmode = "auto"\n[spans]\ntimestamp = false\n');
 const offPolicy = path.join(dir, 'off.toml');

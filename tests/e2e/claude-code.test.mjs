@@ -11,11 +11,10 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer } from './harness.mjs';
+import { startServer, tempDir } from './harness.mjs';
 import { startCapture } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -36,7 +35,7 @@ const schema = {
 
 let home;
 before(() => {
-    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-claude-home-'));
+    home = tempDir('claude-home');
 });
 after(() => rmSync(home, { recursive: true, force: true }));
 

@@ -2,11 +2,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { promisify } from 'node:util';
-import { binary, testModel } from './harness.mjs';
+import { binary, testModel, tempDir } from './harness.mjs';
 
 const run = promisify(execFile);
 
@@ -45,7 +42,7 @@ test('bad arguments get a clear error and a non-zero exit, never a crash', async
     assert.match(serve.stderr, /nonexistent/);
     // A directory of its own: the default one may be locked by a server running beside the tests.
     const notGguf = await fails(['serve', '-m', '/etc/hostname', '--port', '0', '--cache-dir',
-        mkdtempSync(path.join(os.tmpdir(), 'keepwarm-cli-'))]);
+        tempDir('cli')]);
     assert.ok(notGguf.code > 0);
     assert.match(notGguf.stderr, /failed to load model/);
 });

@@ -12,11 +12,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
+import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { curl, metrics, startProcess, startServer, waitFor } from './harness.mjs';
+import { curl, metrics, startProcess, startServer, waitFor, tempDir } from './harness.mjs';
 import { startCapture } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -28,8 +27,8 @@ let home;
 let work;
 const started = [];
 before(() => {
-    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-codex-home-'));
-    work = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-codex-work-'));
+    home = tempDir('codex-home');
+    work = tempDir('codex-work');
 });
 after(async () => {
     await Promise.all(started.map((s) => (s.stop ?? s.close)()));

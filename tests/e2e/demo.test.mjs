@@ -2,13 +2,12 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import os from 'node:os';
+import { readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
-import { binary } from './harness.mjs';
+import { binary, tempDir } from './harness.mjs';
 
 test('serve without --model runs the generated demo model and says its output is noise', async () => {
-    const cache = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-demo-'));
+    const cache = tempDir('demo');
     const proc = spawn(binary, ['serve', '--port', '0', '-t', '1', '-c', '1024'],
                        { env: { ...process.env, KEEPWARM_CACHE_DIR: cache }, stdio: ['ignore', 'pipe', 'pipe'] });
     try {

@@ -4,10 +4,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { binary, startServer, testModel } from './harness.mjs';
+import { binary, startServer, testModel, tempDir } from './harness.mjs';
 
 // Runs keepwarm and resolves with { code, stdout, stderr } whatever the exit status.
 function keepwarm(args, timeout = 120_000) {
@@ -25,7 +24,7 @@ function tiny({ agents = 2, turns = 2 } = {}) {
 
 test('a launched keepwarm through every killer: per-request numbers, ideal, JSON and HTML', async () => {
     const model = await testModel('tiny');
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-gauntlet-'));
+    const dir = tempDir('gauntlet');
     const json = path.join(dir, 'report.json');
     const html = path.join(dir, 'report.html');
     const r = await keepwarm(['bench', 'gauntlet', ...tiny(), '--killers', 'all', '--ping-every', '1', '--launch',
@@ -78,7 +77,7 @@ test('a launched keepwarm through every killer: per-request numbers, ideal, JSON
 
 test('a written workload replays against a running server given by --target', async () => {
     const model = await testModel('tiny');
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-gauntlet-'));
+    const dir = tempDir('gauntlet');
     const file = path.join(dir, 'workload.jsonl');
     const generated = await keepwarm(['bench', 'gauntlet', ...tiny({ agents: 1, turns: 1 }), '--api',
                                       'openai', '--killers', 'cch,model', '--generate', file]);
@@ -113,7 +112,7 @@ test('a written workload replays against a running server given by --target', as
 });
 
 test('bad workloads, targets and options get a clear error', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-gauntlet-'));
+    const dir = tempDir('gauntlet');
     const file = path.join(dir, 'bad.jsonl');
     writeFileSync(file, '{"agent":"a","api":"openai","body":{"messages":[]}}\n{"agent":"a","api":"openai"}\n');
     const bad = await keepwarm(['bench', 'gauntlet', '--workload', file, '--target', 'x=http://127.0.0.1:9']);

@@ -4,13 +4,12 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, mkdirSync, readdirSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
-import os from 'node:os';
+import { cpSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
 import path from 'node:path';
-import { binary, startServer } from './harness.mjs';
+import { binary, startServer, tempDir } from './harness.mjs';
 
 const script = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../scripts/fetch-llama-cuda.sh');
-const temp = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-gpu-setup-'));
+const temp = tempDir('gpu-setup');
 const servers = [];
 after(async () => {
     await Promise.all(servers.map((s) => s.stop()));

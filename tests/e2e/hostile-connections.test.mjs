@@ -4,12 +4,11 @@
 // generation. A second client address is 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
-import { startProcess, startServer, waitFor } from './harness.mjs';
+import { startProcess, startServer, waitFor, tempDir } from './harness.mjs';
 
 // One HTTP request on a connection of its own, from `localAddress`: { status, headers, body }.
 function request(url, { method = 'GET', headers = {}, body, localAddress = '127.0.0.1' } = {}) {
@@ -183,7 +182,7 @@ test('--cors-origin lets the named origin, and only it, read answers', async () 
 });
 
 test('keepwarm proxy: per-address limit and CORS origins from its settings file', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-hostile-'));
+    const dir = tempDir('hostile');
     const config = path.join(dir, 'proxy.toml');
     writeFileSync(config, `[listen]\nmax_connections_per_address = 16\ncors_origins = ["https://app.example"]\n` +
         `[[upstream]]\nurl = "${server.url}"\n`);

@@ -4,12 +4,11 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { binary, curl, startServer, testModel } from './harness.mjs';
+import { binary, curl, startServer, testModel, tempDir } from './harness.mjs';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-llama-flags-'));
+const dir = tempDir('llama-flags');
 
 // Runs `keepwarm serve ARGS` to its end: { code, stdout, stderr }.
 async function serveExits(args) {

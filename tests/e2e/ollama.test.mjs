@@ -4,11 +4,10 @@
 // The generated models have random weights: these tests check protocol and accounting, not wording.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Ollama } from 'ollama';
-import { startServer, curl, metrics, testModel } from './harness.mjs';
+import { startServer, curl, metrics, testModel, tempDir } from './harness.mjs';
 
 let server;
 let ollama;
@@ -190,7 +189,7 @@ test('think on a template that opens the thinking block: the answer comes back a
 });
 
 test('a template without thinking or tools: /api/show says so and think is refused', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-ollama-'));
+    const dir = tempDir('ollama');
     const template = path.join(dir, 'plain.jinja');
     writeFileSync(template,
                   "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}" +

@@ -11,11 +11,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer } from './harness.mjs';
+import { startServer, tempDir } from './harness.mjs';
 import { startCapture, streamedChat as streamed } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -27,8 +26,8 @@ let home;
 let work;
 const started = [];
 before(() => {
-    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-opencode-home-'));
-    work = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-opencode-work-'));
+    home = tempDir('opencode-home');
+    work = tempDir('opencode-work');
     // The global config folder's package.json, lock and node_modules: opencode adds @opencode-ai/plugin there with
     // npm when the lock does not list it.
     const config = path.join(home, '.config/opencode');

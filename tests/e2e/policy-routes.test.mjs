@@ -4,13 +4,12 @@
 // at most the cap, named in x-keepwarm-policy. Raw prompts go through the same policy call as chats.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { startServer, startProcess, curl, waitFor } from './harness.mjs';
+import { startServer, startProcess, curl, waitFor, tempDir } from './harness.mjs';
 
 const cap = 3;
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-policy-routes-'));
+const dir = tempDir('policy-routes');
 const policyFile = path.join(dir, 'policy.toml');
 writeFileSync(policyFile, `
 [model]

@@ -5,14 +5,13 @@
 // with its line.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, curl, metrics } from './harness.mjs';
+import { startServer, curl, metrics, tempDir } from './harness.mjs';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-policy-'));
+const dir = tempDir('policy');
 const policyFile = path.join(dir, 'policy.toml');
 writeFileSync(policyFile, `
 [model]

@@ -6,14 +6,14 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { Ollama } from 'ollama';
-import { binary, testModel, curl, metrics, waitFor, startProcess } from './harness.mjs';
+import { binary, testModel, curl, metrics, waitFor, startProcess, tempDir } from './harness.mjs';
 
 async function freePort() {
     const server = net.createServer();
@@ -26,7 +26,7 @@ async function freePort() {
 // An upstream on a port of its own, so that a restart comes back at the same URL.
 async function startUpstream(port) {
     const model = await testModel('tiny');
-    const cacheDir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-e2e-'));
+    const cacheDir = tempDir('proxy-e2e');
     return startProcess(['serve', '-m', model, '--port', String(port), '-t', '1', '-c', '8192', '-np', '2',
         '--cache-dir', cacheDir]);
 }
@@ -381,7 +381,7 @@ test('the proxy reports a cache buster, with the tokens its upstream had to comp
 });
 
 test('a forced logit bias given by token text is bound to each upstream\'s own token id', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-policy-'));
+    const dir = tempDir('proxy-policy');
     const policy = path.join(dir, 'policy.toml');
     // +100 on the end-of-turn token: the answer ends at once, whatever the random model would have said.
     writeFileSync(policy, '[options]\nlogit_bias = { "<|im_end|>" = 100 }\n');
@@ -407,7 +407,7 @@ test('a forced logit bias given by token text is bound to each upstream\'s own t
 
 test('--config: upstreams and settings from a TOML file, the command line over it; mistakes name their line',
     async () => {
-        const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-proxy-config-'));
+        const dir = tempDir('proxy-config');
         const config = path.join(dir, 'proxy.toml');
         writeFileSync(config, `alias = "team-model"\n[listen]\nport = 1\n[health]\ninterval = 0.2\n` +
             `[[upstream]]\nurl = "${upstreams[0].url}"\n[[upstream]]\nurl = "${upstreams[1].url}"\n`);

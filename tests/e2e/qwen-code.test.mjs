@@ -12,11 +12,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer } from './harness.mjs';
+import { startServer, tempDir } from './harness.mjs';
 import { startCapture, streamedChat as streamed } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -29,8 +28,8 @@ let home;
 let work;
 const started = [];
 before(() => {
-    home = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-qwen-home-'));
-    work = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-qwen-work-'));
+    home = tempDir('qwen-home');
+    work = tempDir('qwen-work');
 });
 after(async () => {
     await Promise.all(started.map((s) => (s.stop ?? s.close)()));

@@ -4,14 +4,13 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
-import { binary, curl, startProcess, testModel } from './harness.mjs';
+import { binary, curl, startProcess, testModel, tempDir } from './harness.mjs';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-serve-config-'));
+const dir = tempDir('serve-config');
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');  // ctest runs from build/tests
 const servers = [];
 after(() => Promise.all(servers.map((s) => s.stop())));
@@ -96,7 +95,7 @@ test('etc/keepwarm-serve.toml starts a server, and etc/keepwarm.service passes s
     const model = await testModel();
     const example = path.join(repo, 'etc/keepwarm-serve.toml');
     const server = await startProcess(['serve', '--config', example, '-m', model, '--host', '127.0.0.1', '--port', '0',
-        '-t', '1', '-c', '4096', '--cache-dir', mkdtempSync(path.join(os.tmpdir(), 'keepwarm-example-')),
+        '-t', '1', '-c', '4096', '--cache-dir', tempDir('example'),
         '--log-format', 'text']);
     servers.push(server);
     assert.match(server.output(), /serving qwen3-8b/);

@@ -5,13 +5,12 @@
 // a key and shows another tenant's slot by its numbers only.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Ollama } from 'ollama';
-import { startServer, startProcess, curl, waitFor } from './harness.mjs';
+import { startServer, startProcess, curl, waitFor, tempDir } from './harness.mjs';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-status-routes-'));
+const dir = tempDir('status-routes');
 const policyFile = path.join(dir, 'policy.toml');
 writeFileSync(policyFile, '[model]\nmode = "strict"\naliases = { "claude-*" = "tiny" }\n');
 const keyA = 'sk-alice-3c51e0a9d2';

@@ -6,13 +6,12 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer, curl, testModel, binary } from './harness.mjs';
+import { startServer, curl, testModel, binary, tempDir } from './harness.mjs';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'keepwarm-tenants-'));
+const dir = tempDir('tenants');
 const keyA = 'sk-alice-7f3a9c2e41';
 const keyB = 'sk-bob-d81b55e0c9a7';
 const keysFile = path.join(dir, 'keys.txt');
