@@ -1340,12 +1340,12 @@ async function main() {
         const parallel = bench.parallel?.(o) ?? o.parallel;
         log(`${b}: ${bench.title} (ctx ${ctx}, ${parallel} slots, ${o.threads} threads, ${path.basename(model)})`);
         const makerFor = (kind) => (extra = []) => new Server(kind, {
-                bin: kind === 'keepwarm' ? o.keepwarm : o.llamaServer,
-                model, ctx, parallel, threads: o.threads,
-                extra: [...(kind === 'keepwarm' ? o.keepwarmArgs : o.llamaServerArgs), ...extra],
-                logFile: path.join(o.logDir, `${b}-${kind}.log`),
-                opts: o,
-            });
+            bin: kind === 'keepwarm' ? o.keepwarm : o.llamaServer,
+            model, ctx, parallel, threads: o.threads,
+            extra: [...(kind === 'keepwarm' ? o.keepwarmArgs : o.llamaServerArgs), ...extra],
+            logFile: path.join(o.logDir, `${b}-${kind}.log`),
+            opts: o,
+        });
         if (bench.paired) {
             const makers = Object.fromEntries(servers.map((kind) => [kind, makerFor(kind)]));
             for (const kind of servers) meta.server_commands[`${b}/${kind}`] = makers[kind]().commandLine();

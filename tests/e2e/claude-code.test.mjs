@@ -7,11 +7,11 @@
 // structured output with a one-value enum: the grammar writes that JSON, then only an end of turn is allowed. It also
 // turns thinking off (Claude Code asks for adaptive thinking, and a random model would think until max_tokens).
 // Everything else is Claude Code's real traffic: its system blocks, tools, betas, x-api-key, and streaming.
-import { test, before, after } from 'node:test';
+import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer, tempDir } from './harness.mjs';
@@ -37,7 +37,6 @@ let home;
 before(() => {
     home = tempDir('claude-home');
 });
-after(() => rmSync(home, { recursive: true, force: true }));
 
 // Runs `claude -p PROMPT` with only the environment it needs (no user config, no network but keepwarm).
 function runClaude(baseUrl, apiKey, prompt, args = [], overrides = {}) {

@@ -12,7 +12,6 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { curl, metrics, startProcess, startServer, waitFor, tempDir } from './harness.mjs';
@@ -32,8 +31,6 @@ before(() => {
 });
 after(async () => {
     await Promise.all(started.map((s) => (s.stop ?? s.close)()));
-    rmSync(home, { recursive: true, force: true });
-    rmSync(work, { recursive: true, force: true });
 });
 
 // The steering described above. Both turns get the same tool list (exec_command alone, allowing the one command), so

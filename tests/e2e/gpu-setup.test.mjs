@@ -4,7 +4,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readdirSync, writeFileSync, chmodSync } from 'node:fs';
 import path from 'node:path';
 import { binary, startServer, tempDir } from './harness.mjs';
 
@@ -13,7 +13,6 @@ const temp = tempDir('gpu-setup');
 const servers = [];
 after(async () => {
     await Promise.all(servers.map((s) => s.stop()));
-    rmSync(temp, { recursive: true, force: true });
 });
 
 function fetchCuda(env, extraPath = '') {

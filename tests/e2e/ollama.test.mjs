@@ -4,7 +4,7 @@
 // The generated models have random weights: these tests check protocol and accounting, not wording.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { rmSync, statSync, writeFileSync } from 'node:fs';
+import { statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Ollama } from 'ollama';
 import { startServer, curl, metrics, testModel, tempDir } from './harness.mjs';
@@ -208,7 +208,6 @@ test('a template without thinking or tools: /api/show says so and think is refus
         assertFinalNumbers(r);
     } finally {
         await plain.stop();
-        rmSync(dir, { recursive: true, force: true });
     }
 });
 

@@ -11,7 +11,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer, tempDir } from './harness.mjs';
@@ -40,8 +40,6 @@ before(() => {
 });
 after(async () => {
     await Promise.all(started.map((s) => (s.stop ?? s.close)()));
-    rmSync(home, { recursive: true, force: true });
-    rmSync(work, { recursive: true, force: true });
 });
 
 // The provider, as a user would write it in opencode.json, plus the steering described above.

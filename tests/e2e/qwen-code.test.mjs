@@ -12,7 +12,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer, tempDir } from './harness.mjs';
@@ -33,8 +33,6 @@ before(() => {
 });
 after(async () => {
     await Promise.all(started.map((s) => (s.stop ?? s.close)()));
-    rmSync(home, { recursive: true, force: true });
-    rmSync(work, { recursive: true, force: true });
 });
 
 // ~/.qwen/settings.json: keepwarm as a provider, as a user would write it, plus the steering described above.

@@ -130,16 +130,15 @@ TEST(disk_store, put_flush_get_round_trip) {
 }
 
 // Threads of this process whose scheduling policy is SCHED_IDLE (field 41 of /proc/self/task/<tid>/stat).
-int idle_threads() {
+static int idle_threads() {
     int n = 0;
     for (const auto& task : fs::directory_iterator("/proc/self/task")) {
         std::ifstream in(task.path() / "stat");
         std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // fields 3.. after "pid (comm) "
+        std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // from field 3, after "pid (comm) "
         std::string field;
-        for (int i = 3; i <= 41 && fields >> field; ++i) {
-            if (i == 41 && field == std::to_string(SCHED_IDLE)) ++n;
-        }
+        for (int i = 3; i <= 41; ++i) fields >> field;
+        if (fields && field == std::to_string(SCHED_IDLE)) ++n;
     }
     return n;
 }
