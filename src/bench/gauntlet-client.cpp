@@ -138,7 +138,9 @@ request_result send_request(http::client_connection& connection, wire_api api, j
         }
         sse_reader reader;
         std::string piece;
+        double last_chunk_ms = 0;
         while (!finished && connection.read_some(piece)) {
+            const double arrived_ms = elapsed_ms();  // every event of this piece came off the socket together
             for (const sse_event& e : reader.feed(piece)) {
                 if (e.data == "[DONE]") {
                     finished = true;
@@ -207,7 +209,9 @@ request_result send_request(http::client_connection& connection, wire_api api, j
                     }
                 }
                 if (answer_chunk) {
-                    if (r.ttft_ms < 0) r.ttft_ms = elapsed_ms();
+                    if (r.ttft_ms < 0) r.ttft_ms = arrived_ms;
+                    if (r.answer_chunks > 0) r.token_gaps_ms.push_back(arrived_ms - last_chunk_ms);
+                    last_chunk_ms = arrived_ms;
                     ++r.answer_chunks;
                     if (cancel_after_chunks > 0 && r.answer_chunks >= cancel_after_chunks) {
                         r.cancelled = true;

@@ -1,6 +1,7 @@
 // The gauntlet's replay client: sends one streamed request to a target (OpenAI /v1/chat/completions or Anthropic
 // /v1/messages) on http::client_connection, parses the SSE stream into the answer, and reads what the server says
-// it reused and computed (keepwarm's and llama-server's usage and timings fields), with TTFT and total time.
+// it reused and computed (keepwarm's and llama-server's usage and timings fields), with TTFT, the gaps between the
+// answer's tokens and total time.
 // Threading: send_request runs on the calling thread; cancel a blocked one through the connection it was given.
 #pragma once
 
@@ -54,6 +55,9 @@ struct request_result {
     double ttft_ms = -1;  // to the first chunk with answer text (or the end, when the answer is empty)
     double total_ms = 0;
     int answer_chunks = 0;
+    // Between consecutive answer chunks as they came off the socket (chunks read together: 0): how long a user
+    // watching the stream waited for each next token, e.g. while another client's prompt was prefilled.
+    std::vector<double> token_gaps_ms;
     bool cancelled = false;  // closed after cancel_after_chunks
     prompt_numbers numbers;
     assistant_answer answer;

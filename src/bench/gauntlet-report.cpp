@@ -29,6 +29,12 @@ nlohmann::ordered_json number_or_null(double v) {
     return std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
 }
 
+// "p50 / p90 / p99 / max" of the gaps between a stream's tokens, in ms.
+std::string token_gaps_text(const target_summary& s) {
+    return fixed(s.token_gap_p50_ms, 1) + " / " + fixed(s.token_gap_p90_ms, 1) + " / " + fixed(s.token_gap_p99_ms, 1) +
+           " / " + fixed(s.token_gap_max_ms, 1);
+}
+
 // TTFT (log scale) against send time, one series per target, every run's requests.
 std::string ttft_chart(const gauntlet_report& report) {
     const double width = 900, height = 380, left = 70, right = 170, top = 30, bottom = 50;
@@ -149,7 +155,7 @@ double ratio(double a, double b) {
 target_summary summarize(const std::string& target, const std::vector<target_run>& runs) {
     target_summary s;
     s.target = target;
-    std::vector<double> cold, warm;
+    std::vector<double> cold, warm, gaps;
     for (const target_run& run : runs) {
         if (run.target != target) continue;
         ++s.runs;
@@ -174,6 +180,7 @@ target_summary summarize(const std::string& target, const std::vector<target_run
             if (r.ok) s.prefill_ms += r.prompt_ms >= 0 ? r.prompt_ms : r.ttft_ms;
             if (!first || r.sent_at_s < first->sent_at_s) first = &r;
             if (r.ok && r.agent_request > 0) warm.push_back(r.ttft_ms);
+            gaps.insert(gaps.end(), r.token_gaps_ms.begin(), r.token_gaps_ms.end());
         }
         if (first && first->ok) cold.push_back(first->ttft_ms);
     }
@@ -182,6 +189,11 @@ target_summary summarize(const std::string& target, const std::vector<target_run
     s.warm_ttft_p50_ms = percentile(warm, 50);
     s.warm_ttft_p95_ms = percentile(warm, 95);
     s.warm_p95_over_cold = ratio(s.warm_ttft_p95_ms, s.cold_ttft_ms);
+    s.token_gaps = static_cast<long long>(gaps.size());
+    s.token_gap_p50_ms = percentile(gaps, 50);
+    s.token_gap_p90_ms = percentile(gaps, 90);
+    s.token_gap_p99_ms = percentile(gaps, 99);
+    s.token_gap_max_ms = percentile(gaps, 100);
     return s;
 }
 
@@ -214,6 +226,10 @@ std::string format_gauntlet_table(const gauntlet_report& report) {
                       fixed(s.warm_ttft_p95_ms, 0).c_str(), (fixed(100 * s.warm_p95_over_cold, 1) + "%").c_str(),
                       fixed(s.prefill_ms / 1000, 2).c_str());
         out << line;
+    }
+    for (const target_summary& s : report.summaries) {
+        out << s.target << ": gaps between a stream's tokens (" << s.token_gaps << "), p50 / p90 / p99 / max "
+            << token_gaps_text(s) << " ms\n";
     }
     for (const target_summary& s : report.summaries) {
         if (s.unreported > 0) {
@@ -266,7 +282,12 @@ std::string format_gauntlet_json(const gauntlet_report& report) {
                                 {"cold_ttft_ms", number_or_null(s.cold_ttft_ms)},
                                 {"warm_ttft_p50_ms", number_or_null(s.warm_ttft_p50_ms)},
                                 {"warm_ttft_p95_ms", number_or_null(s.warm_ttft_p95_ms)},
-                                {"warm_p95_over_cold", number_or_null(s.warm_p95_over_cold)}});
+                                {"warm_p95_over_cold", number_or_null(s.warm_p95_over_cold)},
+                                {"token_gaps", s.token_gaps},
+                                {"token_gap_p50_ms", number_or_null(s.token_gap_p50_ms)},
+                                {"token_gap_p90_ms", number_or_null(s.token_gap_p90_ms)},
+                                {"token_gap_p99_ms", number_or_null(s.token_gap_p99_ms)},
+                                {"token_gap_max_ms", number_or_null(s.token_gap_max_ms)}});
     }
     j["ratios"] = json::array();
     for (const target_ratios& r : report.ratios) {
@@ -295,7 +316,8 @@ std::string format_gauntlet_json(const gauntlet_report& report) {
                       {"computed_tokens", r.computed_tokens},
                       {"prompt_ms", r.prompt_ms},
                       {"ideal_prompt_tokens", r.ideal_prompt_tokens},
-                      {"ideal_new_tokens", r.ideal_new_tokens}};
+                      {"ideal_new_tokens", r.ideal_new_tokens},
+                      {"token_gap_max_ms", number_or_null(percentile(r.token_gaps_ms, 100))}};
             if (!r.error.empty()) q["error"] = r.error;
             requests.push_back(std::move(q));
         }
@@ -320,14 +342,16 @@ std::string format_gauntlet_html(const gauntlet_report& report) {
          << "</p>\n";
     html << "<table><tr><th>target</th><th>requests</th><th>failures</th><th>pings</th><th>prompt</th><th>reused</th>"
          << "<th>computed</th><th>ideal</th><th>computed / ideal</th><th>cold TTFT ms</th><th>warm p50 ms</th>"
-         << "<th>warm p95 ms</th><th>warm p95 / cold</th><th>prefill s</th></tr>\n";
+         << "<th>warm p95 ms</th><th>warm p95 / cold</th><th>prefill s</th>"
+         << "<th>token gap p50 / p90 / p99 / max ms</th></tr>\n";
     for (const target_summary& s : report.summaries) {
         html << "<tr><td>" << xml_escape(s.target) << "</td><td>" << s.requests << "</td><td>" << s.failures
              << "</td><td>" << s.pings << "</td><td>" << s.prompt_tokens << "</td><td>" << s.reused_tokens
              << "</td><td>" << s.computed_tokens << "</td><td>" << s.ideal_tokens << "</td><td>"
              << fixed(s.computed_over_ideal, 3) << "</td><td>" << fixed(s.cold_ttft_ms, 0) << "</td><td>"
              << fixed(s.warm_ttft_p50_ms, 0) << "</td><td>" << fixed(s.warm_ttft_p95_ms, 0) << "</td><td>"
-             << fixed(100 * s.warm_p95_over_cold, 1) << "%</td><td>" << fixed(s.prefill_ms / 1000, 2) << "</td></tr>\n";
+             << fixed(100 * s.warm_p95_over_cold, 1) << "%</td><td>" << fixed(s.prefill_ms / 1000, 2) << "</td><td>"
+             << token_gaps_text(s) << "</td></tr>\n";
     }
     html << "</table>\n";
     if (!report.ratios.empty()) {

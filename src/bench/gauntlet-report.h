@@ -1,6 +1,7 @@
 // What the gauntlet measured and how it is shown: per-request records, per-target summaries (prefill computed vs
-// the ideal, warm-turn TTFT percentiles against cold TTFT, failures), ratios against a baseline target, and the
-// terminal table, JSON and self-contained HTML report (hand-written SVG charts) built from them.
+// the ideal, warm-turn TTFT percentiles against cold TTFT, gaps between a stream's tokens, failures), ratios against
+// a baseline target, and the terminal table, JSON and self-contained HTML report (hand-written SVG charts) built
+// from them.
 #pragma once
 
 #include <optional>
@@ -27,6 +28,7 @@ struct request_record {
     double prompt_ms = -1;
     int ideal_prompt_tokens = -1;  // the bench's own count (normalized request); -1: not computed
     int ideal_new_tokens = -1;
+    std::vector<double> token_gaps_ms;  // between the stream's answer chunks (request_result::token_gaps_ms)
 };
 
 // One replay of the whole workload against one target.
@@ -61,6 +63,10 @@ struct target_summary {
     double warm_ttft_p50_ms = 0;  // every later request of an agent
     double warm_ttft_p95_ms = 0;
     double warm_p95_over_cold = 0;
+    // Gaps between consecutive answer chunks of every stream (pings left out): what a user watching a stream waits
+    // for its next token while the other agents' prompts are computed.
+    long long token_gaps = 0;
+    double token_gap_p50_ms = 0, token_gap_p90_ms = 0, token_gap_p99_ms = 0, token_gap_max_ms = 0;
     int runs = 0;
     int failed_runs = 0;
 };

@@ -750,10 +750,14 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
             }
             while (!blocks.empty() && block_start(blocks.back().end) >= target) blocks.pop_back();
         }
-        if (dm.holder == &s && target < static_cast<int>(s.tip->depth)) {
-            // The slot's own content goes on differently: keep the rest of it, parked, unless it is a few tokens
-            // that a dense model simply drops (a hybrid model needs the copy: its slot cannot be cut).
-            const bool long_tail = static_cast<int>(s.tip->depth) - target >= std::min(64, b);
+        // What this prompt takes from the slot's own cells. Past it the slot's content goes on differently, even
+        // where the prompt goes further through RAM blocks of another path (its own earlier turn, demoted while this
+        // slot served another agent): position `target` lies on the prompt's path, not on the slot's.
+        const int own_reused = std::min(device_len, target);
+        if (dm.holder == &s && own_reused < static_cast<int>(s.tip->depth)) {
+            // Keep the rest of the slot's content, parked, unless it is a few tokens that a dense model simply
+            // drops (a hybrid model needs the copy: its slot cannot be cut).
+            const bool long_tail = static_cast<int>(s.tip->depth) - own_reused >= std::min(64, b);
             if (s.tip->value.holders == 1 && (long_tail || !can_truncate_) && !kept_own) {
                 kept_own = true;
                 if (park(s, nullptr)) continue;  // else it went to RAM blocks
@@ -766,10 +770,9 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         // The slot's own content past what this prompt reuses goes now (parked above when worth keeping): the room
         // check then counts its cells as free, and an eviction sees a parked copy of it as that copy's alone (else
         // the copy would be dropped as shared with the slot, and lost when the slot is cut).
-        const int from_device = std::min(device_len, target);
-        if (dm.holder == &s && can_truncate_) truncate(s, from_device);
+        if (dm.holder == &s && can_truncate_) truncate(s, own_reused);
         // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
-        const int needed = static_cast<int>(prompt.size()) - from_device + b;
+        const int needed = static_cast<int>(prompt.size()) - own_reused + b;
         if (round < 64 && n_ctx - device_tokens() < needed && make_room(dm.holder)) continue;
         break;
     }

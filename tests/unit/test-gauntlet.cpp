@@ -1,11 +1,13 @@
 // `keepwarm bench gauntlet`: the generator (determinism, each killer on and off), the JSONL format and its errors,
-// the conversation the replay keeps, the SSE reader and usage fields, the ideal prefill on small hand-checked
-// cases (and on the tiny generated model), and the summary maths.
+// the conversation the replay keeps, the SSE reader, the usage fields and the gaps between a stream's tokens, the
+// ideal prefill on small hand-checked cases (and on the tiny generated model), and the summary maths.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "bench/gauntlet-client.h"
 #include "bench/gauntlet-conversation.h"
@@ -16,6 +18,7 @@
 #include "bench/gauntlet-workload.h"
 #include "common.h"
 #include "generated-models.h"
+#include "http/http-server.h"
 
 using namespace keepwarm::bench::gauntlet;
 
@@ -313,6 +316,39 @@ TEST(GauntletClient, ReadsKeepwarmAndLlamaServerNumbers) {
     EXPECT_EQ(an.computed_tokens, 20);
 }
 
+// What a user watching a stream sees: the gap before each next token, as the chunks came off the socket.
+TEST(GauntletClient, MeasuresTheGapsBetweenAStreamsTokens) {
+    keepwarm::http::server_options options;
+    options.port = 0;
+    keepwarm::http::http_server server(options);
+    server.add_route(
+        "POST", "/v1/chat/completions", [](const keepwarm::http::request&, keepwarm::http::response_writer& out) {
+            out.begin_stream(200, "text/event-stream");
+            const auto event = [&](const std::string& data) { out.write_chunk("data: " + data + "\n\n"); };
+            const auto token = [&](const std::string& text) {
+                event(R"({"choices":[{"index":0,"delta":{"content":")" + text + R"("}}]})");
+            };
+            token("a");
+            token("b");                                                   // written at once after the first
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));  // e.g. another client's prompt chunk
+            token("c");
+            event(R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
+            event("[DONE]");
+            out.end_stream();
+        });
+    server.start();
+    keepwarm::http::client_connection connection(
+        keepwarm::http::endpoint::parse("http://127.0.0.1:" + std::to_string(server.port())));
+    const request_result r =
+        send_request(connection, wire_api::openai, json{{"messages", json::array()}}, /*cancel_after_chunks=*/0);
+    server.stop();
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.answer.content, "abc");
+    ASSERT_EQ(r.token_gaps_ms.size(), 2u);  // three tokens
+    EXPECT_GE(r.token_gaps_ms[1], 290);
+    EXPECT_LT(r.token_gaps_ms[0], r.token_gaps_ms[1]);
+}
+
 TEST(GauntletClient, TargetsParse) {
     const replay_target t = parse_target("ls=http://127.0.0.1:8081,api=openai");
     EXPECT_EQ(t.name, "ls");
@@ -410,6 +446,9 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     ping.ok = false;
     ping.error = "HTTP 500";
     kw.requests.push_back(ping);
+    kw.requests[0].token_gaps_ms = {10, 20, 30};
+    kw.requests[3].token_gaps_ms = {40, 500};
+    kw.requests[4].token_gaps_ms = {9000};  // a ping's: not a stream anybody watches
     target_run ls{"ls", "", true, 0, 1, 1, "", {}};
     ls.requests = {record("a", 0, 0, 800, 1000, 1000, 800), record("a", 1, 1, 400, 400, 20, 400)};
 
@@ -424,6 +463,10 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     EXPECT_DOUBLE_EQ(s.warm_ttft_p50_ms, 30);
     EXPECT_DOUBLE_EQ(s.warm_ttft_p95_ms, 39);
     EXPECT_DOUBLE_EQ(s.prefill_ms, 1390);
+    EXPECT_EQ(s.token_gaps, 5);
+    EXPECT_DOUBLE_EQ(s.token_gap_p50_ms, 30);
+    EXPECT_DOUBLE_EQ(s.token_gap_p90_ms, 316);  // 40 + 0.6 * 460
+    EXPECT_DOUBLE_EQ(s.token_gap_max_ms, 500);
     const target_summary l = summarize("ls", {kw, ls});
     const auto ratios = compare_to({s, l}, "ls");
     ASSERT_EQ(ratios.size(), 1u);
@@ -440,9 +483,15 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     report.ratios = ratios;
     const std::string table = format_gauntlet_table(report);
     EXPECT_NE(table.find("kw / ls: total prefill time 1.158x"), std::string::npos) << table;
+    EXPECT_NE(table.find("kw: gaps between a stream's tokens (5), p50 / p90 / p99 / max 30.0 / 316.0 / 481.6 / 500.0"),
+              std::string::npos)
+        << table;
     const json j = json::parse(format_gauntlet_json(report));
     EXPECT_EQ(j["targets"][0]["ideal_tokens"], 1450);
     EXPECT_EQ(j["runs"][0]["requests"].size(), 5u);
+    EXPECT_EQ(j["targets"][0]["token_gap_max_ms"], 500);
+    EXPECT_EQ(j["runs"][0]["requests"][3]["token_gap_max_ms"], 500);
+    EXPECT_TRUE(j["runs"][0]["requests"][1]["token_gap_max_ms"].is_null());
     const std::string html = format_gauntlet_html(report);
     EXPECT_NE(html.find("<svg"), std::string::npos);
     EXPECT_NE(html.find("TTFT per request over time"), std::string::npos);

@@ -496,6 +496,33 @@ TEST(prompt_cache, a_long_answer_moves_idle_conversations_to_ram_out_of_its_way)
     EXPECT_GT(again.stats.reused_ram, 0) << "A came back from RAM";
 }
 
+// Three agents on two slots (the gauntlet): agent B's turn ran in a slot beside A's, A's conversation went to RAM
+// meanwhile, and A's next turn came to B's slot. The slot shares only the system prompt with A's turn, which goes on
+// from RAM further than B's content reaches: B's own part must still be kept, not cut with the slot (it was: the
+// check compared a position on A's path with the length of B's, and B's next turn recomputed its 2.7K tokens).
+TEST(prompt_cache, a_slot_taken_by_a_turn_restored_from_ram_keeps_its_own_conversation) {
+    engine_options o = base_options(dense_model());
+    o.idle_to_ram_tokens = 100;
+    engine e(o);
+    e.start();
+    const std::string system = words(200, 531);
+    const tokens a = tokenize(e, chatml(system, {words(300, 532)}));
+    const tokens b = tokenize(e, chatml(system, {words(120, 533)}));
+    size_t shared = 0;
+    while (a[shared] == b[shared]) ++shared;
+    ASSERT_GE(b.size() - shared, 100u) << "B's own part must move A's conversation to RAM";
+    ASSERT_GT(a.size() - shared, b.size() - shared + 4 + o.cache_block_tokens) << "A must reach past B's content";
+    generate(e, a, 4);
+    generate(e, b, 4);  // A is parked, then moved to RAM while B computes
+    EXPECT_GT(e.cache_stats().ram.entries, 0u);
+    const result a_again = generate(e, a, 4);
+    EXPECT_GT(a_again.stats.reused_ram, 0) << "A came back from RAM";
+    EXPECT_GE(a_again.stats.reused_tokens, static_cast<int>(a.size()) - o.cache_block_tokens);
+    const result b_again = generate(e, b, 4);
+    EXPECT_GE(b_again.stats.reused_tokens, static_cast<int>(b.size()) - o.cache_block_tokens)
+        << "B's own part was lost when A's turn took its slot";
+}
+
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
     const fs::path dir = temp_dir("disk-budget");
     engine_options o = base_options(dense_model());
