@@ -129,6 +129,11 @@ tokens tokenize(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, true, true);
 }
 
+// How many tokens the two prompts share from their start.
+size_t shared_prefix(const tokens& a, const tokens& b) {
+    return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+}
+
 std::string dense_model() {
     return test_models::generated_model("unit-prompt-cache", "tiny");
 }
@@ -206,8 +211,7 @@ TEST(prompt_cache, a_partial_match_recomputes_from_the_divergence_only) {
     const std::string system = words(400, 11);
     const tokens p1 = tokenize(e, chatml(system, {words(30, 12)}));
     const tokens p2 = tokenize(e, chatml(system, {words(30, 13)}));
-    size_t shared = 0;
-    while (p1[shared] == p2[shared]) ++shared;
+    const size_t shared = shared_prefix(p1, p2);
     generate(e, p1);
     const result r = generate(e, p2);
     EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(shared));
@@ -286,8 +290,7 @@ TEST(prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpo
     users2.push_back(words(40, 45));
     const tokens p1 = tokenize(e, chatml(system, users1));
     const tokens p2 = tokenize(e, chatml(system, users2));
-    size_t shared = 0;
-    while (p1[shared] == p2[shared]) ++shared;
+    const size_t shared = shared_prefix(p1, p2);
 
     generate(e, p1);
     const result r = generate(e, p2);
@@ -508,8 +511,7 @@ TEST(prompt_cache, a_slot_taken_by_a_turn_restored_from_ram_keeps_its_own_conver
     const std::string system = words(200, 531);
     const tokens a = tokenize(e, chatml(system, {words(300, 532)}));
     const tokens b = tokenize(e, chatml(system, {words(120, 533)}));
-    size_t shared = 0;
-    while (a[shared] == b[shared]) ++shared;
+    const size_t shared = shared_prefix(a, b);
     ASSERT_GE(b.size() - shared, 100u) << "B's own part must move A's conversation to RAM";
     ASSERT_GT(a.size() - shared, b.size() - shared + 4 + o.cache_block_tokens) << "A must reach past B's content";
     generate(e, a, 4);
@@ -576,8 +578,7 @@ TEST(prompt_cache, two_requests_with_the_same_new_prefix_compute_it_once) {
             }
         }
     }
-    size_t shared = 0;
-    while (p1[shared] == p2[shared]) ++shared;
+    const size_t shared = shared_prefix(p1, p2);
     EXPECT_LE(computed, static_cast<int>(p1.size() + p2.size() - shared) + 16);
 }
 
@@ -739,8 +740,7 @@ TEST(prompt_cache, hybrid_checkpoints_follow_their_interval_and_restore_from_the
         EXPECT_EQ(e.options().checkpoint_interval, intervals[i]);
         const tokens p1 = tokenize(e, chatml(system, {words(20, 53)}));
         const tokens p2 = tokenize(e, chatml(changed, {words(20, 53)}));
-        size_t shared = 0;
-        while (p1[shared] == p2[shared]) ++shared;
+        const size_t shared = shared_prefix(p1, p2);
         ASSERT_GT(shared, 400u);
 
         generate(e, p1);
