@@ -420,6 +420,42 @@ TEST(ChatOutputParser, StreamsToolCallInPieces) {
     EXPECT_EQ(fin["choices"][0]["finish_reason"], "tool_calls");
 }
 
+// An agent's client shows a call as it is written (the tool's name, then its arguments as they grow): nothing of a call
+// waits for the call to end. Fed one byte at a time, the name is streamed before the first argument's value begins,
+// and the value's text streams as it comes, in both of Qwen's formats (JSON in <tool_call>, and XML parameters).
+TEST(ChatOutputParser, ToolCallNameAndArgumentsStreamAsTheyAreGenerated) {
+    auto req = request(R"([{"role":"user","content":"Weather in Paris?"}])", weather_tools);
+    const std::string value = "Paris, the capital of France";
+    const std::string qwen3_text =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" + value + "\"}}\n</tool_call>";
+    const std::string qwen35_text =
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + value + "\n</parameter>\n</function>\n</tool_call>";
+    for (const chat_renderer* renderer : {&qwen3(), &qwen35()}) {
+        const std::string& text = renderer == &qwen3() ? qwen3_text : qwen35_text;
+        SCOPED_TRACE(text);
+        auto r = renderer->render(req);
+        chat_output_parser parser(renderer->parser_params(r, req));
+        const size_t value_begins = text.find(value);
+        size_t name_at = std::string::npos;
+        std::vector<common_chat_msg_diff> diffs;
+        for (size_t i = 0; i < text.size(); ++i) {
+            for (auto& d : parser.push(std::string_view(text).substr(i, 1))) {
+                if (!d.tool_call_delta.name.empty() && name_at == std::string::npos) name_at = i + 1;
+                diffs.push_back(std::move(d));
+            }
+            if (i + 1 == value_begins + value.size() / 2) {
+                // Half of the value generated: that half is in the client's hands.
+                EXPECT_NE(accumulate(diffs).tool_calls.at(0).arguments.find(value.substr(0, value.size() / 2 - 1)),
+                          std::string::npos)
+                    << accumulate(diffs).tool_calls.at(0).arguments;
+            }
+        }
+        EXPECT_LE(name_at, value_begins) << "the name waited for the arguments";
+        ASSERT_EQ(accumulate(diffs).tool_calls.size(), 1u);
+        EXPECT_EQ(accumulate(diffs).tool_calls[0].name, "get_weather");
+    }
+}
+
 TEST(ChatOutputParser, Qwen35XmlToolCall) {
     auto req = request(R"([{"role":"user","content":"Weather in Paris?"}])", weather_tools);
     auto r = qwen35().render(req);

@@ -79,9 +79,10 @@ void expect_same_output(const result& actual, const result& cold) {
     }
 }
 
-// With `hinted` > 0, the client asked to keep that many prompt tokens cached for `hint_ttl`.
-result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}, int hinted = 0,
-                std::chrono::seconds hint_ttl = 300s) {
+// A greedy request for `n` tokens, never ended early by an end-of-generation token. With `hinted` > 0, the client
+// asked to keep that many prompt tokens cached for `hint_ttl`.
+std::shared_ptr<generation_request> submit(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {},
+                                           int hinted = 0, std::chrono::seconds hint_ttl = 300s) {
     auto r = std::make_shared<generation_request>();
     r->prompt = prompt;
     r->tenant = tenant;
@@ -92,8 +93,12 @@ result generate(engine& e, const tokens& prompt, int n = 32, const std::string& 
     r->keep_logits = n;
     for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
     e.submit(r);
+    return r;
+}
+
+result wait_for(generation_request& r) {
     for (;;) {
-        auto ev = r->output.pop(60s);
+        auto ev = r.output.pop(60s);
         if (!ev) {
             ADD_FAILURE() << "no event within 60 s";
             return {};
@@ -103,6 +108,11 @@ result generate(engine& e, const tokens& prompt, int n = 32, const std::string& 
             return {ev->generated, ev->stats, ev->logits};
         }
     }
+}
+
+result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}, int hinted = 0,
+                std::chrono::seconds hint_ttl = 300s) {
+    return wait_for(*submit(e, prompt, n, tenant, hinted, hint_ttl));
 }
 
 engine_options base_options(const std::string& model) {
@@ -525,6 +535,63 @@ TEST(prompt_cache, a_slot_taken_by_a_turn_restored_from_ram_keeps_its_own_conver
         << "B's own part was lost when A's turn took its slot";
 }
 
+namespace {
+// The case above is one order of turns among many: agents sharing a system prompt take turns on two slots, one or
+// two at once, in a random order, their conversations moving between slots, parked cells and RAM. Whatever the
+// order, a turn reuses what the turns finished before it left of its prompt (its longest shared prefix with one of
+// their prompts and answers), short of at most one block (RAM keeps whole blocks) and never its last token.
+void check_random_orders_of_turns(const std::string& model, unsigned seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    engine_options o = base_options(model);
+    o.slots = 2;
+    o.idle_to_ram_tokens = 100;
+    o.cache_parked_sequences = 2;
+    engine e(o);
+    e.start();
+    std::mt19937 rng(seed);
+    const std::string system = words(200, seed);
+    constexpr unsigned agents = 4;
+    std::vector<std::vector<std::string>> users(agents);
+    std::vector<tokens> finished;  // prompt + answer of every finished turn
+    std::string order;
+    for (int round = 0; round < 16; ++round) {
+        std::vector<unsigned> who{static_cast<unsigned>(rng() % agents)};
+        if (rng() % 2 == 0) who.push_back((who[0] + 1 + static_cast<unsigned>(rng() % (agents - 1))) % agents);
+        std::vector<tokens> prompts;
+        std::vector<std::shared_ptr<generation_request>> requests;
+        for (const unsigned a : who) {
+            users[a].push_back(words(20 + static_cast<int>(rng() % 100), static_cast<unsigned>(rng())));
+            prompts.push_back(tokenize(e, chatml(system, users[a])));
+            requests.push_back(submit(e, prompts.back(), 4));
+            order += std::string(1, static_cast<char>('A' + a)) + std::to_string(users[a].size()) + " ";
+        }
+        order += "| ";
+        std::vector<size_t> reachable;
+        for (const tokens& p : prompts) {
+            size_t best = 0;
+            for (const tokens& f : finished) best = std::max(best, shared_prefix(p, f));
+            reachable.push_back(std::min(best, p.size() - 1));
+        }
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            const result r = wait_for(*requests[i]);
+            EXPECT_GE(r.stats.reused_tokens + o.cache_block_tokens, static_cast<int>(reachable[i]))
+                << "turns so far (agent, turn; | ends the ones submitted together): " << order;
+            tokens done = prompts[i];
+            done.insert(done.end(), r.generated.begin(), r.generated.end());
+            finished.push_back(std::move(done));
+        }
+    }
+}
+}  // namespace
+
+TEST(prompt_cache, any_order_of_turns_reuses_what_earlier_turns_left) {
+    for (const unsigned seed : {1u, 2u, 3u}) check_random_orders_of_turns(dense_model(), seed);
+}
+
+TEST(prompt_cache, any_order_of_turns_on_a_hybrid_model_reuses_what_earlier_turns_left) {
+    for (const unsigned seed : {1u, 2u}) check_random_orders_of_turns(hybrid_model(), seed);
+}
+
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
     const fs::path dir = temp_dir("disk-budget");
     engine_options o = base_options(dense_model());
@@ -557,27 +624,9 @@ TEST(prompt_cache, two_requests_with_the_same_new_prefix_compute_it_once) {
     const std::string system = words(600, 81);
     const tokens p1 = tokenize(e, chatml(system, {words(10, 82)}));
     const tokens p2 = tokenize(e, chatml(system, {words(10, 83)}));
-    auto submit = [&](const tokens& p) {
-        auto r = std::make_shared<generation_request>();
-        r->prompt = p;
-        r->sampling.temp = 0;
-        r->max_tokens = 4;
-        e.submit(r);
-        return r;
-    };
-    auto r1 = submit(p1);
-    auto r2 = submit(p2);
-    int computed = 0;
-    for (auto* r : {r1.get(), r2.get()}) {
-        for (;;) {
-            auto ev = r->output.pop(60s);
-            ASSERT_TRUE(ev.has_value());
-            if (ev->done) {
-                computed += ev->stats.computed_tokens;
-                break;
-            }
-        }
-    }
+    auto r1 = submit(e, p1, 4);
+    auto r2 = submit(e, p2, 4);
+    const int computed = wait_for(*r1).stats.computed_tokens + wait_for(*r2).stats.computed_tokens;
     const size_t shared = shared_prefix(p1, p2);
     EXPECT_LE(computed, static_cast<int>(p1.size() + p2.size() - shared) + 16);
 }
