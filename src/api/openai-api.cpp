@@ -599,6 +599,8 @@ json timings_json(const timings_info& t) {
         {"setup_ms", t.setup_ms},
         {"queued_ms", t.queued_ms},
         {"prepare_ms", t.prepare_ms},
+        {"sampling_ms", t.sampling_ms},
+        {"sampling_max_ms", t.sampling_max_ms},
     };
 }
 

@@ -20,9 +20,12 @@ void read_timings(const json& data, prompt_numbers& n) {
     if (timings == data.end() || !timings->is_object()) return;
     n.reused_tokens = int_field(*timings, "cache_n", n.reused_tokens);
     n.computed_tokens = int_field(*timings, "prompt_n", n.computed_tokens);
-    if (const auto ms = timings->find("prompt_ms"); ms != timings->end() && ms->is_number()) {
-        n.prompt_ms = ms->get<double>();
-    }
+    const auto ms_field = [&](const char* key, double& out) {
+        if (const auto ms = timings->find(key); ms != timings->end() && ms->is_number()) out = ms->get<double>();
+    };
+    ms_field("prompt_ms", n.prompt_ms);
+    ms_field("sampling_ms", n.sampling_ms);
+    ms_field("sampling_max_ms", n.sampling_max_ms);
 }
 
 // The error message of an error body in either API's shape, else the body itself (shortened).

@@ -38,6 +38,10 @@ struct prompt_numbers {
     int reused_tokens = -1;    // usage.prompt_tokens_details.cached_tokens, timings.cache_n, cache_read_input_tokens
     int computed_tokens = -1;  // timings.prompt_n, else prompt - reused
     double prompt_ms = -1;     // timings.prompt_ms: the server's prefill time
+    // keepwarm's timings.sampling_ms and sampling_max_ms: the engine thread's time in the sampler over the answer
+    // (a grammar's checks included), and the longest one token took.
+    double sampling_ms = -1;
+    double sampling_max_ms = -1;
 
     // Fills prompt / computed from the others where the server left them out.
     void complete();

@@ -118,6 +118,8 @@ std::vector<replayed_request> replay_workload(const std::vector<workload_line>& 
         r.reused_tokens = result.numbers.reused_tokens;
         r.computed_tokens = result.numbers.computed_tokens;
         r.prompt_ms = result.numbers.prompt_ms;
+        r.sampling_ms = result.numbers.sampling_ms;
+        r.sampling_max_ms = result.numbers.sampling_max_ms;
         r.token_gaps_ms = std::move(result.token_gaps_ms);
         out.normalized = conv ? bodies.normalized : json();
         out.answer = result.answer;

@@ -181,6 +181,11 @@ target_summary summarize(const std::string& target, const std::vector<target_run
             if (!first || r.sent_at_s < first->sent_at_s) first = &r;
             if (r.ok && r.agent_request > 0) warm.push_back(r.ttft_ms);
             gaps.insert(gaps.end(), r.token_gaps_ms.begin(), r.token_gaps_ms.end());
+            if (r.sampling_ms >= 0) {
+                ++s.sampling_reported;
+                s.sampling_ms += r.sampling_ms;
+                s.sampling_max_ms = std::max(s.sampling_max_ms, r.sampling_max_ms);
+            }
         }
         if (first && first->ok) cold.push_back(first->ttft_ms);
     }
@@ -194,6 +199,7 @@ target_summary summarize(const std::string& target, const std::vector<target_run
     s.token_gap_p90_ms = percentile(gaps, 90);
     s.token_gap_p99_ms = percentile(gaps, 99);
     s.token_gap_max_ms = percentile(gaps, 100);
+    if (s.sampling_reported == 0) s.sampling_ms = s.sampling_max_ms = std::numeric_limits<double>::quiet_NaN();
     return s;
 }
 
@@ -230,6 +236,11 @@ std::string format_gauntlet_table(const gauntlet_report& report) {
     for (const target_summary& s : report.summaries) {
         out << s.target << ": gaps between a stream's tokens (" << s.token_gaps << "), p50 / p90 / p99 / max "
             << token_gaps_text(s) << " ms\n";
+        if (s.sampling_reported > 0) {
+            out << s.target << ": sampling (server-reported, " << s.sampling_reported << " streams), "
+                << fixed(s.sampling_ms, 0) << " ms in all, the longest one token " << fixed(s.sampling_max_ms, 1)
+                << " ms\n";
+        }
     }
     for (const target_summary& s : report.summaries) {
         if (s.unreported > 0) {
@@ -287,7 +298,9 @@ std::string format_gauntlet_json(const gauntlet_report& report) {
                                 {"token_gap_p50_ms", number_or_null(s.token_gap_p50_ms)},
                                 {"token_gap_p90_ms", number_or_null(s.token_gap_p90_ms)},
                                 {"token_gap_p99_ms", number_or_null(s.token_gap_p99_ms)},
-                                {"token_gap_max_ms", number_or_null(s.token_gap_max_ms)}});
+                                {"token_gap_max_ms", number_or_null(s.token_gap_max_ms)},
+                                {"sampling_ms", number_or_null(s.sampling_ms)},
+                                {"sampling_max_ms", number_or_null(s.sampling_max_ms)}});
     }
     j["ratios"] = json::array();
     for (const target_ratios& r : report.ratios) {
@@ -317,7 +330,9 @@ std::string format_gauntlet_json(const gauntlet_report& report) {
                       {"prompt_ms", r.prompt_ms},
                       {"ideal_prompt_tokens", r.ideal_prompt_tokens},
                       {"ideal_new_tokens", r.ideal_new_tokens},
-                      {"token_gap_max_ms", number_or_null(percentile(r.token_gaps_ms, 100))}};
+                      {"token_gap_max_ms", number_or_null(percentile(r.token_gaps_ms, 100))},
+                      {"sampling_ms", number_or_null(r.sampling_ms >= 0 ? r.sampling_ms : NAN)},
+                      {"sampling_max_ms", number_or_null(r.sampling_max_ms >= 0 ? r.sampling_max_ms : NAN)}};
             if (!r.error.empty()) q["error"] = r.error;
             requests.push_back(std::move(q));
         }

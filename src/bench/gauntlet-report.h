@@ -26,6 +26,8 @@ struct request_record {
     int reused_tokens = -1;
     int computed_tokens = -1;
     double prompt_ms = -1;
+    double sampling_ms = -1;  // keepwarm's timings (prompt_numbers); -1: not reported
+    double sampling_max_ms = -1;
     int ideal_prompt_tokens = -1;  // the bench's own count (normalized request); -1: not computed
     int ideal_new_tokens = -1;
     std::vector<double> token_gaps_ms;  // between the stream's answer chunks (request_result::token_gaps_ms)
@@ -67,6 +69,12 @@ struct target_summary {
     // for its next token while the other agents' prompts are computed.
     long long token_gaps = 0;
     double token_gap_p50_ms = 0, token_gap_p90_ms = 0, token_gap_p99_ms = 0, token_gap_max_ms = 0;
+    // The server's time in the sampler (keepwarm reports it), summed over the streams that report it, and the longest
+    // one token took: sampling runs on the engine thread, so the other slots' tokens wait behind it too. NaN: none
+    // reported.
+    int sampling_reported = 0;
+    double sampling_ms = 0;
+    double sampling_max_ms = 0;
     int runs = 0;
     int failed_runs = 0;
 };

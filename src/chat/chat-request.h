@@ -122,9 +122,11 @@ struct timings_info {
     int predicted_n = 0;
     double predicted_ms = 0;
     cache_detail cache;
-    double setup_ms = 0;    // request received -> first model call with its tokens (parse, render, tokenize, match)
-    double queued_ms = 0;   // waiting for a free slot (part of setup_ms)
-    double prepare_ms = 0;  // parse, render, tokenize (part of setup_ms)
+    double setup_ms = 0;     // request received -> first model call with its tokens (parse, render, tokenize, match)
+    double queued_ms = 0;    // waiting for a free slot (part of setup_ms)
+    double prepare_ms = 0;   // parse, render, tokenize (part of setup_ms)
+    double sampling_ms = 0;  // in the sampler over every generated token (a grammar's checks included)
+    double sampling_max_ms = 0;  // ... the longest one token took
 };
 
 // "<prefix><32 random alphanumerics>"; thread-safe.

@@ -41,7 +41,9 @@ timings_info timings_of(const generation_stats& actual) {
             .cache = cache_detail_of(st),
             .setup_ms = st.setup_ms,
             .queued_ms = st.queued_ms,
-            .prepare_ms = st.prepare_ms};
+            .prepare_ms = st.prepare_ms,
+            .sampling_ms = st.sampling_ms,
+            .sampling_max_ms = st.sampling_max_ms};
 }
 
 }  // namespace keepwarm

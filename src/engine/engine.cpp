@@ -93,6 +93,8 @@ struct engine::slot {
     llama_token pending = -1;  // sampled but not yet decoded
     int batch_index = -1;      // index in the current batch whose logits belong to this slot
     int generated = 0;
+    double sampling_ms = 0;                  // in the sampler, over every sampled token
+    double sampling_max_ms = 0;              // ... the longest one
     std::vector<llama_token> generated_ids;  // sampled tokens, for the final event
     std::vector<std::vector<float>> logits;  // request->keep_logits first positions
     clock::time_point admitted, prompt_started, first_token;
@@ -440,6 +442,7 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.pending = -1;
     s.batch_index = -1;
     s.generated = 0;
+    s.sampling_ms = s.sampling_max_ms = 0;
     s.generated_ids.clear();
     s.admitted = clock::now();
     s.prompt_started = {};
@@ -572,6 +575,8 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     st.queued_ms = ms_between(request->submitted, s.admitted);
     st.prompt_ms = started ? ms_between(s.prompt_started, sampled ? s.first_token : now) : 0;
     st.generation_ms = sampled ? ms_between(s.first_token, now) : 0;
+    st.sampling_ms = s.sampling_ms;
+    st.sampling_max_ms = s.sampling_max_ms;
 
     counters_.prompt_tokens += st.prompt_tokens;
     counters_.reused_tokens += st.reused_tokens;
@@ -789,9 +794,12 @@ void engine::sample(slot& s) {
     const auto sample_started = clock::now();
     const llama_token token = s.sampler->sample(ctx_.get(), s.batch_index);
     s.sampler->accept(token);
+    const double took = ms_between(sample_started, clock::now());
+    s.sampling_ms += took;
+    s.sampling_max_ms = std::max(s.sampling_max_ms, took);
     // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
     // It cannot be interrupted inside one token, so it ends after the first one that took too long.
-    if (const double took = ms_between(sample_started, clock::now()); took > options_.sample_ms_limit) {
+    if (took > options_.sample_ms_limit) {
         counters_.sampling_too_slow++;
         const bool grammar = !common_grammar_value(s.request->sampling.grammar).empty();
         char why[256];

@@ -33,15 +33,19 @@ struct generation_stats {
     // Where the prompt departs from a cached path that continues differently: the position and the text on both
     // sides (empty when the prompt only extends what was cached).
     std::string divergence;
-    int computed_tokens = 0;    // prompt tokens computed for this request (prompt_tokens - reused_tokens)
-    int generated_tokens = 0;   // tokens sampled
-    double queued_ms = 0;       // in the engine queue, waiting for a free slot
-    double setup_ms = 0;        // from receiving the request to the first model call with its tokens
-    double prepare_ms = 0;      // ... of which before the engine got it (parse, render, tokenize)
-    double prompt_ms = 0;       // computing the prompt, up to the first sampled token
-    double generation_ms = 0;   // after the first sampled token
-    int slot = -1;              // which slot served it
-    std::string stop_sequence;  // the stop string that ended the generation (empty: none did)
+    int computed_tokens = 0;   // prompt tokens computed for this request (prompt_tokens - reused_tokens)
+    int generated_tokens = 0;  // tokens sampled
+    double queued_ms = 0;      // in the engine queue, waiting for a free slot
+    double setup_ms = 0;       // from receiving the request to the first model call with its tokens
+    double prepare_ms = 0;     // ... of which before the engine got it (parse, render, tokenize)
+    double prompt_ms = 0;      // computing the prompt, up to the first sampled token
+    double generation_ms = 0;  // after the first sampled token
+    // In the sampler, over every sampled token: a grammar's checks of candidate tokens (response format, tools) are
+    // part of it, and so is the engine thread's time that other slots' tokens waited behind it.
+    double sampling_ms = 0;
+    double sampling_max_ms = 0;  // the longest one token's sampling took
+    int slot = -1;               // which slot served it
+    std::string stop_sequence;   // the stop string that ended the generation (empty: none did)
     // The operator turned reuse reports off (--no-reuse-report): responses say nothing was reused, so a client cannot
     // read from them what the cache holds. The log and the cache-buster detector still see the real numbers.
     bool reuse_hidden = false;

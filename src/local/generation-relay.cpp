@@ -80,10 +80,11 @@ void generation_relay::log_request(const generation_event& ev) const {
     log::info(
         "generation",
         "{} slot {}: prompt {} tokens (reused {}{}{}, computed {}) in {} ms (setup {} ms, prepare {}), generated {} "
-        "in {} ms, {}{}{}",
+        "in {} ms (sampling {} ms, longest {}), {}{}{}",
         id_, st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where, st.computed_tokens,
         log::fixed(st.prompt_ms, 0), log::fixed(st.setup_ms, 1), log::fixed(st.prepare_ms, 1), st.generated_tokens,
-        log::fixed(st.generation_ms, 0), finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error);
+        log::fixed(st.generation_ms, 0), log::fixed(st.sampling_ms, 0), log::fixed(st.sampling_max_ms, 1),
+        finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error);
     // The divergence quotes prompt text (this request's and what the cache holds): only when the operator asked.
     if (!st.divergence.empty() && front_.log_prompts) {
         log::info("generation", "{} {}", id_, st.divergence);

@@ -102,6 +102,9 @@ test('a message comes back in Anthropic shape, with usage from the prefix cache 
     assert.equal(msg.usage.cache_creation_input_tokens, msg.timings.prompt_n);
     assert.equal(msg.timings.cache_n, msg.timings.cache_device_n + msg.timings.cache_ram_n + msg.timings.cache_disk_n);
     assert.ok(msg.timings.setup_ms >= 0);
+    // 12 tokens sampled: the time they took in all and the longest one.
+    const { sampling_ms: all, sampling_max_ms: longest } = msg.timings;
+    assert.ok(longest > 0 && longest <= all, JSON.stringify(msg.timings));
 });
 
 test('the stream helper assembles the same message from valid events', async () => {

@@ -269,6 +269,30 @@ TEST(engine_limits, a_token_that_takes_too_long_to_sample_ends_its_request_and_t
     EXPECT_EQ(e->counters().sampling_too_slow.load(), 1u);
 }
 
+// Issue 18: a stream's gaps can be another request's sampling (it runs on the engine thread, one slot at a time), and
+// a grammar's checks of the vocabulary are most of it: every request says how long its tokens took to sample, in
+// all and at most. The random model's picks almost never fit the grammar, so each of its tokens is checked against
+// the whole vocabulary, and its sampling takes far longer than a plain request's.
+TEST(engine_limits, a_request_reports_the_time_its_tokens_took_to_sample) {
+    auto e = limited_engine([](engine_options&) {});
+    auto constrained = plain_request(*e, "Pick a value", 2);  // no value fits in two tokens: none ends the grammar
+    constrained->sampling.grammar = enum_grammar(50);
+    auto plain = plain_request(*e, "Tell me a story", 4);
+    e->submit(constrained);
+    e->submit(plain);
+    const generation_stats with_grammar = final_event(*constrained).stats;
+    const generation_stats without = final_event(*plain).stats;
+    EXPECT_EQ(with_grammar.generated_tokens, 2);
+    EXPECT_EQ(without.generated_tokens, 4);
+    for (const generation_stats& st : {with_grammar, without}) {
+        EXPECT_GT(st.sampling_max_ms, 0);
+        EXPECT_LE(st.sampling_max_ms, st.sampling_ms);
+        // The first token's sampling ends the prompt's time, the others are in the answer's.
+        EXPECT_LE(st.sampling_ms, st.prompt_ms + st.generation_ms);
+    }
+    EXPECT_GT(with_grammar.sampling_ms, without.sampling_ms);
+}
+
 TEST(engine_limits, health_reports_a_step_that_makes_no_progress) {
     auto e = limited_engine([](engine_options& o) {
         o.sample_ms_limit = 600000;

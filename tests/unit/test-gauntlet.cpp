@@ -288,13 +288,15 @@ TEST(GauntletClient, SseReaderJoinsPieces) {
 TEST(GauntletClient, ReadsKeepwarmAndLlamaServerNumbers) {
     prompt_numbers kw;
     read_openai_numbers(json::parse(R"({"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":90}},
-        "timings":{"cache_n":90,"prompt_n":10,"prompt_ms":12.5}})"),
+        "timings":{"cache_n":90,"prompt_n":10,"prompt_ms":12.5,"sampling_ms":30.5,"sampling_max_ms":20}})"),
                         kw);
     kw.complete();
     EXPECT_EQ(kw.prompt_tokens, 100);
     EXPECT_EQ(kw.reused_tokens, 90);
     EXPECT_EQ(kw.computed_tokens, 10);
     EXPECT_DOUBLE_EQ(kw.prompt_ms, 12.5);
+    EXPECT_DOUBLE_EQ(kw.sampling_ms, 30.5);
+    EXPECT_DOUBLE_EQ(kw.sampling_max_ms, 20);
 
     prompt_numbers ls;  // llama-server: timings only on the last chunk
     read_openai_numbers(json::parse(R"({"choices":[],"timings":{"cache_n":64,"prompt_n":36,"prompt_ms":40}})"), ls);
@@ -449,6 +451,10 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     kw.requests[0].token_gaps_ms = {10, 20, 30};
     kw.requests[3].token_gaps_ms = {40, 500};
     kw.requests[4].token_gaps_ms = {9000};  // a ping's: not a stream anybody watches
+    kw.requests[0].sampling_ms = 100;
+    kw.requests[0].sampling_max_ms = 60;
+    kw.requests[1].sampling_ms = 5;
+    kw.requests[1].sampling_max_ms = 2;
     target_run ls{"ls", "", true, 0, 1, 1, "", {}};
     ls.requests = {record("a", 0, 0, 800, 1000, 1000, 800), record("a", 1, 1, 400, 400, 20, 400)};
 
@@ -467,6 +473,9 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     EXPECT_DOUBLE_EQ(s.token_gap_p50_ms, 30);
     EXPECT_DOUBLE_EQ(s.token_gap_p90_ms, 316);  // 40 + 0.6 * 460
     EXPECT_DOUBLE_EQ(s.token_gap_max_ms, 500);
+    EXPECT_EQ(s.sampling_reported, 2);
+    EXPECT_DOUBLE_EQ(s.sampling_ms, 105);
+    EXPECT_DOUBLE_EQ(s.sampling_max_ms, 60);
     const target_summary l = summarize("ls", {kw, ls});
     const auto ratios = compare_to({s, l}, "ls");
     ASSERT_EQ(ratios.size(), 1u);
@@ -486,12 +495,20 @@ TEST(GauntletReport, SummaryColdWarmIdealAndRatios) {
     EXPECT_NE(table.find("kw: gaps between a stream's tokens (5), p50 / p90 / p99 / max 30.0 / 316.0 / 481.6 / 500.0"),
               std::string::npos)
         << table;
+    EXPECT_NE(table.find("kw: sampling (server-reported, 2 streams), 105 ms in all, the longest one token 60.0 ms"),
+              std::string::npos)
+        << table;
+    EXPECT_EQ(table.find("ls: sampling"), std::string::npos) << "llama-server reports none";
     const json j = json::parse(format_gauntlet_json(report));
     EXPECT_EQ(j["targets"][0]["ideal_tokens"], 1450);
     EXPECT_EQ(j["runs"][0]["requests"].size(), 5u);
     EXPECT_EQ(j["targets"][0]["token_gap_max_ms"], 500);
     EXPECT_EQ(j["runs"][0]["requests"][3]["token_gap_max_ms"], 500);
     EXPECT_TRUE(j["runs"][0]["requests"][1]["token_gap_max_ms"].is_null());
+    EXPECT_EQ(j["targets"][0]["sampling_ms"], 105);
+    EXPECT_TRUE(j["targets"][1]["sampling_ms"].is_null());
+    EXPECT_EQ(j["runs"][0]["requests"][0]["sampling_max_ms"], 60);
+    EXPECT_TRUE(j["runs"][0]["requests"][2]["sampling_max_ms"].is_null());
     const std::string html = format_gauntlet_html(report);
     EXPECT_NE(html.find("<svg"), std::string::npos);
     EXPECT_NE(html.find("TTFT per request over time"), std::string::npos);

@@ -26,6 +26,8 @@ generation_stats sample_stats() {
     st.prepare_ms = 2.5;
     st.prompt_ms = 33.0;
     st.generation_ms = 70.0;
+    st.sampling_ms = 9.5;
+    st.sampling_max_ms = 6.0;
     st.slot = 2;
     st.stop_sequence = "END";
     return st;
@@ -54,6 +56,8 @@ TEST(GenerationReport, TimingsCarryLlamaServersNumbers) {
     EXPECT_DOUBLE_EQ(t.setup_ms, 4.25);
     EXPECT_DOUBLE_EQ(t.queued_ms, 1.5);
     EXPECT_DOUBLE_EQ(t.prepare_ms, 2.5);
+    EXPECT_DOUBLE_EQ(t.sampling_ms, 9.5);
+    EXPECT_DOUBLE_EQ(t.sampling_max_ms, 6.0);
     EXPECT_EQ(t.cache.device, 60);
     EXPECT_EQ(t.cache.ram, 30);
     EXPECT_EQ(t.cache.disk, 10);
