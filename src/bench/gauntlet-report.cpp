@@ -29,6 +29,11 @@ nlohmann::ordered_json number_or_null(double v) {
     return std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
 }
 
+// A number the server may not report (-1: it did not): null then.
+nlohmann::ordered_json reported_or_null(double v) {
+    return number_or_null(v >= 0 ? v : NAN);
+}
+
 // "p50 / p90 / p99 / max" of the gaps between a stream's tokens, in ms.
 std::string token_gaps_text(const target_summary& s) {
     return fixed(s.token_gap_p50_ms, 1) + " / " + fixed(s.token_gap_p90_ms, 1) + " / " + fixed(s.token_gap_p99_ms, 1) +
@@ -331,8 +336,8 @@ std::string format_gauntlet_json(const gauntlet_report& report) {
                       {"ideal_prompt_tokens", r.ideal_prompt_tokens},
                       {"ideal_new_tokens", r.ideal_new_tokens},
                       {"token_gap_max_ms", number_or_null(percentile(r.token_gaps_ms, 100))},
-                      {"sampling_ms", number_or_null(r.sampling_ms >= 0 ? r.sampling_ms : NAN)},
-                      {"sampling_max_ms", number_or_null(r.sampling_max_ms >= 0 ? r.sampling_max_ms : NAN)}};
+                      {"sampling_ms", reported_or_null(r.sampling_ms)},
+                      {"sampling_max_ms", reported_or_null(r.sampling_max_ms)}};
             if (!r.error.empty()) q["error"] = r.error;
             requests.push_back(std::move(q));
         }

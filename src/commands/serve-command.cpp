@@ -390,6 +390,21 @@ void add_serve_command(CLI::App& app) {
                     "about this long: its tokens keep streaming during a long prefill (0: one --ubatch-size per step)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    const std::map<std::string, engine_options::tile_padding> paddings{
+        {"auto", engine_options::tile_padding::automatic},
+        {"on", engine_options::tile_padding::on},
+        {"off", engine_options::tile_padding::off}};
+    cmd->add_option("--pad-to-tile", e.pad_to_tile,
+                    "Fill a batch under 64 rows up to a whole attention tile with throwaway rows: CPU flash attention "
+                    "computes fewer row by row, many times slower deep in a context (auto: where the steps before "
+                    "say it pays; on; off)")
+        ->transform(CLI::CheckedTransformer(paddings))
+        ->default_str("auto");
+    cmd->add_option("--log-slow-steps", e.slow_step_log_ms,
+                    "Log each step that holds a generating request this many ms, with what it spent its time on "
+                    "(decode, restores, making way, sampling) (0: never)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-grammar-bytes", e.grammar_max_bytes,
                     "Largest grammar a response format or tools may make, in bytes")
         ->capture_default_str()

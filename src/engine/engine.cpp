@@ -28,6 +28,9 @@ double ms_between(clock::time_point a, clock::time_point b) {
 // times slower per token: beside a stream, a 12K prompt in 47-token chunks took 19.2 s to prefill, in whole tiles
 // 9.0 s (alone 6.2-6.7 s). Prompt chunks that ride along with generating slots are sized in whole tiles.
 constexpr int attention_tile = 64;
+// Shallower than this, a step's cost is more the weights' than attention's, and its cost per position of depth says
+// little (see engine::tile_padding_rows).
+constexpr int padding_min_depth = 2048;
 
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
@@ -144,10 +147,17 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                        .disk_dir = options_.cache_dir,
                                        .disk_budget = options_.cache_disk_bytes,
                                        .model_fingerprint = {}};
-    if (options_.slots + options_.cache_parked_sequences + 1 > 256) {
+    if (options_.slots + options_.cache_parked_sequences + 2 > 256) {
         throw std::invalid_argument("--parallel plus --cache-parked must stay below 256 sequences");
     }
     cparams.n_seq_max = static_cast<uint32_t>(prompt_cache::sequences_needed(cache_options));
+    // Padding rows need a sequence of their own. Recurrent layers split a batch of several sequences into equal
+    // parts (no tile to fill), and a GPU's attention has no row-by-row path.
+    const bool gpu = options_.gpu_layers != 0 && ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) != nullptr;
+    if (options_.pad_to_tile != engine_options::tile_padding::off && !gpu && !llama_model_is_recurrent(model_.get()) &&
+        !llama_model_is_hybrid(model_.get()) && std::min(options_.ubatch_size, options_.batch_size) >= attention_tile) {
+        padding_seq_ = static_cast<llama_seq_id>(cparams.n_seq_max++);
+    }
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
     cparams.n_threads = threads;
     cparams.n_threads_batch = options_.threads_batch > 0 ? options_.threads_batch : threads;
@@ -346,9 +356,11 @@ void engine::run() {
             wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || any_busy() || making_way_; });
             if (stopping_) break;
         }
+        const auto turn_started = clock::now();
         const int64_t started = now_ns();
         progress_ns_ = started;
         step_started_ns_ = started;
+        turn_ = {};
         // A request's own failures end that request (admit, sample); whatever escapes them ends the requests in the
         // slots, never the engine thread: an exception out of here would be std::terminate.
         try {
@@ -362,6 +374,7 @@ void engine::run() {
             log::error("engine", "step failed: {}", e.what());
             fail_busy_slots(std::string("engine step failed: ") + e.what());
         }
+        account(turn_, ms_between(turn_started, clock::now()));
         step_started_ns_ = 0;
         publish_slot_status();
     }
@@ -498,7 +511,10 @@ std::string engine::describe_divergence(const std::vector<llama_token>& prompt, 
 // its logits give the first generated token).
 void engine::restore_prefix(slot& s) {
     const auto& prompt = s.request->prompt;
+    const auto started = clock::now();
     s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1, s.request->tenant);
+    turn_.restore_ms += ms_between(started, clock::now());
+    turn_.restored_tokens += s.restored.ram + s.restored.disk;
     s.tenant = s.request->tenant;
     s.cached.assign(prompt.begin(), prompt.begin() + s.restored.reused);
     const int to_compute = static_cast<int>(prompt.size()) - s.restored.reused;
@@ -666,14 +682,23 @@ bool engine::step() {
     }
     if (batch_.n_tokens == 0) return false;
 
+    turn_.generated_tokens = decode_tokens;
+    turn_.prompt_tokens = batch_.n_tokens - decode_tokens;
+    turn_.deepest = static_cast<int>(*std::max_element(batch_.pos, batch_.pos + batch_.n_tokens));
+    turn_.padding = tile_padding_rows(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest);
+    for (int k = 0; k < turn_.padding; ++k) common_batch_add(batch_, batch_.token[0], k, {padding_seq_}, false);
+    if (turn_.padding > 0) counters_.padded_steps++;
+    const auto decode_started = clock::now();
     int rc = llama_decode(ctx_.get(), batch_);
     while (rc == 1 && cache_->make_room()) rc = llama_decode(ctx_.get(), batch_);  // KV full: free idle cells
+    if (turn_.padding > 0) llama_memory_seq_rm(llama_get_memory(ctx_.get()), padding_seq_, -1, -1);
     counters_.decode_steps++;
     if (parts.size() > 1) counters_.shared_decode_steps++;
     if (rc != 0) {
         const std::string why = rc == 1                           ? "no room left in the KV cache"
                                 : rc == 2 && abort_decode_.load() ? "server shutting down"
                                                                   : "llama_decode failed (" + std::to_string(rc) + ")";
+        turn_.decode_ms = ms_between(decode_started, clock::now());
         for (auto& p : parts) finish(*p.s, finish_reason::error, why);
         return true;
     }
@@ -699,6 +724,8 @@ bool engine::step() {
     }
 
     llama_synchronize(ctx_.get());  // so that the sampling clock below counts sampling, not a decode finishing late
+    const auto sampling_started = clock::now();
+    turn_.decode_ms = ms_between(decode_started, sampling_started);
     for (auto& p : parts) {
         slot& s = *p.s;
         if (s.batch_index < 0 || !s.busy()) continue;
@@ -710,14 +737,19 @@ bool engine::step() {
         }
         progress_ns_ = now_ns();
     }
-    // What a generating slot waited for its next token: the batch, the decode and the sampling.
-    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, ms_between(step_started, clock::now()));
+    turn_.sample_ms = ms_between(sampling_started, clock::now());
+    // What a generating slot waited for its next token: the batch, the decode and the sampling. Padding rows cost
+    // what prompt rows do.
+    const double step_ms = ms_between(step_started, clock::now());
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, step_ms);
+    learn_row_costs(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest, turn_.decode_ms);
     return true;
 }
 
 // Moves idle conversations to RAM for a long prompt (prompt_cache::make_way): all at once when nobody generates,
 // else a share of each step's time target, so that the streams do not wait for it.
 void engine::make_way() {
+    const auto started = clock::now();
     const bool generating = std::any_of(slots_.begin(), slots_.end(), [](auto& sp) { return sp->pending >= 0; });
     const auto budget = generating && options_.step_ms_target > 0
                             ? std::chrono::duration_cast<clock::duration>(
@@ -726,6 +758,35 @@ void engine::make_way() {
     std::vector<int> emptied;
     making_way_ = !cache_->make_way(budget, emptied);
     for (const int id : emptied) slots_[static_cast<size_t>(id)]->cached.clear();
+    turn_.make_way_ms = ms_between(started, clock::now());
+}
+
+// Adds a turn of the engine loop to /metrics, and logs one that held a generating slot for long with what it spent
+// its time on, so that a stall a client saw can be traced to its cause.
+void engine::account(const loop_turn& turn, double total_ms) {
+    const auto us = [](double ms) { return static_cast<uint64_t>(ms * 1000); };
+    counters_.loop_us += us(total_ms);
+    counters_.restore_us += us(turn.restore_ms);
+    counters_.make_way_us += us(turn.make_way_ms);
+    counters_.batch_decode_us += us(turn.decode_ms);
+    counters_.sample_us += us(turn.sample_ms);
+    if (turn.generated_tokens == 0) return;
+    {
+        std::lock_guard lock(latencies_mu_);
+        latencies_.stream_step.record(total_ms / 1000);
+    }
+    if (options_.slow_step_log_ms <= 0 || total_ms < options_.slow_step_log_ms) return;
+    counters_.slow_stream_steps++;
+    const double other_ms = total_ms - turn.restore_ms - turn.make_way_ms - turn.decode_ms - turn.sample_ms;
+    const auto ms = [](double v) { return log::fixed{v, 0}; };
+    log::info(
+        "engine",
+        "a step held {} generating slot(s) {} ms: decode {} ms ({} prompt + {} generated tokens + {} padding rows, "
+        "up to position {}), restore {} ms ({} tokens from RAM or disk), make way {} ms, sampling {} ms, other {} "
+        "ms",
+        turn.generated_tokens, ms(total_ms), ms(turn.decode_ms), turn.prompt_tokens, turn.generated_tokens,
+        turn.padding, turn.deepest, ms(turn.restore_ms), turn.restored_tokens, ms(turn.make_way_ms), ms(turn.sample_ms),
+        ms(other_ms));
 }
 
 // How many of the `left` prompt tokens before the next cut go in this step, given `room` in the step's budget and
@@ -779,9 +840,46 @@ void engine::measure_step(int prompt_tokens, int decode_tokens, double ms) {
         return;
     }
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
-    if (prompt_tokens < enough) return;
+    // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
+    if (prompt_tokens < enough || prompt_tokens + decode_tokens < attention_tile) return;
     const double fixed = decode_tokens > 0 ? generation_step_ms_ : 0;
     average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
+}
+
+// How many throwaway rows fill a batch of `rows` (`prompt_rows` of them prompt tokens, up to position `deepest`) to a
+// whole attention tile, given what a row cost per 1K positions of depth in the steps before, under a tile and in whole
+// tiles (0: not seen yet): none unless the rows would cost clearly more row by row than a tile does. Attention is most
+// of a deep step's cost; shallower than 2K the weights' share makes a per-depth cost mislead, and there is little to
+// win.
+int engine::tile_padding(int rows, int prompt_rows, int deepest, double sub_tile_row_cost, double tile_row_cost) {
+    if (rows >= attention_tile || prompt_rows == 0 || deepest < padding_min_depth) return 0;
+    if (sub_tile_row_cost <= 0 || tile_row_cost <= 0) return 0;
+    constexpr double margin = 1.25;  // the costs are averages of noisy steps: pad where it clearly pays
+    return rows * sub_tile_row_cost > margin * attention_tile * tile_row_cost ? attention_tile - rows : 0;
+}
+
+int engine::tile_padding_rows(int rows, int prompt_rows, int deepest) {
+    if (padding_seq_ < 0 || rows >= attention_tile) return 0;
+    if (options_.pad_to_tile == engine_options::tile_padding::on) return attention_tile - rows;
+    const int fill = tile_padding(rows, prompt_rows, deepest, sub_tile_row_cost_, tile_row_cost_);
+    // Once batches are filled, the row-by-row cost is no longer measured: one in 32 goes without, so that a cost
+    // measured in a slow spell (or a machine that got faster) does not decide for good.
+    constexpr int remeasure_every = 32;
+    if (fill > 0 && ++padding_choices_ % remeasure_every == 0) return 0;
+    return fill;
+}
+
+// Learns what a row of a decode that carries prompt tokens costs per 1K positions of depth, under a tile (row by
+// row) and in whole tiles (a partial tile costs a whole one), from the decode's time of the steps 2K deep or more.
+void engine::learn_row_costs(int rows, int prompt_rows, int deepest, double ms) {
+    constexpr int enough = 4;  // prompt rows: a step of generated tokens alone reads the weights for few rows
+    if (prompt_rows < enough || deepest < padding_min_depth) return;
+    const bool tiled = rows >= attention_tile;
+    const int counted = tiled ? (rows + attention_tile - 1) / attention_tile * attention_tile : rows;
+    const double cost = ms / counted / (deepest / 1024.0);
+    double& into = tiled ? tile_row_cost_ : sub_tile_row_cost_;
+    constexpr double weight = 0.5;
+    into = into > 0 ? into + weight * (cost - into) : cost;
 }
 
 // Samples the slot's next token from the last decode's logits and hands its text to the request.

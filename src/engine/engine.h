@@ -71,10 +71,21 @@ struct engine_options {
     // never holds a stream's next token for longer (chunked prefill). 0: no time limit, one physical batch of
     // prompt per step.
     double step_ms_target = 75;
+    // ggml's CPU flash attention computes a batch of 64 query rows or more in tiles, and a smaller one row by row,
+    // which deep in a context costs many times more per row (see attention_tile in engine.cpp): a warm turn's
+    // 28 new tokens 20K deep took 3.1 s where a whole tile takes about 0.45. A batch under a tile can be filled up
+    // with throwaway rows of a sequence of their own, removed after the step. automatic: when the steps before
+    // say a tile costs less than those rows do (dense models, attention on the CPU, 2K deep or more); on: every
+    // batch under a tile (to measure it); off: never.
+    enum class tile_padding { off, automatic, on };
+    tile_padding pad_to_tile = tile_padding::automatic;
     // A prompt that computes at least this many tokens first moves the idle conversations on the device to RAM, out
     // of its attention's way (prompt_cache::make_way), and so does an answer once it has generated this many; they
     // come back from RAM on their next turn. 0: never.
     int idle_to_ram_tokens = 1024;
+    // A step that holds a generating slot this long (its stream's reader waits as long for a token) is logged with
+    // what it spent its time on (restores, making way, decode, sampling), and counted in /metrics. 0: never.
+    double slow_step_log_ms = 1000;
     // /health reports the engine stalled when a step has made no progress for this long.
     double stall_seconds = 10;
     // Requests that may wait for a slot (0: no limit). One more is refused at once with a 503 and Retry-After, so a
@@ -103,12 +114,26 @@ struct engine_counters {
     std::atomic<uint64_t> cancelled{0};
     std::atomic<uint64_t> errors{0};
     std::atomic<uint64_t> sampling_too_slow{0};  // requests ended because one token's sampling passed the limit
+    // Where the engine thread's time goes, turn by turn of its loop (engine::loop_turn): restoring admitted
+    // requests' prefixes from RAM or disk, moving idle conversations out of a long prompt's way, llama_decode, and
+    // sampling; the rest (admission, cancellations, status) is the total minus these.
+    std::atomic<uint64_t> loop_us{0};
+    std::atomic<uint64_t> restore_us{0};
+    std::atomic<uint64_t> make_way_us{0};
+    std::atomic<uint64_t> batch_decode_us{0};
+    std::atomic<uint64_t> sample_us{0};
+    std::atomic<uint64_t> slow_stream_steps{0};
+    std::atomic<uint64_t> padded_steps{0};  // batches filled up to a whole attention tile (pad_to_tile)  // turns that
+                                            // held a generating slot slow_step_log_ms or longer
 };
 
 // How long finished requests waited, for /metrics: for a slot (queue), and from their arrival to their first token.
 struct request_latencies {
     latency_histogram queue_wait{latency_histogram::request_bounds_seconds};
     latency_histogram time_to_first_token{latency_histogram::request_bounds_seconds};
+    // Every turn of the engine loop that carried a generated token: how long a stream waited for that token (the
+    // batch's prompt chunks, restores and sampling included). The gaps its reader sees, less the HTTP's share.
+    latency_histogram stream_step{latency_histogram::request_bounds_seconds};
 };
 
 // One slot as /health, /metrics and /slots see it, published by the engine thread at every step's start and end.
@@ -165,10 +190,27 @@ public:
     // `decode_tokens` generated tokens in it and `space` left in the batch: chunks fill whole attention tiles beside
     // the decode rows, the piece that does not goes first (see engine.cpp).
     static size_t prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space);
+    // How many throwaway rows fill a batch of `rows` under an attention tile to a whole one (0: none): where, at the
+    // costs per row and per 1K positions of depth the steps before measured, a tile costs clearly less (see
+    // engine_options::pad_to_tile).
+    static int tile_padding(int rows, int prompt_rows, int deepest, double sub_tile_row_cost, double tile_row_cost);
 
 private:
     struct slot;
+    // What one turn of the engine loop (run()) spent its time on, for /metrics and the log line of a slow step.
+    struct loop_turn {
+        double restore_ms = 0;  // restoring admitted requests' prefixes (from RAM and disk: the tokens below)
+        int restored_tokens = 0;
+        double make_way_ms = 0;  // moving idle conversations to RAM
+        double decode_ms = 0;    // llama_decode of the batch
+        double sample_ms = 0;    // every slot's next token
+        int prompt_tokens = 0;   // in the batch
+        int padding = 0;         // throwaway rows that filled it to a whole tile
+        int generated_tokens = 0;
+        int deepest = 0;  // the highest position in the batch: what its attention spans
+    };
     void run();
+    void account(const loop_turn& turn, double total_ms);
     void admit_queued();
     void admit(std::shared_ptr<generation_request> request);
     void sample(slot& s);
@@ -182,6 +224,8 @@ private:
     bool step();
     void make_way();
     int prompt_budget(int decode_tokens) const;
+    int tile_padding_rows(int rows, int prompt_rows, int deepest);
+    void learn_row_costs(int rows, int prompt_rows, int deepest, double ms);
     void measure_step(int prompt_tokens, int decode_tokens, double ms);
     int next_cut(const slot& s) const;
     std::string describe_divergence(const std::vector<llama_token>& prompt, const cache_restore& r) const;
@@ -206,8 +250,15 @@ private:
     // token adds to it. Engine thread only.
     double generation_step_ms_ = 0;
     double ms_per_prompt_token_ = 0;
+    // What a row of a step that carries prompt tokens costs per 1K positions of depth, under a tile and in whole
+    // tiles, to choose whether to fill a batch up to a tile (engine_options::pad_to_tile). 0: not seen yet.
+    double sub_tile_row_cost_ = 0;
+    double tile_row_cost_ = 0;
+    llama_seq_id padding_seq_ = -1;  // the throwaway rows' sequence (-1: no padding for this model)
+    uint64_t padding_choices_ = 0;   // batches the costs said to fill up
     // A long prompt was admitted: idle conversations are being moved to RAM, out of its way. Engine thread only.
     bool making_way_ = false;
+    loop_turn turn_;  // the current turn's accounts; engine thread only
 
     mutable std::mutex mu_;
     std::condition_variable wake_;

@@ -39,6 +39,20 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.counter("keepwarm_shared_decode_steps_total",
                 "llama_decode calls that carried tokens of several slots (continuous batching)",
                 c.shared_decode_steps.load());
+    out.family("keepwarm_engine_seconds_total", "counter",
+               "The engine thread's time in its loop (part=all), and in restoring prefixes from RAM or disk, moving "
+               "idle conversations to RAM, llama_decode and sampling");
+    out.sample("keepwarm_engine_seconds_total", c.loop_us.load() / 1e6, {{"part", "all"}});
+    out.sample("keepwarm_engine_seconds_total", c.restore_us.load() / 1e6, {{"part", "restore"}});
+    out.sample("keepwarm_engine_seconds_total", c.make_way_us.load() / 1e6, {{"part", "make_way"}});
+    out.sample("keepwarm_engine_seconds_total", c.batch_decode_us.load() / 1e6, {{"part", "decode"}});
+    out.sample("keepwarm_engine_seconds_total", c.sample_us.load() / 1e6, {{"part", "sampling"}});
+    out.counter("keepwarm_slow_stream_steps_total",
+                "Engine loop turns that held a generating slot --log-slow-steps ms or longer (each is logged)",
+                c.slow_stream_steps.load());
+    out.counter("keepwarm_padded_steps_total",
+                "Batches under 64 rows filled up to a whole attention tile with throwaway rows (--pad-to-tile)",
+                c.padded_steps.load());
     out.counter("keepwarm_requests_cancelled_total", "Generations stopped because the client went away",
                 c.cancelled.load());
     out.counter("keepwarm_request_errors_total", "Generations that ended with an error", c.errors.load());
@@ -51,6 +65,9 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.family("keepwarm_time_to_first_token_seconds", "histogram",
                "From a request's arrival to its first sampled token (parse, queue, prefill)");
     out.histogram("keepwarm_time_to_first_token_seconds", latencies.time_to_first_token);
+    out.family("keepwarm_stream_step_seconds", "histogram",
+               "Engine loop turns that carried a generated token: how long a stream waited for it");
+    out.histogram("keepwarm_stream_step_seconds", latencies.stream_step);
     const cache_snapshot cache = model.llm->cache_stats();
     out.counter("keepwarm_cache_hits_total", "Requests that reused cached KV", cache.hits);
     out.counter("keepwarm_cache_misses_total", "Requests that reused nothing", cache.misses);

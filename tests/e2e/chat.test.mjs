@@ -176,6 +176,13 @@ test('/metrics counts requests and tokens in Prometheus text format', async () =
     assert.ok(value('keepwarm_decode_seconds_total') > 0);
     assert.equal(value('keepwarm_prompt_tokens_total'),
                  value('keepwarm_reused_tokens_total') + value('keepwarm_computed_prompt_tokens_total'));
+    // Where the engine thread's time went, and how long streams waited for each token.
+    const part = (p) => value(`keepwarm_engine_seconds_total\\{part="${p}"\\}`);
+    assert.ok(part('decode') > 0 && part('sampling') > 0);
+    assert.ok(part('all') >= part('decode') + part('sampling') + part('restore') + part('make_way'));
+    assert.match(text, /# TYPE keepwarm_stream_step_seconds histogram/);
+    assert.ok(value('keepwarm_stream_step_seconds_count') > 0);
+    assert.ok(value('keepwarm_slow_stream_steps_total') >= 0);
 });
 
 test('/metrics counts requests per API', async () => {

@@ -445,14 +445,14 @@ TEST(ChatOutputParser, ToolCallNameAndArgumentsStreamAsTheyAreGenerated) {
             }
             if (i + 1 == value_begins + value.size() / 2) {
                 // Half of the value generated: that half is in the client's hands.
-                EXPECT_NE(accumulate(diffs).tool_calls.at(0).arguments.find(value.substr(0, value.size() / 2 - 1)),
-                          std::string::npos)
-                    << accumulate(diffs).tool_calls.at(0).arguments;
+                const std::string arguments = accumulate(diffs).tool_calls.at(0).arguments;
+                EXPECT_NE(arguments.find(value.substr(0, value.size() / 2 - 1)), std::string::npos) << arguments;
             }
         }
         EXPECT_LE(name_at, value_begins) << "the name waited for the arguments";
-        ASSERT_EQ(accumulate(diffs).tool_calls.size(), 1u);
-        EXPECT_EQ(accumulate(diffs).tool_calls[0].name, "get_weather");
+        const auto message = accumulate(diffs);
+        ASSERT_EQ(message.tool_calls.size(), 1u);
+        EXPECT_EQ(message.tool_calls[0].name, "get_weather");
     }
 }
 

@@ -6,9 +6,13 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "base/logger.h"
 #include "base/request-error.h"
 #include "common.h"
 #include "engine/engine.h"
@@ -293,6 +297,64 @@ TEST(engine_limits, a_request_reports_the_time_its_tokens_took_to_sample) {
     EXPECT_GT(with_grammar.sampling_ms, without.sampling_ms);
 }
 
+// Issue 18: the gauntlet's streams waited seconds now and then, and nothing said what the engine was doing meanwhile.
+TEST(engine_limits, the_steps_a_stream_waits_for_are_measured_and_a_slow_one_is_logged_with_its_parts) {
+    std::mutex log_mu;
+    std::vector<std::string> slow_steps;
+    log::set_sink([&](std::string_view line) {
+        std::lock_guard lock(log_mu);
+        if (line.find("a step held") != std::string_view::npos) slow_steps.emplace_back(line);
+    });
+    const auto steps_logged = [&] {
+        std::lock_guard lock(log_mu);
+        return slow_steps;
+    };
+    // The counters of the turn that finished a request are added after its last event: wait for them.
+    const auto eventually = [](const std::function<bool()>& done) {
+        for (int i = 0; i < 500 && !done(); ++i) std::this_thread::sleep_for(10ms);
+        return done();
+    };
+
+    {
+        auto e = limited_engine([](engine_options&) {});  // slow steps: a second or more (--log-slow-steps)
+        auto r = plain_request(*e, "Tell me a story", 5);
+        e->submit(r);
+        EXPECT_EQ(final_event(*r).stats.generated_tokens, 5);
+        // The first token comes from the prompt's step; each of the other four waited for a step of its own.
+        EXPECT_TRUE(eventually([&] { return e->latencies().stream_step.count() == 4; }))
+            << e->latencies().stream_step.count();
+        const engine_counters& c = e->counters();
+        EXPECT_GT(c.batch_decode_us.load(), 0u);
+        EXPECT_GT(c.sample_us.load(), 0u);
+        EXPECT_GE(c.loop_us.load(), c.batch_decode_us.load() + c.sample_us.load());
+        EXPECT_EQ(c.slow_stream_steps.load(), 0u);
+        EXPECT_TRUE(steps_logged().empty()) << steps_logged().front();
+    }
+    {
+        auto e = limited_engine([](engine_options& o) { o.slow_step_log_ms = 0.001; });  // every step is slow
+        auto stream = plain_request(*e, "Tell me a story", 3);
+        e->submit(stream);
+        final_event(*stream);
+        EXPECT_TRUE(eventually([&] { return e->counters().slow_stream_steps.load() == 2; }))
+            << e->counters().slow_stream_steps.load();
+        const auto lines = steps_logged();
+        ASSERT_EQ(lines.size(), 2u);
+        // What the step spent its time on, and what its batch held: the stream's token, at the position after the
+        // prompt and the first generated token (then the second).
+        const size_t prompt = stream->prompt.size();
+        EXPECT_NE(lines[0].find("a step held 1 generating slot(s)"), std::string::npos) << lines[0];
+        EXPECT_NE(lines[0].find("(0 prompt + 1 generated tokens + 0 padding rows, up to position " +
+                                std::to_string(prompt) + ")"),
+                  std::string::npos)
+            << lines[0];
+        EXPECT_NE(lines[1].find("up to position " + std::to_string(prompt + 1) + ")"), std::string::npos) << lines[1];
+        for (const char* part : {"decode ", "restore ", "make way ", "sampling ", "other "}) {
+            EXPECT_NE(lines[0].find(part), std::string::npos) << part << " in " << lines[0];
+        }
+    }
+    log::set_sink({});
+}
+
 TEST(engine_limits, health_reports_a_step_that_makes_no_progress) {
     auto e = limited_engine([](engine_options& o) {
         o.sample_ms_limit = 600000;
@@ -390,6 +452,67 @@ TEST(engine_scheduling, prompt_chunks_fill_whole_tiles_and_the_odd_piece_goes_fi
     EXPECT_EQ(keepwarm::engine::prompt_chunk(992, 16, 50, 2000), 16u);
     EXPECT_EQ(keepwarm::engine::prompt_chunk(60, 16, 50, 2000), 60u);
     EXPECT_EQ(keepwarm::engine::prompt_chunk(60, 16, 50, 40), 16u);
+}
+
+TEST(engine_scheduling, a_batch_under_a_tile_is_filled_up_where_a_tile_costs_clearly_less) {
+    // Costs per row and 1K positions of depth about as a 2-core Zen host measured them 16-20K deep: ~5 ms row by row,
+    // ~0.4 ms in tiles. 28 prompt rows + 1 generated: 29 x 5 > 1.25 x 64 x 0.4, so fill 35 rows.
+    EXPECT_EQ(engine::tile_padding(29, 28, 20000, 5.0, 0.4), 35);
+    EXPECT_EQ(engine::tile_padding(4, 3, 20000, 5.0, 0.4), 0);     // four rows cost less than a tile
+    EXPECT_EQ(engine::tile_padding(8, 7, 20000, 1.0, 0.4), 0);     // where row by row is only 2.5x dearer
+    EXPECT_EQ(engine::tile_padding(40, 39, 20000, 1.0, 0.4), 24);  // ... it still pays for many rows
+    EXPECT_EQ(engine::tile_padding(2, 0, 20000, 5.0, 0.4), 0);     // generated tokens alone: never
+    EXPECT_EQ(engine::tile_padding(29, 28, 1000, 5.0, 0.4), 0);    // shallow: the weights' cost dominates
+    EXPECT_EQ(engine::tile_padding(29, 28, 20000, 0, 0.4), 0);     // nothing measured yet
+    EXPECT_EQ(engine::tile_padding(64, 63, 20000, 5.0, 0.4), 0);   // a tile already
+}
+
+// Issue 18: 28 new tokens of a warm turn 20K deep went row by row through the CPU's flash attention, 3.1 s where a
+// whole tile costs 0.45. Rows that fill a batch up to a tile must change what the step costs, never what it computes.
+TEST(engine_scheduling, a_batch_filled_up_to_a_whole_tile_computes_what_it_would_have) {
+    struct outcome {
+        std::vector<llama_token> tokens;
+        std::vector<std::vector<float>> logits;
+        uint64_t padded_steps = 0;
+        uint64_t device_tokens = 0;
+    };
+    const auto run = [](engine_options::tile_padding padding) {
+        auto e = limited_engine([&](engine_options& o) { o.pad_to_tile = padding; });
+        outcome out;
+        // A cold prompt under a tile, then a warm turn whose new tokens go alone, and the answers' tokens.
+        for (const std::string text :
+             {"Tell me a story about a dragon", "Tell me a story about a dragon and a knight"}) {
+            auto r = plain_request(*e, text, 4);
+            r->keep_logits = 4;
+            e->submit(r);
+            generation_event end = final_event(*r);
+            EXPECT_EQ(end.stats.generated_tokens, 4);
+            out.tokens.insert(out.tokens.end(), end.generated.begin(), end.generated.end());
+            for (auto& row : end.logits) out.logits.push_back(std::move(row));
+        }
+        out.padded_steps = e->counters().padded_steps.load();
+        out.device_tokens = e->cache_stats().device.tokens;
+        return out;
+    };
+    const outcome plain = run(engine_options::tile_padding::off);
+    const outcome padded = run(engine_options::tile_padding::on);
+    EXPECT_EQ(plain.padded_steps, 0u);
+    EXPECT_GE(padded.padded_steps, 8u);  // every step of both turns was under a tile
+    EXPECT_EQ(padded.device_tokens, plain.device_tokens) << "the padding rows' cells were not all freed";
+    EXPECT_EQ(padded.tokens, plain.tokens);
+    ASSERT_EQ(padded.logits.size(), plain.logits.size());
+    for (size_t i = 0; i < plain.logits.size(); ++i) {
+        ASSERT_EQ(padded.logits[i].size(), plain.logits[i].size());
+        // The tiled and the row-by-row kernels round differently (the latter sums V in f16): 1.3-1.6% of the logits'
+        // range on this model. Rows leaking into the real sequences would change more; and two other padding tokens
+        // (1000, 5000), tried by hand, gave these very logits.
+        float range = 0, worst = 0;
+        for (size_t t = 0; t < plain.logits[i].size(); ++t) {
+            range = std::max(range, std::abs(plain.logits[i][t]));
+            worst = std::max(worst, std::abs(plain.logits[i][t] - padded.logits[i][t]));
+        }
+        EXPECT_LE(worst, 0.04f * range) << "token " << i;
+    }
 }
 
 TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_prompt_is_prefilled) {
