@@ -34,6 +34,12 @@ constexpr int attention_tile = 64;
 // little (see engine::tile_padding_rows).
 constexpr int padding_min_depth = 2048;
 
+// A running average of noisy step costs that follows a slow change (a prompt's depth): half of it is the newest value.
+void update_average(double& average, double value) {
+    constexpr double weight = 0.5;
+    average = average > 0 ? average + weight * (value - average) : value;
+}
+
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
 }
@@ -835,17 +841,15 @@ int engine::prompt_budget(int decode_tokens) const {
 // that read and add their own compute, which grows with the depth they attend over. Averaged over the last few
 // steps, as a prompt's depth changes slowly and a single step may be slowed by anything else on the machine.
 void engine::measure_step(int prompt_tokens, int decode_tokens, double ms) {
-    constexpr double weight = 0.5;  // of the newest step
-    const auto average = [&](double& into, double value) { into = into > 0 ? into + weight * (value - into) : value; };
     if (prompt_tokens == 0) {
-        if (decode_tokens > 0) average(generation_step_ms_, ms);
+        if (decode_tokens > 0) update_average(generation_step_ms_, ms);
         return;
     }
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
     // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
     if (prompt_tokens < enough || prompt_tokens + decode_tokens < attention_tile) return;
     const double fixed = decode_tokens > 0 ? generation_step_ms_ : 0;
-    average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
+    update_average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
 }
 
 // How many throwaway rows fill a batch of `rows` (`prompt_rows` of them prompt tokens, up to position `deepest`) to a
@@ -878,10 +882,7 @@ void engine::learn_row_costs(int rows, int prompt_rows, int deepest, double ms) 
     if (prompt_rows < enough || deepest < padding_min_depth) return;
     const bool tiled = rows >= attention_tile;
     const int counted = tiled ? (rows + attention_tile - 1) / attention_tile * attention_tile : rows;
-    const double cost = ms / counted / (deepest / 1024.0);
-    double& into = tiled ? tile_row_cost_ : sub_tile_row_cost_;
-    constexpr double weight = 0.5;
-    into = into > 0 ? into + weight * (cost - into) : cost;
+    update_average(tiled ? tile_row_cost_ : sub_tile_row_cost_, ms / counted / (deepest / 1024.0));
 }
 
 // Samples the slot's next token from the last decode's logits and hands its text to the request.

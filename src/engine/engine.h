@@ -122,9 +122,8 @@ struct engine_counters {
     std::atomic<uint64_t> make_way_us{0};
     std::atomic<uint64_t> batch_decode_us{0};
     std::atomic<uint64_t> sample_us{0};
-    std::atomic<uint64_t> slow_stream_steps{0};
-    std::atomic<uint64_t> padded_steps{0};  // batches filled up to a whole attention tile (pad_to_tile)  // turns that
-                                            // held a generating slot slow_step_log_ms or longer
+    std::atomic<uint64_t> slow_stream_steps{0};  // turns that held a generating slot slow_step_log_ms or longer
+    std::atomic<uint64_t> padded_steps{0};       // batches filled up to a whole attention tile (pad_to_tile)
 };
 
 // How long finished requests waited, for /metrics: for a slot (queue), and from their arrival to their first token.
