@@ -33,6 +33,9 @@ constexpr int attention_tile = 64;
 // Shallower than this, a step's cost is more the weights' than attention's, and its cost per position of depth says
 // little (see engine::tile_padding_rows).
 constexpr int padding_min_depth = 2048;
+// Prompt rows of a step that measures what rows cost row by row (engine::row_probe); as few as that cost is learnt
+// from (engine::learn_row_costs), so that the weights' share, read once a step, stays small beside the rows'.
+constexpr size_t row_probe_rows = 4;
 
 // A running average of noisy step costs that follows a slow change (a prompt's depth): half of it is the newest value.
 void update_average(double& average, double value) {
@@ -642,6 +645,7 @@ bool engine::step() {
     const auto step_started = clock::now();
     if (making_way_) make_way();
     common_batch_clear(batch_);
+    probing_rows_ = false;
     struct contribution {
         slot* s;
         int first;  // batch index of its first token
@@ -677,8 +681,9 @@ bool engine::step() {
         const auto& prompt = s.request->prompt;
         const size_t cut = static_cast<size_t>(next_cut(s));
         const size_t left = cut - s.prompt_done;
-        const size_t n = prompt_chunk(left, static_cast<size_t>(budget - batch_.n_tokens), decode_tokens,
-                                      static_cast<size_t>(options_.batch_size - batch_.n_tokens));
+        size_t n = prompt_chunk(left, static_cast<size_t>(budget - batch_.n_tokens), decode_tokens,
+                                static_cast<size_t>(options_.batch_size - batch_.n_tokens));
+        n = row_probe(n, batch_.n_tokens, s.prompt_done + n - 1);
         const int first = batch_.n_tokens;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = s.prompt_done + k;
@@ -867,22 +872,38 @@ int engine::tile_padding(int rows, int prompt_rows, int deepest, double sub_tile
 int engine::tile_padding_rows(int rows, int prompt_rows, int deepest) {
     if (padding_seq_ < 0 || rows >= attention_tile) return 0;
     if (options_.pad_to_tile == engine_options::tile_padding::on) return attention_tile - rows;
+    if (probing_rows_) return 0;
     const int fill = tile_padding(rows, prompt_rows, deepest, sub_tile_row_cost_, tile_row_cost_);
-    // Once batches are filled, the row-by-row cost is no longer measured: one in 32 goes without, so that a cost
-    // measured in a slow spell (or a machine that got faster) does not decide for good.
-    constexpr int remeasure_every = 32;
-    if (fill > 0 && ++padding_choices_ % remeasure_every == 0) return 0;
+    if (fill > 0) ++padded_since_probe_;
     return fill;
+}
+
+// How many of the `n` prompt tokens a step would carry, after `rows_before` rows and up to position `deepest`, it
+// does carry: a probe of a few where the batch would be under a tile, deep enough to fill up, and what a row costs
+// row by row is not known (the first such batch after a start) or was last measured 32 filled batches ago (a cost
+// measured in a slow spell, or on a machine that got faster, must not decide for good). The probe goes row by row
+// and is measured; the rest of the chunk goes in the next step, filled up to a tile if the probe says so. Computing
+// the whole batch row by row to learn the cost took 1.7-1.9 s for a warm turn's 26 new tokens 16K deep on a 2-core
+// host, where a probe of 4 costs about 0.25 s. Without a tile's cost to compare with, nothing to probe.
+size_t engine::row_probe(size_t n, int rows_before, size_t deepest) {
+    if (padding_seq_ < 0 || options_.pad_to_tile != engine_options::tile_padding::automatic) return n;
+    constexpr uint64_t remeasure_after = 32;
+    const bool due = tile_row_cost_ > 0 && (sub_tile_row_cost_ <= 0 || padded_since_probe_ >= remeasure_after);
+    const bool under_a_tile = static_cast<size_t>(rows_before) + n < static_cast<size_t>(attention_tile);
+    if (!due || n <= row_probe_rows || !under_a_tile || deepest < static_cast<size_t>(padding_min_depth)) return n;
+    probing_rows_ = true;
+    return row_probe_rows;
 }
 
 // Learns what a row of a decode that carries prompt tokens costs per 1K positions of depth, under a tile (row by
 // row) and in whole tiles (a partial tile costs a whole one), from the decode's time of the steps 2K deep or more.
 void engine::learn_row_costs(int rows, int prompt_rows, int deepest, double ms) {
-    constexpr int enough = 4;  // prompt rows: a step of generated tokens alone reads the weights for few rows
-    if (prompt_rows < enough || deepest < padding_min_depth) return;
+    // Prompt rows: a step of generated tokens alone reads the weights for few rows.
+    if (prompt_rows < static_cast<int>(row_probe_rows) || deepest < padding_min_depth) return;
     const bool tiled = rows >= attention_tile;
     const int counted = tiled ? (rows + attention_tile - 1) / attention_tile * attention_tile : rows;
     update_average(tiled ? tile_row_cost_ : sub_tile_row_cost_, ms / counted / (deepest / 1024.0));
+    if (!tiled) padded_since_probe_ = 0;
 }
 
 // Samples the slot's next token from the last decode's logits and hands its text to the request.

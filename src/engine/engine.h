@@ -224,6 +224,7 @@ private:
     void make_way();
     int prompt_budget(int decode_tokens) const;
     int tile_padding_rows(int rows, int prompt_rows, int deepest);
+    size_t row_probe(size_t n, int rows_before, size_t deepest);
     void learn_row_costs(int rows, int prompt_rows, int deepest, double ms);
     void measure_step(int prompt_tokens, int decode_tokens, double ms);
     int next_cut(const slot& s) const;
@@ -253,8 +254,9 @@ private:
     // tiles, to choose whether to fill a batch up to a tile (engine_options::pad_to_tile). 0: not seen yet.
     double sub_tile_row_cost_ = 0;
     double tile_row_cost_ = 0;
-    llama_seq_id padding_seq_ = -1;  // the throwaway rows' sequence (-1: no padding for this model)
-    uint64_t padding_choices_ = 0;   // batches the costs said to fill up
+    llama_seq_id padding_seq_ = -1;    // the throwaway rows' sequence (-1: no padding for this model)
+    uint64_t padded_since_probe_ = 0;  // batches filled up since a batch under a tile was last measured
+    bool probing_rows_ = false;        // this step's prompt chunk was cut to measure the row-by-row cost
     // A long prompt was admitted: idle conversations are being moved to RAM, out of its way. Engine thread only.
     bool making_way_ = false;
     loop_turn turn_;  // the current turn's accounts; engine thread only

@@ -515,6 +515,52 @@ TEST(engine_scheduling, a_batch_filled_up_to_a_whole_tile_computes_what_it_would
     }
 }
 
+// Issue 18: the first warm turn after a start went row by row to learn what that costs (1.9 s for 26 new tokens 16K
+// deep on a 2-core host, where a tile costs 0.33 s). A probe of a few rows measures it, and the rest of the turn goes
+// in the next step; once measured, a warm turn's new tokens go in one step, and none of it changes the answer.
+TEST(engine_scheduling, the_row_by_row_cost_is_measured_on_a_few_rows_not_a_whole_warm_turn) {
+    const auto run = [](engine_options::tile_padding padding) {
+        auto e = limited_engine([&](engine_options& o) {
+            o.context_size = 4096;
+            o.slots = 1;
+            o.pad_to_tile = padding;
+        });
+        std::vector<llama_token> prompt;
+        while (prompt.size() < 2200) {
+            const auto more = common_tokenize(e->vocab(), " The quick brown fox jumps over the lazy dog.", false, true);
+            prompt.insert(prompt.end(), more.begin(), more.end());
+        }
+        prompt.resize(2200);  // 2K deep or more in its last step: a tile's cost is learnt
+        const auto turn_words =
+            common_tokenize(e->vocab(), " and then the dog woke up and chased the fox", false, true);
+        std::vector<uint64_t> steps;
+        std::vector<llama_token> answers;
+        for (int turn = 0; turn < 3; ++turn) {
+            if (turn > 0) prompt.insert(prompt.end(), turn_words.begin(), turn_words.end());
+            auto r = plain_request(*e, "", 2);
+            r->prompt = prompt;
+            const uint64_t before = e->counters().decode_steps.load();
+            e->submit(r);
+            const generation_event end = final_event(*r);
+            EXPECT_EQ(end.stats.generated_tokens, 2);
+            if (turn > 0) {
+                EXPECT_EQ(end.stats.computed_tokens, static_cast<int>(turn_words.size()));
+            }
+            steps.push_back(e->counters().decode_steps.load() - before - 1);  // prompt steps: less the second token's
+            answers.insert(answers.end(), end.generated.begin(), end.generated.end());
+        }
+        return std::make_pair(steps, answers);
+    };
+    const auto [probed_steps, probed_answers] = run(engine_options::tile_padding::automatic);
+    const auto [plain_steps, plain_answers] = run(engine_options::tile_padding::off);
+    ASSERT_GT(plain_steps.size(), 2u);
+    EXPECT_EQ(plain_steps[1], 1u);  // without padding, nothing to measure: the turn's new tokens in one step
+    EXPECT_EQ(probed_steps[0], plain_steps[0]);
+    EXPECT_EQ(probed_steps[1], 2u) << "the first warm turn: a probe of a few rows, then the rest";
+    EXPECT_EQ(probed_steps[2], 1u) << "measured once, not per turn";
+    EXPECT_EQ(probed_answers, plain_answers);
+}
+
 TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_prompt_is_prefilled) {
     for (const double target_ms : {0.0, 0.001}) {
         SCOPED_TRACE("step_ms_target " + std::to_string(target_ms));
