@@ -9,13 +9,13 @@
 #   scripts/fuzz.sh --replay [TARGET|all]     runs the saved reproducers in fuzz/crashes/TARGET once each,
 #                                             strict (a non-crash finding fails too)
 # Targets: openai-request anthropic-request ollama-request openai-stream anthropic-stream ollama-stream policy-file
-# proxy-config disk-entry prompt-index. KEEPWARM_FUZZ_STRICT=1 also stops at a broken contract that is not a crash
+# proxy-config disk-entry prompt-index restore-plan. KEEPWARM_FUZZ_STRICT=1 also stops at a broken contract that is not a crash
 # (an exception the route would answer with a 500; see fuzz/fuzz-support.h). An input over 10 s or 4 GiB is a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets=(openai-request anthropic-request ollama-request openai-stream anthropic-stream ollama-stream policy-file
-    proxy-config disk-entry prompt-index)
+    proxy-config disk-entry prompt-index restore-plan)
 build=build-fuzz
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 #include <cerrno>
@@ -230,8 +231,12 @@ void move_aside(const fs::path& file) {
 
 }  // namespace
 
-disk_store::disk_store(std::filesystem::path dir, uint64_t budget_bytes, std::string model_fingerprint)
-    : dir_(std::move(dir)), budget_(budget_bytes), fingerprint_(std::move(model_fingerprint)) {
+disk_store::disk_store(std::filesystem::path dir, uint64_t budget_bytes, std::string model_fingerprint,
+                       file_writer write_file)
+    : dir_(std::move(dir)),
+      budget_(budget_bytes),
+      fingerprint_(std::move(model_fingerprint)),
+      write_file_(write_file ? std::move(write_file) : file_writer(write_file_atomically)) {
     if (fingerprint_.size() > max_fingerprint)
         throw std::invalid_argument("disk cache: model fingerprint longer than " + std::to_string(max_fingerprint));
 }
@@ -495,6 +500,40 @@ std::vector<disk_entry_info> disk_store::entries() const {
     return out;
 }
 
+namespace {
+// How long a full disk keeps the budget down, and how often a failed write is logged: a minute is short enough for
+// an operator who frees space to see the tier grow again, long enough not to retry (or log) every block.
+constexpr auto disk_full_hold = std::chrono::minutes(1);
+constexpr auto failure_log_interval = std::chrono::minutes(1);
+}  // namespace
+
+uint64_t disk_store::budget_in_force() const {
+    std::lock_guard lock(index_mu_);
+    if (disk_full_at_ && std::chrono::steady_clock::now() - *disk_full_at_ < disk_full_hold) {
+        return std::min(budget_, held_when_full_);
+    }
+    return budget_;
+}
+
+std::optional<std::string> disk_store::write_failure_line(const block_key& key, const std::string& error,
+                                                          bool disk_full) {
+    const auto now = std::chrono::steady_clock::now();
+    if (failure_logged_at_ && now - *failure_logged_at_ < failure_log_interval) {
+        ++failures_not_logged_;
+        return std::nullopt;
+    }
+    std::string line = "write of " + key.hex() + " failed: " + error;
+    if (failures_not_logged_ > 0) line += " (" + std::to_string(failures_not_logged_) + " more failed before it)";
+    if (disk_full) {
+        line += "; the disk is full: the tier keeps to the " + std::to_string(held_when_full_) +
+                " bytes it holds for a minute, evicting to make room";
+    }
+    line += "; further failures are logged once a minute";
+    failure_logged_at_ = now;
+    failures_not_logged_ = 0;
+    return line;
+}
+
 uint64_t disk_store::bytes() const {
     std::lock_guard lock(index_mu_);
     return bytes_;
@@ -546,8 +585,9 @@ void disk_store::writer_loop() {
 
                 const fs::path final_path = entry_path(op.key);
                 const uint64_t checksum = XXH3_64bits(payload->data(), payload->size());
+                int err = 0;
                 const auto error =
-                    write_file_atomically(final_path, {encode_header(info, fingerprint_, checksum), *payload});
+                    write_file_(final_path, {encode_header(info, fingerprint_, checksum), *payload}, &err);
 
                 lock.lock();
                 // Still there: only this thread removes an entry that is in flight.
@@ -558,9 +598,18 @@ void disk_store::writer_loop() {
                 if (error) {
                     if (!cancelled) bytes_ -= file_bytes;
                     counters_.write_failures++;
-                    lock.unlock();
-                    log("write of " + op.key.hex() + " failed: " + *error);
-                    lock.lock();
+                    const bool disk_full = err == ENOSPC || err == EDQUOT;
+                    if (disk_full) {
+                        counters_.disk_full++;
+                        disk_full_at_ = std::chrono::steady_clock::now();
+                        held_when_full_ = 0;
+                        for (const auto& [key, entry] : index_) held_when_full_ += entry.file_bytes;
+                    }
+                    if (const auto line = write_failure_line(op.key, *error, disk_full)) {
+                        lock.unlock();
+                        log(*line);
+                        lock.lock();
+                    }
                 } else if (cancelled) {
                     lock.unlock();
                     ::unlink(final_path.c_str());

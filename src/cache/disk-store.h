@@ -42,16 +42,23 @@
 // Budget: bytes() counts whole files (header + payload) of indexed entries plus queued writes. The store refuses
 // (put returns false) an entry that alone exceeds the budget; otherwise it accepts it even if the total then exceeds
 // the budget: choosing what to evict is the caller's business (erase). Use entry_file_bytes() to make room first.
+// A file system that fills up before the budget is reached (ENOSPC, EDQUOT) lowers budget_in_force() to what the
+// store held then, for a minute at a time, so that the caller's evictions make room for new entries instead of the
+// tier freezing on its oldest ones. Failed writes are logged once a minute at most, with how many failed since.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -73,6 +80,7 @@ struct disk_entry_info {
 struct disk_store_counters {
     std::atomic<uint64_t> writes{0};            // entries written and indexed
     std::atomic<uint64_t> write_failures{0};    // I/O errors while writing (disk full, ...); the temp file is removed
+    std::atomic<uint64_t> disk_full{0};         // of those, the file system was full (ENOSPC, EDQUOT)
     std::atomic<uint64_t> refused{0};           // put() refused: larger than the whole budget, or inconsistent info
     std::atomic<uint64_t> abandoned{0};         // queued writes dropped because the store was destroyed first
     std::atomic<uint64_t> reads{0};             // get() hits (from disk or from a queued write)
@@ -90,7 +98,11 @@ class disk_store {
 public:
     // Nothing touches the disk until open(). `model_fingerprint` is written into every entry and only entries that
     // carry the same one are loaded.
-    disk_store(std::filesystem::path dir, uint64_t budget_bytes, std::string model_fingerprint);
+    // `write_file` writes one entry (tests pass one that fails as a full or read-only file system would).
+    using file_writer = std::function<std::optional<std::string>(
+        const std::filesystem::path&, std::initializer_list<std::span<const uint8_t>>, int* err)>;
+    disk_store(std::filesystem::path dir, uint64_t budget_bytes, std::string model_fingerprint,
+               file_writer write_file = {});
     // Finishes the write in progress, drops the queued ones that have not started (counted as abandoned; call
     // flush() first to keep them), performs queued deletions, and joins the writer thread.
     ~disk_store();
@@ -132,6 +144,8 @@ public:
     uint64_t bytes() const;  // file bytes of indexed and queued entries (foreign files not included)
     size_t size() const;     // indexed and queued entries
     uint64_t budget() const { return budget_; }
+    // What the caller should keep bytes() to: budget(), or less for a minute after a write found the disk full.
+    uint64_t budget_in_force() const;
     const std::string& fingerprint() const { return fingerprint_; }
     const std::filesystem::path& directory() const { return dir_; }
     const disk_store_counters& counters() const { return counters_; }
@@ -165,11 +179,14 @@ private:
     void writer_loop();
     void queue(disk_op op);  // for the writer thread, started on first use; index_mu_ held
     void log(const std::string& message) const;
+    // A failed write's log line, or nothing while such lines are held back (one a minute); index_mu_ held.
+    std::optional<std::string> write_failure_line(const block_key& key, const std::string& error, bool disk_full);
     std::filesystem::path entry_path(const block_key& key) const;
 
     const std::filesystem::path dir_;
     const uint64_t budget_;
     const std::string fingerprint_;
+    const file_writer write_file_;
     disk_store_counters counters_;
 
     mutable std::mutex index_mu_;
@@ -180,6 +197,10 @@ private:
     uint64_t bytes_ = 0;
     uint64_t next_generation_ = 1;
     bool writer_busy_ = false;
+    std::optional<std::chrono::steady_clock::time_point> disk_full_at_;  // the last write that found the disk full
+    uint64_t held_when_full_ = 0;                                        // indexed bytes then
+    std::optional<std::chrono::steady_clock::time_point> failure_logged_at_;
+    uint64_t failures_not_logged_ = 0;
     bool stopping_ = false;
     std::condition_variable work_cv_;  // ops_ non-empty or stopping_
     std::condition_variable idle_cv_;  // ops_ empty and !writer_busy_

@@ -72,29 +72,36 @@ int fsync_directory(const std::filesystem::path& dir) {
 }
 
 std::optional<std::string> write_file_atomically(const std::filesystem::path& final_path,
-                                                 std::initializer_list<std::span<const uint8_t>> parts) {
+                                                 std::initializer_list<std::span<const uint8_t>> parts, int* err) {
     const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
     const std::filesystem::path temp =
         final_path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_sequence.fetch_add(1));
+    const auto failed = [&](int e, std::string message) -> std::optional<std::string> {
+        if (err) *err = e;
+        return message;
+    };
     unique_fd f(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (f.fd < 0) return "cannot create " + temp.string() + ": " + errno_text(errno);
+    if (f.fd < 0) {
+        const int e = errno;
+        return failed(e, "cannot create " + temp.string() + ": " + errno_text(e));
+    }
     (void)::flock(f.fd, LOCK_EX | LOCK_NB);
-    auto fail = [&](const std::string& what, int err) -> std::optional<std::string> {
+    auto fail = [&](const std::string& what, int e) {
         ::unlink(temp.c_str());
-        return what + " " + temp.string() + ": " + errno_text(err);
+        return failed(e, what + " " + temp.string() + ": " + errno_text(e));
     };
     for (const std::span<const uint8_t> part : parts) {
-        if (int err = write_all(f.fd, part.data(), part.size())) return fail("cannot write", err);
+        if (int e = write_all(f.fd, part.data(), part.size())) return fail("cannot write", e);
     }
     if (::fsync(f.fd) != 0) return fail("cannot fsync", errno);
     if (::rename(temp.c_str(), final_path.c_str()) != 0) return fail("cannot rename", errno);
-    if (int err = fsync_directory(dir)) {
+    if (int e = fsync_directory(dir)) {
         ::unlink(final_path.c_str());
-        return "cannot fsync directory " + dir.string() + ": " + errno_text(err);
+        return failed(e, "cannot fsync directory " + dir.string() + ": " + errno_text(e));
     }
-    if (int err = f.close_checked()) {
+    if (int e = f.close_checked()) {
         ::unlink(final_path.c_str());
-        return "cannot close " + final_path.string() + ": " + errno_text(err);
+        return failed(e, "cannot close " + final_path.string() + ": " + errno_text(e));
     }
     return std::nullopt;
 }

@@ -40,9 +40,11 @@ int fsync_directory(const std::filesystem::path& dir);
 // Replaces `final_path` with `parts`, written one after another, so that a reader sees the old file or the whole
 // new one, never a part: the bytes go to `final_path` + ".tmp.<pid>.<n>" (held under flock(LOCK_EX) until renamed,
 // so another process can tell a live write from debris), which is fsynced, renamed over `final_path`, and the
-// directory fsynced. On failure nothing is left behind and the reason is returned.
+// directory fsynced. On failure nothing is left behind and the reason is returned (its errno value in `err`, when
+// given: ENOSPC or EDQUOT tell a full file system from one that refuses writes).
 std::optional<std::string> write_file_atomically(const std::filesystem::path& final_path,
-                                                 std::initializer_list<std::span<const uint8_t>> parts);
+                                                 std::initializer_list<std::span<const uint8_t>> parts,
+                                                 int* err = nullptr);
 
 // Deletes `temp`, a temporary file of write_file_atomically, unless a live writer still holds it (a crashed or
 // killed one released its lock when it died). Returns true if it was deleted.

@@ -9,11 +9,20 @@
 #include <unordered_map>
 
 #include "base/logger.h"
+#include "cache/restore-plan.h"
 
 namespace keepwarm {
 
 namespace {
 using clock = std::chrono::steady_clock;
+
+// Each tenant's share of a tier when several hold entries there: an equal part of the budget. A tenant over it is
+// evicted first, and its hints protect nothing, so one tenant's flood of prompts (marked or not) evicts its own
+// entries, not another's (issue 39: a victim that marked its prompts fell from 99% to 0% reuse). A lone tenant has
+// the whole tier.
+uint64_t tenant_share(uint64_t budget, size_t tenants) {
+    return tenants > 1 ? budget / tenants : std::numeric_limits<uint64_t>::max();
+}
 
 // Every llama_state_seq_* buffer opens with this header (llama-context.cpp: io_magic, then the source seq id),
 // followed by the memory's own state_write output.
@@ -218,14 +227,28 @@ prompt_cache::device_sequence* prompt_cache::free_parking() {
 // least recently used. Slots in use are never chosen.
 prompt_cache::device_sequence* prompt_cache::eviction_victim(const device_sequence* keep) {
     const auto now = clock::now();
+    // Device cells by tenant (a shared prefix counted once per sequence: a share of what the tenant keeps busy).
+    std::unordered_map<const node*, uint64_t> tenant_tokens;
+    uint64_t total = 0;
+    for (const auto& s : sequences_) {
+        if (tree::is_root(s.tip)) continue;
+        tenant_tokens[tree::root_of(s.tip)] += s.tip->depth;
+        total += s.tip->depth;
+    }
+    const uint64_t share = tenant_share(total, tenant_tokens.size());
+    // A tenant over its share first (its hints protect nothing then), then an unmarked sequence, then the oldest.
+    const auto rank = [&](const device_sequence& s) {
+        const bool over_share = tenant_tokens[tree::root_of(s.tip)] > share;
+        return std::pair{over_share ? 0 : 1, !over_share && holds_hint(s, now) ? 1 : 0};
+    };
     device_sequence* victim = nullptr;
-    bool victim_hinted = false;
+    std::pair<int, int> victim_rank;
     for (auto& s : sequences_) {
         if (s.in_use || tree::is_root(s.tip) || &s == keep) continue;
-        const bool marked = holds_hint(s, now);
-        if (!victim || (marked != victim_hinted ? !marked : s.last_used < victim->last_used)) {
+        const auto r = rank(s);
+        if (!victim || r < victim_rank || (r == victim_rank && s.last_used < victim->last_used)) {
             victim = &s;
-            victim_hinted = marked;
+            victim_rank = r;
         }
     }
     return victim;
@@ -494,24 +517,6 @@ void prompt_cache::store_block(node* n, int32_t end, std::vector<uint8_t> payloa
     enforce_disk_budget();
 }
 
-// The end of the deepest kept tail on the prompt's matched path that continues a restore which has reached `from`:
-// it starts at or before `from` and ends past it, at most at `limit`. 0 if there is none.
-int32_t prompt_cache::find_tail(const tree::match& m, int from, int limit) {
-    const int b = options_.block_tokens;
-    const int upto = std::min({static_cast<int>(m.length), limit, from / b * b + b - 1});
-    if (!m.deepest || upto <= from) return 0;
-    for (node* n = tree_.ancestor_at(m.deepest, static_cast<size_t>(upto));
-         !tree::is_root(n) && static_cast<int>(n->depth) > from; n = n->parent) {
-        const auto& blocks = n->value.blocks;
-        for (auto it = blocks.upper_bound(upto); it != blocks.begin();) {
-            --it;
-            if (it->first <= from) break;
-            if (it->first % b != 0) return it->first;
-        }
-    }
-    return 0;
-}
-
 void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> payload,
                                     std::span<const llama_token> path) {
     if (payload.empty()) return;
@@ -553,14 +558,17 @@ struct eviction_candidate {
     void* n;
     int32_t end;
     bool checkpoint;
-    bool hinted;  // a client's hint covers it
+    bool hinted;      // a client's hint covers it
+    bool kept;        // ... and protects it: its tenant holds no more than its share of the tier
+    bool over_share;  // its tenant holds more than its share of the tier
 };
+
 }  // namespace
 
 void prompt_cache::enforce_ram_budget() {
     const auto in_ram = [](const stored_state& st) { return st.ram != nullptr; };
     const auto over = [&] { return ram_bytes_ > options_.ram_budget; };
-    evict_until(in_ram, over, [&](stored_state& st) {
+    evict_until(in_ram, options_.ram_budget, over, [&](stored_state& st) {
         ram_bytes_ -= st.bytes;
         st.ram.reset();
         counters_.ram.evictions++;
@@ -571,8 +579,10 @@ void prompt_cache::enforce_ram_budget() {
 void prompt_cache::enforce_disk_budget() {
     if (!disk_) return;
     const auto on_disk = [](const stored_state& st) { return st.on_disk; };
-    const auto over = [&] { return disk_->bytes() > options_.disk_budget; };
-    evict_until(on_disk, over, [&](stored_state& st) {
+    // The store's budget in force: less than ours for a while when the file system filled up first.
+    const auto budget = [&] { return std::min(options_.disk_budget, disk_->budget_in_force()); };
+    const auto over = [&] { return disk_->bytes() > budget(); };
+    evict_until(on_disk, budget(), over, [&](stored_state& st) {
         disk_->erase(st.key);
         st.on_disk = false;
         counters_.disk.evictions++;
@@ -580,14 +590,35 @@ void prompt_cache::enforce_disk_budget() {
     });
 }
 
-// Drops entries of one tier (`in_tier`) while `over()`, lowest score first; `drop` removes the tier's copy and says
-// whether another tier still holds the entry (otherwise it leaves the tree).
+// Drops entries of one tier (`in_tier`, of `budget` bytes) while `over()`: first those of a tenant over its share,
+// then those no hint protects, lowest score first; `drop` removes the tier's copy and says whether another tier
+// still holds the entry (otherwise it leaves the tree).
 template <typename InTier, typename Over, typename Drop>
-void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
+void prompt_cache::evict_until(InTier in_tier, uint64_t budget, Over over, Drop drop) {
     const auto now = clock::now();
     while (over()) {
         std::vector<node*> order;
-        tree_.for_each([&](node& n) { order.push_back(&n); });
+        std::unordered_map<const node*, uint64_t> tenant_bytes;  // this tier's bytes, by tenant root
+        tree_.for_each([&](node& n) {
+            order.push_back(&n);
+            uint64_t held = 0;
+            for (auto& [end, st] : n.value.blocks) held += in_tier(st) ? st.bytes : 0;
+            for (auto& [pos, st] : n.value.checkpoints) held += in_tier(st) ? st.bytes : 0;
+            if (held > 0) tenant_bytes[tree::root_of(&n)] += held;
+        });
+        const uint64_t share = tenant_share(budget, tenant_bytes.size());
+        const auto candidate = [&](node* n, int32_t end, const stored_state& st, bool checkpoint, int32_t first) {
+            const bool over_share = tenant_bytes[tree::root_of(n)] > share;
+            const bool marked = hinted(*n, first, now);
+            return eviction_candidate{
+                compute_saved(options_.block_tokens, end) / static_cast<double>(st.bytes) * recency(st.last_used, now),
+                n,
+                end,
+                checkpoint,
+                marked,
+                marked && !over_share,
+                over_share};
+        };
         std::unordered_map<node*, bool> deeper_block;  // a block of this tier exists below this node's edge
         std::vector<eviction_candidate> candidates;
         for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -597,25 +628,22 @@ void prompt_cache::evict_until(InTier in_tier, Over over, Drop drop) {
             for (auto b = n->value.blocks.rbegin(); b != n->value.blocks.rend(); ++b) {
                 if (!in_tier(b->second)) continue;
                 const bool tail = b->first % options_.block_tokens != 0;  // an alternative ending: nothing needs it
-                if (tail || !below) {
-                    candidates.push_back({compute_saved(options_.block_tokens, b->first) /
-                                              static_cast<double>(b->second.bytes) * recency(b->second.last_used, now),
-                                          n, b->first, false, hinted(*n, block_start(b->first), now)});
-                }
+                if (tail || !below)
+                    candidates.push_back(candidate(n, b->first, b->second, false, block_start(b->first)));
                 if (!tail) below = true;
             }
             deeper_block[n] = below;
             for (auto& [pos, c] : n->value.checkpoints) {
                 if (!in_tier(c)) continue;
-                candidates.push_back({compute_saved(options_.block_tokens, pos) / static_cast<double>(c.bytes) *
-                                          recency(c.last_used, now),
-                                      n, pos, true, hinted(*n, pos - 1, now)});
+                candidates.push_back(candidate(n, pos, c, true, pos - 1));
             }
         }
         if (candidates.empty()) break;
-        // What no client marked goes first; then the lowest score.
-        std::sort(candidates.begin(), candidates.end(),
-                  [](const auto& a, const auto& b) { return a.hinted != b.hinted ? b.hinted : a.score < b.score; });
+        // A tenant's entries over its share go first; then what no hint protects; then the lowest score.
+        std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+            if (a.over_share != b.over_share) return a.over_share;
+            return a.kept != b.kept ? b.kept : a.score < b.score;
+        });
         for (const auto& c : candidates) {
             if (!over()) break;
             node* n = static_cast<node*>(c.n);
@@ -676,16 +704,14 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     const int b = options_.block_tokens;
     const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
 
-    struct block_step {
-        int32_t end;  // the block or tail covers [block_start(end), end)
-    };
     tree::match m;
     device_match dm;
-    std::vector<block_step> blocks;
+    std::vector<int32_t> blocks;  // ends of the RAM/disk blocks (or tail) to restore, in order
     int device_len = 0, target = 0;
     bool use_checkpoint = false;  // hybrid: `target` comes from a checkpoint
-    // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans; every round
-    // leaves `s` empty or the holder, so this ends.
+    // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans. The rounds are
+    // bounded: the slot's content is dropped at most once (an empty slot is nobody's preferred holder, and nothing
+    // below gives it content again), kept at most once (`kept_own`), and room is made at most 64 times.
     // Where the prompt leaves a cached path that goes on differently, before this slot's own tail is dropped.
     cache_restore divergence;
     const tree::match first = tree_.longest_prefix(root, prompt);
@@ -714,20 +740,9 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         }
         // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
         device_len = std::min(dm.length, limit);
-        blocks.clear();
-        int attention_end = device_len;
-        while (true) {
-            const int end = (attention_end / b + 1) * b;
-            if (end > static_cast<int>(m.length) || end - b >= limit) break;
-            node* n = tree_.ancestor_at(m.deepest, static_cast<size_t>(end));
-            if (!n->value.blocks.count(end)) break;
-            blocks.push_back({end});
-            attention_end = std::min(end, limit);
-        }
-        if (const int32_t tail = find_tail(m, attention_end, limit)) {
-            blocks.push_back({tail});
-            attention_end = tail;
-        }
+        block_restore_plan plan = plan_block_restore<tree>(m, device_len, limit, b);
+        blocks = std::move(plan.ends);
+        const int attention_end = plan.attention_end;
         target = attention_end;
         use_checkpoint = false;
         if (!can_truncate_) {
@@ -748,7 +763,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
                 }
                 break;
             }
-            while (!blocks.empty() && block_start(blocks.back().end) >= target) blocks.pop_back();
+            while (!blocks.empty() && block_start(blocks.back()) >= target) blocks.pop_back();
         }
         // What this prompt takes from the slot's own cells. Past it the slot's content goes on differently, even
         // where the prompt goes further through RAM blocks of another path (its own earlier turn, demoted while this
@@ -813,16 +828,16 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     // 2. RAM and disk blocks.
     int restored = from_device;
     std::vector<uint8_t> payload;
-    for (const auto& step : blocks) {
+    for (const int32_t end : blocks) {
         if (restored >= target) break;
-        stored_state* state = entry_at(false, step.end);
+        stored_state* state = entry_at(false, end);
         bool from_disk = false;
         if (!state || !load_block(*state, payload, from_disk)) {
-            forget_unreadable(false, step.end);
+            forget_unreadable(false, end);
             ok = false;
             break;
         }
-        const int p1 = std::min(step.end, target);
+        const int p1 = std::min(end, target);
         if (!restore_block(s.seq, payload, restored, p1)) {
             ok = false;
             break;
@@ -865,6 +880,9 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         r.device = std::min(r.device, r.reused);
     }
 
+    // Blocks read back from disk were promoted to RAM above; the budget holds them too, now that the plan, which
+    // points into the tree, is carried out (the slot holds its path, so nothing it restored is pruned).
+    enforce_ram_budget();
     if (tree::is_root(s.tip)) s.tip = root;  // an empty slot: what it computes next goes into this tenant's tree
     r.divergence_pos = divergence.divergence_pos;
     r.cached_continuation = std::move(divergence.cached_continuation);

@@ -193,7 +193,6 @@ private:
     static int shared_depth(const device_sequence& s);
     // The first position a block or tail ending at `end` covers: the last whole block's end before it.
     int32_t block_start(int32_t end) const { return (end - 1) / options_.block_tokens * options_.block_tokens; }
-    int32_t find_tail(const tree::match& m, int from, int limit);
     bool park(device_sequence& slot, const device_sequence* keep);  // false: demoted to RAM instead
 
     std::vector<uint8_t> serialize_span(llama_seq_id from, int p0, int p1);
@@ -214,7 +213,7 @@ private:
     void enforce_ram_budget();
     void enforce_disk_budget();
     template <typename InTier, typename Over, typename Drop>
-    void evict_until(InTier in_tier, Over over, Drop drop);
+    void evict_until(InTier in_tier, uint64_t budget, Over over, Drop drop);
     void index_disk();
     void publish();
 

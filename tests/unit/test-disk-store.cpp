@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "base/logger.h"
+#include "cache/file-io.h"
 #include "test-temp-dir.h"
 
 #include <xxhash.h>
@@ -491,4 +493,41 @@ TEST(disk_store, writer_killed_mid_way_leaves_only_verifiable_entries) {
         ASSERT_TRUE(got);
         EXPECT_EQ(*got, *make_payload(payload_size, static_cast<uint32_t>(info.tokens[0])));
     }
+}
+
+// Issue 39 (F9): a file system that fills up before the budget froze the tier on its oldest entries (nothing was
+// evicted, every new write failed) and logged one warning per block. A full disk now lowers the budget in force to
+// what the store holds, so the caller's evictions make room, and failures are logged once a minute with a count.
+TEST(disk_store, a_full_disk_lowers_the_budget_in_force_and_is_logged_once_a_minute) {
+    temp_dir dir;
+    // A file system with room for two entries: the third write and every one after it find it full.
+    int written = 0;
+    const disk_store::file_writer two_entries_fit = [&](const fs::path& path,
+                                                        std::initializer_list<std::span<const uint8_t>> parts,
+                                                        int* err) -> std::optional<std::string> {
+        if (written >= 2) {
+            *err = ENOSPC;
+            return "cannot write " + path.string() + ": No space left on device";
+        }
+        ++written;
+        return keepwarm::write_file_atomically(path, parts, err);
+    };
+    std::string log_lines;
+    keepwarm::log::set_sink([&](std::string_view line) { log_lines += line; });
+    disk_store store(dir.path, big_budget, fingerprint, two_entries_fit);
+    store.open();
+    EXPECT_EQ(store.budget_in_force(), big_budget);
+    for (int i = 0; i < 12; ++i) EXPECT_TRUE(store.put(block_n(i), make_payload(1000, static_cast<uint32_t>(i))));
+    store.flush();
+    keepwarm::log::set_sink({});
+
+    EXPECT_EQ(store.counters().writes, 2u);
+    EXPECT_EQ(store.counters().write_failures, 10u);
+    EXPECT_EQ(store.counters().disk_full, 10u);
+    EXPECT_EQ(store.size(), 2u);
+    EXPECT_EQ(store.budget_in_force(), store.bytes()) << "the two entries written are all the disk holds";
+    size_t lines = 0;
+    for (size_t at = 0; (at = log_lines.find("failed", at)) != std::string::npos; ++at) ++lines;
+    EXPECT_EQ(lines, 1u) << log_lines;
+    EXPECT_NE(log_lines.find("the disk is full"), std::string::npos) << log_lines;
 }

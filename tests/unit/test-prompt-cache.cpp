@@ -808,3 +808,113 @@ TEST(prompt_cache, the_checkpoint_interval_defaults_to_the_block_size_on_a_cpu_a
     engine e(o);
     EXPECT_EQ(e.options().checkpoint_interval, gpu_devices().empty() ? o.cache_block_tokens : o.batch_size);
 }
+
+namespace {
+// Issue 39 (F1): a prompt of exactly k whole blocks whose blocks a longer prompt with the same start left in RAM or
+// on disk hung the engine thread (the restore planner took the last block again and again, growing memory until
+// bad_alloc). Each such prompt is restored from that tier up to its last position but one (a hybrid model: up to
+// its last checkpoint) and answered as a cold run.
+void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_disk) {
+    constexpr int block = 256;
+    const fs::path dir = temp_dir(from_disk ? "whole-blocks-disk" : "whole-blocks-ram");
+    engine_options o = base_options(model);
+    o.cache_block_tokens = block;
+    o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
+    if (from_disk) o.cache_dir = dir.string();
+    for (const int k : {1, 2, 4}) {
+        fs::remove_all(dir);
+        tokens prompt;
+        {
+            engine e(o);
+            e.start();
+            const tokens longer = tokenize(e, words(1400, 91));
+            ASSERT_GT(longer.size(), size_t{4 * block + 64});
+            prompt.assign(longer.begin(), longer.begin() + k * block);
+            generate(e, longer, 4);
+            if (!from_disk) {
+                generate(e, tokenize(e, words(40, 92)), 4);  // takes the only slot: the longer prompt goes to RAM
+                const result r = generate(e, prompt, 8);
+                EXPECT_EQ(r.stats.reused_tokens, model == hybrid_model() ? (k - 1) * block : k * block - 1)
+                    << k << " blocks";
+                EXPECT_EQ(r.stats.reused_ram + r.stats.reused_device, r.stats.reused_tokens) << k << " blocks";
+                EXPECT_LE(r.stats.reused_device, 1) << "the other prompt shares at most the first token";
+                expect_same_output(r, cold(model, prompt, 8));
+                continue;
+            }
+        }
+        engine e(o);  // restarted on the same cache folder
+        e.start();
+        const result r = generate(e, prompt, 8);
+        EXPECT_EQ(r.stats.reused_tokens, model == hybrid_model() ? (k - 1) * block : k * block - 1) << k << " blocks";
+        EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens) << k << " blocks";
+        expect_same_output(r, cold(model, prompt, 8));
+    }
+    fs::remove_all(dir);
+}
+}  // namespace
+
+TEST(prompt_cache, a_prompt_of_exactly_whole_blocks_restores_from_ram) {
+    check_prompts_of_exactly_whole_blocks(dense_model(), false);
+}
+TEST(prompt_cache, a_prompt_of_exactly_whole_blocks_restores_from_disk) {
+    check_prompts_of_exactly_whole_blocks(dense_model(), true);
+}
+TEST(prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_ram) {
+    check_prompts_of_exactly_whole_blocks(hybrid_model(), false);
+}
+TEST(prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_disk) {
+    check_prompts_of_exactly_whole_blocks(hybrid_model(), true);
+}
+
+// Issue 39 (F6): blocks read back from disk are promoted to RAM, and the RAM budget holds them too, after a restart
+// as before it.
+TEST(prompt_cache, blocks_read_back_from_disk_stay_within_the_ram_budget) {
+    const fs::path dir = temp_dir("disk-promote-budget");
+    engine_options o = base_options(dense_model());
+    o.cache_parked_sequences = 0;
+    o.cache_dir = dir.string();
+    std::vector<tokens> prompts;
+    {
+        engine e(o);
+        e.start();
+        for (unsigned i = 0; i < 4; ++i) {
+            prompts.push_back(tokenize(e, chatml(words(300, 180 + i), {words(10, 190 + i)})));
+            generate(e, prompts.back(), 4);
+        }
+    }
+    o.cache_ram_bytes = 1u << 20;  // a few of the tiny model's 64-token blocks: less than one prompt
+    engine e(o);
+    e.start();
+    for (const tokens& p : prompts) {
+        const result r = generate(e, p, 4);
+        EXPECT_GT(r.stats.reused_disk, 0);
+        EXPECT_LE(e.cache_stats().ram.bytes, o.cache_ram_bytes);
+    }
+    EXPECT_GT(e.cache_stats().ram.evictions, 0u);
+    fs::remove_all(dir);
+}
+
+// Issue 39 (F4): one tenant's cache hints (ttl 1 h on everything it sends) and its flood of new prefixes no longer
+// evict another tenant's prompt: a tenant over its share of a tier is evicted first and its hints protect nothing
+// there. Checked for a victim that marked its prompt and for one that did not.
+TEST(prompt_cache, one_tenants_marked_flood_does_not_evict_another_tenants_prompt) {
+    for (const bool victim_marks : {true, false}) {
+        SCOPED_TRACE(victim_marks ? "the victim marks its prompt" : "the victim marks nothing");
+        engine_options o = base_options(dense_model());
+        o.cache_parked_sequences = 1;
+        o.cache_ram_bytes = 3u << 20;  // about two prompts of this size
+        engine e(o);
+        e.start();
+        const tokens victim = tokenize(e, chatml(words(300, 401), {words(10, 402)}));
+        generate(e, victim, 4, "victim", victim_marks ? static_cast<int>(victim.size()) : 0);
+        for (unsigned i = 0; i < 8; ++i) {
+            const tokens flood = tokenize(e, chatml(words(300, 410 + i), {words(10, 420 + i)}));
+            generate(e, flood, 4, "flooder", static_cast<int>(flood.size()), 3600s);
+            EXPECT_LE(e.cache_stats().ram.bytes, o.cache_ram_bytes);
+        }
+        const result again = generate(e, victim, 4, "victim");
+        EXPECT_GE(again.stats.reused_tokens, static_cast<int>(victim.size()) / 64 * 64 - 64)
+            << "the flooder's own entries went first";
+        EXPECT_GT(e.cache_stats().ram.evictions, 0u);
+    }
+}
