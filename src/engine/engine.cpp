@@ -270,6 +270,17 @@ void engine::stop() {
 
 void engine::submit(std::shared_ptr<generation_request> request) {
     request->submitted = clock::now();
+    if (const std::string& grammar = common_grammar_value(request->sampling.grammar); !grammar.empty()) {
+        if (const std::optional<double> ms = costly_grammars_.cost_of(grammar)) {
+            counters_.costly_grammar_refused++;
+            char why[320];
+            std::snprintf(why, sizeof why,
+                          "the request's grammar (response format or tools) took %.0f ms to sample one token before "
+                          "(the limit is %.0f ms: --max-sample-ms); fewer enum values or alternatives make it cheaper",
+                          *ms, options_.sample_ms_limit);
+            throw request_error(400, why);
+        }
+    }
     {
         std::lock_guard lock(mu_);
         if (options_.max_queue > 0 && queue_.size() >= static_cast<size_t>(options_.max_queue)) {
@@ -914,16 +925,21 @@ void engine::sample(slot& s) {
         s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
     }
     const auto sample_started = clock::now();
-    const llama_token token = s.sampler->sample(ctx_.get(), s.batch_index);
-    s.sampler->accept(token);
+    // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
+    // A plain grammar's checks stop at the limit (token_sampler gives up); a lazy one's cannot be interrupted inside
+    // one token, so its request ends after the first token that took too long.
+    const auto deadline =
+        sample_started + std::chrono::duration_cast<clock::duration>(
+                             std::chrono::duration<double, std::milli>(std::min(options_.sample_ms_limit, 1e9)));
+    const llama_token token = s.sampler->sample(ctx_.get(), s.batch_index, deadline);
     const double took = ms_between(sample_started, clock::now());
     s.sampling_ms += took;
     s.sampling_max_ms = std::max(s.sampling_max_ms, took);
-    // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
-    // It cannot be interrupted inside one token, so it ends after the first one that took too long.
-    if (took > options_.sample_ms_limit) {
+    if (token == LLAMA_TOKEN_NULL || took > options_.sample_ms_limit) {
         counters_.sampling_too_slow++;
-        const bool grammar = !common_grammar_value(s.request->sampling.grammar).empty();
+        const std::string& grammar_text = common_grammar_value(s.request->sampling.grammar);
+        const bool grammar = !grammar_text.empty();
+        if (grammar) costly_grammars_.remember(grammar_text, took);  // the next request with it is refused at once
         char why[256];
         std::snprintf(why, sizeof why, "sampling one token took %.0f ms%s (the limit is %.0f ms: --max-sample-ms)",
                       took, grammar ? " under the request's grammar (response format or tools)" : "",
@@ -931,6 +947,7 @@ void engine::sample(slot& s) {
         finish(s, finish_reason::error, why);
         return;
     }
+    s.sampler->accept(token);
     if (s.generated == 0) s.first_token = clock::now();
     s.generated++;
 

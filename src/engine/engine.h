@@ -16,6 +16,7 @@
 
 #include "base/latency-histogram.h"
 #include "cache/prompt-cache.h"
+#include "engine/costly-grammars.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/generation.h"
 #include "llama-cpp.h"
@@ -113,7 +114,8 @@ struct engine_counters {
     std::atomic<uint64_t> shared_decode_steps{0};  // ... that carried tokens of more than one slot
     std::atomic<uint64_t> cancelled{0};
     std::atomic<uint64_t> errors{0};
-    std::atomic<uint64_t> sampling_too_slow{0};  // requests ended because one token's sampling passed the limit
+    std::atomic<uint64_t> sampling_too_slow{0};       // requests ended because one token's sampling passed the limit
+    std::atomic<uint64_t> costly_grammar_refused{0};  // requests refused for a grammar that passed it before
     // Where the engine thread's time goes, turn by turn of its loop (engine::loop_turn): restoring admitted
     // requests' prefixes from RAM or disk, moving idle conversations out of a long prompt's way, llama_decode, and
     // sampling; the rest (admission, cancellations, status) is the total minus these.
@@ -268,6 +270,7 @@ private:
     std::vector<slot_status> slot_status_;                   // guarded by mu_, published by the engine thread
 
     engine_counters counters_;
+    costly_grammars costly_grammars_;  // any thread: filled by sample(), read by submit()
     mutable std::mutex latencies_mu_;
     request_latencies latencies_;  // guarded by latencies_mu_
     // Heartbeat, in steady-clock nanoseconds: when the current step began (0: not in a step) and when it last moved

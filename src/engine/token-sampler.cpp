@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cmath>
 #include <stdexcept>
 
 #include "common.h"
@@ -57,6 +58,24 @@ token_sampler::token_sampler(const llama_model* model, const common_params_sampl
         if (!probe) throw std::runtime_error("failed to parse grammar");
         llama_sampler_free(probe);
     }
+    // As common_sampler_init decides whether to make a reasoning-budget sampler (which gates a grammar).
+    const bool reasoning_budget =
+        !params.reasoning_budget_start.empty() && !params.reasoning_budget_end.empty() &&
+        (params.grammar_lazy || params.reasoning_budget_tokens >= 0 || params.reasoning_control);
+    if (!grammar.empty() && !params.grammar_lazy && !reasoning_budget) {
+        common_params_sampling chain_only = params;
+        chain_only.grammar = {};
+        sampler_ = make_common_sampler(model, chain_only);
+        grammar_.reset(llama_sampler_init_grammar(vocab_, grammar.c_str(), "root"));
+        if (!grammar_) throw std::runtime_error("failed to parse grammar");
+        // As common: an output-format or tool-call grammar starts past what the template already put in the prompt.
+        if (common_grammar_needs_prefill(params.grammar)) {
+            for (const llama_token t : generation_prompt_tokens(vocab_, params.generation_prompt)) {
+                llama_sampler_accept(grammar_.get(), t);
+            }
+        }
+        return;
+    }
     if (grammar.empty() || !watchable(params)) {
         sampler_ = make_common_sampler(model, params);
         return;
@@ -95,11 +114,41 @@ token_sampler::token_sampler(const llama_model* model, const common_params_sampl
     }
 }
 
-llama_token token_sampler::sample(llama_context* ctx, int idx) {
+llama_token token_sampler::sample(llama_context* ctx, int idx, std::chrono::steady_clock::time_point deadline) {
+    if (grammar_) return sample_under_grammar(ctx, idx, deadline);
     return common_sampler_sample(sampler_.get(), ctx, idx);
 }
 
+llama_token token_sampler::sample_under_grammar(llama_context* ctx, int idx,
+                                                std::chrono::steady_clock::time_point deadline) {
+    // common_sampler_sample's steps with the grammar apart: the chain picks; a pick that fits is the answer.
+    const llama_token pick = common_sampler_sample(sampler_.get(), ctx, idx);
+    llama_token_data single{pick, 1.0f, 0.0f};
+    llama_token_data_array one{&single, 1, -1, false};
+    llama_sampler_apply(grammar_.get(), &one);
+    if (single.logit != -INFINITY) return pick;
+
+    // Else the grammar rules out what does not fit, over the whole vocabulary, then the chain picks again. Each
+    // token's check is independent of the others', so slices give what one call would.
+    const float* logits = llama_get_logits_ith(ctx, idx);
+    const auto n = static_cast<size_t>(llama_vocab_n_tokens(vocab_));
+    candidates_.resize(n);
+    for (size_t i = 0; i < n; ++i) candidates_[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
+    // A slice costs about 4% of a pass over a 151K vocabulary: the deadline is overrun by at most that.
+    constexpr size_t slice = 6144;
+    for (size_t at = 0; at < n; at += slice) {
+        if (at > 0 && std::chrono::steady_clock::now() > deadline) return LLAMA_TOKEN_NULL;
+        llama_token_data_array part{candidates_.data() + at, std::min(slice, n - at), -1, false};
+        llama_sampler_apply(grammar_.get(), &part);
+    }
+    llama_token_data_array all{candidates_.data(), n, -1, false};
+    llama_sampler_apply(common_sampler_get(sampler_.get()), &all);
+    if (all.selected < 0) throw std::runtime_error("no token fits the grammar");  // common would abort here
+    return all.data[all.selected].id;
+}
+
 void token_sampler::accept(llama_token token) {
+    if (grammar_) llama_sampler_accept(grammar_.get(), token);  // before the chain, as common_sampler_accept does
     common_sampler_accept(sampler_.get(), token, true);
     if (!constrained_) return;
     // What common_sampler_accept gives the grammar: the token, unless a thinking block is open; at the block's end,

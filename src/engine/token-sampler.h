@@ -11,8 +11,15 @@
 // would have), and the chain's state (random generator, penalties) is copied into it. Text in a thinking block does
 // not trigger, as in common: a reasoning-budget sampler built as common builds its own follows the tokens, and only
 // what common's grammar would have been given is checked.
+//
+// A plain (not lazy) grammar is checked here too, not inside common_sampler, so that its pass over the vocabulary
+// stops at a deadline: when the chain's pick does not fit the grammar, common checks every token of the vocabulary
+// against it in one call (seconds for a 1,000-value enum on a 151K vocab, on the engine thread that serves every
+// slot); here the same checks go in slices, and past the deadline the sample gives up. Same tokens as common: the
+// chain alone picks, the grammar checks the pick, and only a misfit pays for the whole vocabulary, as there.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,8 +38,10 @@ public:
     // aborts on) is refused the same.
     token_sampler(const llama_model* model, const common_params_sampling& params);
 
-    // common_sampler_sample and common_sampler_accept.
-    llama_token sample(llama_context* ctx, int idx);
+    // common_sampler_sample and common_sampler_accept. LLAMA_TOKEN_NULL: a plain grammar's checks of the vocabulary
+    // passed `deadline` and were given up (nothing was sampled; the request should end).
+    llama_token sample(llama_context* ctx, int idx,
+                       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
     void accept(llama_token token);
 
     // Whether a lazy grammar still waits for its trigger here (false once it took over, or when there is none).
@@ -43,10 +52,16 @@ private:
     bool completes_trigger(llama_token token);
     void hand_over();
 
+    // The pick of `sampler_` (the chain alone) if it fits the plain grammar, else the chain's pick among the tokens
+    // that fit, checked slice by slice until `deadline`.
+    llama_token sample_under_grammar(llama_context* ctx, int idx, std::chrono::steady_clock::time_point deadline);
+
     const llama_vocab* vocab_;
-    common_sampler_ptr sampler_;      // samples every token
-    common_sampler_ptr constrained_;  // with the lazy grammar, waiting (null: none waits here)
-    llama_sampler_ptr reasoning_;     // follows thinking blocks as common's own would (null: common makes none)
+    common_sampler_ptr sampler_;                // samples every token
+    llama_sampler_ptr grammar_;                 // a plain grammar, checked here (null: none, or common holds it)
+    std::vector<llama_token_data> candidates_;  // the whole vocabulary, for grammar_'s slices
+    common_sampler_ptr constrained_;            // with the lazy grammar, waiting (null: none waits here)
+    llama_sampler_ptr reasoning_;  // follows thinking blocks as common's own would (null: common makes none)
     std::vector<std::string> words_;
     std::vector<llama_token> trigger_tokens_;
     size_t longest_word_ = 0;

@@ -121,6 +121,11 @@ test('a grammar that costs too much per token ends its request; the other slot k
     assert.equal(s.status, 500, JSON.stringify(s.body));
     assert.match(errorMessage(s.body), /sampling one token took \d+ ms under the request's grammar/);
     await assertServes();
+    // Issue 39 (F2): the same grammar again is refused before it reaches the engine, in the API's shape.
+    const again = await post('/v1/chat/completions', enumAnswer(values));
+    assert.equal(again.status, 400, JSON.stringify(again.body));
+    assert.match(errorMessage(again.body), /took \d+ ms to sample one token before \(the limit is 250 ms: --max-sample-ms\)/);
+    await assertServes();
 });
 
 test('without max_tokens or with num_predict 0 / -1 the server default (-n) applies', async () => {

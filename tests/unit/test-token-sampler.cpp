@@ -184,3 +184,34 @@ TEST_F(token_sampler_test, a_grammar_that_does_not_parse_throws_before_anything_
     p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, "%llguidance {}");
     EXPECT_THROW(token_sampler(model.get(), p), std::runtime_error);
 }
+
+// Issue 39 (F2): a plain grammar is checked by token_sampler itself, slice by slice, so that its pass over the
+// vocabulary can stop at a deadline. Without a deadline it samples exactly what common_sampler does with the grammar
+// inside, token for token (including picks the grammar turns down, whose resampling checks the whole vocabulary).
+TEST_F(token_sampler_test, a_plain_grammar_samples_what_common_does) {
+    for (const auto type : {COMMON_GRAMMAR_TYPE_USER, COMMON_GRAMMAR_TYPE_OUTPUT_FORMAT}) {
+        common_params_sampling p;
+        p.seed = 7;
+        p.grammar = common_grammar(type, R"(root ::= ("alpha" | "beta" | "gamma" | [0-9]+) " " [a-z]+ "!")");
+        side_by_side s(p);
+        const std::string text = text_of(s.sample(8));
+        EXPECT_NE(text.find(' '), std::string::npos) << text;
+    }
+}
+
+// When the chain's pick does not fit, the whole vocabulary is checked; past the deadline that gives up: nothing is
+// sampled (LLAMA_TOKEN_NULL), and the grammar's state is untouched, so the same sampler samples normally afterwards.
+TEST_F(token_sampler_test, a_plain_grammars_pass_over_the_vocabulary_stops_at_the_deadline) {
+    common_params_sampling p;
+    p.seed = 7;
+    p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, R"(root ::= "zq" [0-9]+)");
+    // The chain always picks "hello", which the grammar never allows: every sample pays for the whole vocabulary.
+    const llama_token hello = tokens("hello").front();
+    p.logit_bias.push_back({hello, 1000.0f});
+    token_sampler ours(model.get(), p);
+    EXPECT_EQ(ours.sample(ctx.get(), 0, std::chrono::steady_clock::now() - std::chrono::seconds(1)), LLAMA_TOKEN_NULL);
+    const llama_token t = ours.sample(ctx.get(), 0);
+    ASSERT_NE(t, LLAMA_TOKEN_NULL);
+    EXPECT_NE(t, hello);
+    EXPECT_EQ(text_of({t})[0], 'z') << text_of({t});
+}
