@@ -87,12 +87,9 @@ token_sampler::token_sampler(const llama_model* model, const common_params_sampl
     unconstrained.grammar_triggers.clear();
     sampler_ = make_common_sampler(model, unconstrained);
     // Past the trigger, common's reasoning-budget sampler is idle or done (the trigger counts only there), and done it
-    // passes everything: the grammar's sampler goes without it.
-    common_params_sampling constrained = params;
-    constrained.reasoning_budget_start.clear();
-    constrained.reasoning_budget_end.clear();
-    constrained.reasoning_control = false;
-    constrained_ = make_common_sampler(model, constrained);
+    // passes everything: the grammar is then checked here as a plain one is, after the same chain.
+    lazy_grammar_ = grammar;
+    waiting_ = true;
 
     if (!params.reasoning_budget_start.empty() && !params.reasoning_budget_end.empty()) {
         // As common_sampler_init makes its own for a lazy grammar.
@@ -150,7 +147,7 @@ llama_token token_sampler::sample_under_grammar(llama_context* ctx, int idx,
 void token_sampler::accept(llama_token token) {
     if (grammar_) llama_sampler_accept(grammar_.get(), token);  // before the chain, as common_sampler_accept does
     common_sampler_accept(sampler_.get(), token, true);
-    if (!constrained_) return;
+    if (!waiting_) return;
     // What common_sampler_accept gives the grammar: the token, unless a thinking block is open; at the block's end,
     // the end sequence.
     std::vector<llama_token> given;
@@ -201,12 +198,19 @@ bool token_sampler::completes_trigger(llama_token token) {
 }
 
 void token_sampler::hand_over() {
-    // The grammar's own search finds the trigger among these (it holds no other: each token was checked) and replays
-    // from its first byte, a token's partial piece included.
-    for (const auto& [token, bytes] : window_tokens_) common_sampler_accept(constrained_.get(), token, true);
-    // The chain saw every token; its state (random generator, penalties, DRY) continues.
-    llama_sampler_copy(common_sampler_get(sampler_.get()), common_sampler_get(constrained_.get()));
-    sampler_ = std::move(constrained_);
+    // The lazy grammar as common builds it; its own search finds the trigger among these (it holds no other: each
+    // token was checked) and replays from its first byte, a token's partial piece included.
+    std::vector<std::string> patterns;
+    for (const std::string& word : words_) patterns.push_back(regex_escape(word));
+    std::vector<const char*> patterns_c;
+    for (const std::string& p : patterns) patterns_c.push_back(p.c_str());
+    grammar_.reset(llama_sampler_init_grammar_lazy_patterns(vocab_, lazy_grammar_.c_str(), "root", patterns_c.data(),
+                                                            patterns_c.size(), trigger_tokens_.data(),
+                                                            trigger_tokens_.size()));
+    if (!grammar_) throw std::runtime_error("failed to parse grammar");
+    for (const auto& [token, bytes] : window_tokens_) llama_sampler_accept(grammar_.get(), token);
+    // The chain saw every token and goes on as it is (random generator, penalties, DRY).
+    waiting_ = false;
     reasoning_.reset();
     window_.clear();
     window_tokens_.clear();

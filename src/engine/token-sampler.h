@@ -6,17 +6,18 @@
 // token grows with the answer (0.5 ms a token by 8K tokens of text), and a long answer without a tool call is
 // quadratic. When every trigger is a word or a token (every tool-call format of the pinned llama.cpp but gpt-oss's
 // regexes), a sampler without the grammar samples until a trigger, and each new piece is checked against the words in
-// a window of the last bytes. When one completes, the sampler with the grammar takes over: the window's tokens are
-// replayed into it (its own search finds the same trigger in a buffer of a few tokens, and constrains from there as it
-// would have), and the chain's state (random generator, penalties) is copied into it. Text in a thinking block does
-// not trigger, as in common: a reasoning-budget sampler built as common builds its own follows the tokens, and only
-// what common's grammar would have been given is checked.
+// a window of the last bytes. When one completes, the lazy grammar is built: the window's tokens are replayed into it
+// (its own search finds the same trigger in a buffer of a few tokens, and constrains from there as it would have),
+// and it is checked from then on as a plain grammar is, after the same chain. Text in a thinking block does not
+// trigger, as in common: a reasoning-budget sampler built as common builds its own follows the tokens, and only what
+// common's grammar would have been given is checked.
 //
-// A plain (not lazy) grammar is checked here too, not inside common_sampler, so that its pass over the vocabulary
-// stops at a deadline: when the chain's pick does not fit the grammar, common checks every token of the vocabulary
-// against it in one call (seconds for a 1,000-value enum on a 151K vocab, on the engine thread that serves every
-// slot); here the same checks go in slices, and past the deadline the sample gives up. Same tokens as common: the
-// chain alone picks, the grammar checks the pick, and only a misfit pays for the whole vocabulary, as there.
+// A grammar (plain, or lazy past its trigger) is checked here, not inside common_sampler, so that its pass over the
+// vocabulary stops at a deadline: when the chain's pick does not fit the grammar, common checks every token of the
+// vocabulary against it in one call (seconds for a 1,000-value enum on a 151K vocab, on the engine thread that serves
+// every slot); here the same checks go in slices, and past the deadline the sample gives up. Same tokens as common:
+// the chain alone picks, the grammar checks the pick, and only a misfit pays for the whole vocabulary, as there.
+// Lazy grammars with regex triggers (gpt-oss) and grammars a reasoning budget gates stay inside common_sampler.
 #pragma once
 
 #include <chrono>
@@ -45,7 +46,7 @@ public:
     void accept(llama_token token);
 
     // Whether a lazy grammar still waits for its trigger here (false once it took over, or when there is none).
-    bool waiting_for_trigger() const { return constrained_ != nullptr; }
+    bool waiting_for_trigger() const { return waiting_; }
 
 private:
     // Feeds one token the grammar would have been given; true when it completes a trigger.
@@ -57,10 +58,11 @@ private:
     llama_token sample_under_grammar(llama_context* ctx, int idx, std::chrono::steady_clock::time_point deadline);
 
     const llama_vocab* vocab_;
-    common_sampler_ptr sampler_;                // samples every token
-    llama_sampler_ptr grammar_;                 // a plain grammar, checked here (null: none, or common holds it)
+    common_sampler_ptr sampler_;  // samples every token
+    llama_sampler_ptr grammar_;   // the grammar checked here (null: none, a lazy one not triggered, or common holds it)
     std::vector<llama_token_data> candidates_;  // the whole vocabulary, for grammar_'s slices
-    common_sampler_ptr constrained_;            // with the lazy grammar, waiting (null: none waits here)
+    std::string lazy_grammar_;     // the lazy grammar whose triggers are watched here, built when one completes
+    bool waiting_ = false;         // ... and not built yet
     llama_sampler_ptr reasoning_;  // follows thinking blocks as common's own would (null: common makes none)
     std::vector<std::string> words_;
     std::vector<llama_token> trigger_tokens_;

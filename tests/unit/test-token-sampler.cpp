@@ -215,3 +215,16 @@ TEST_F(token_sampler_test, a_plain_grammars_pass_over_the_vocabulary_stops_at_th
     EXPECT_NE(t, hello);
     EXPECT_EQ(text_of({t})[0], 'z') << text_of({t});
 }
+
+// A lazy grammar past its trigger is checked the same way: its pass stops at the deadline too.
+TEST_F(token_sampler_test, a_triggered_lazy_grammars_pass_stops_at_the_deadline) {
+    common_params_sampling p = lazy_digits();
+    const llama_token hello = tokens("hello").front();
+    p.logit_bias.push_back({hello, 1000.0f});  // never a digit: every sample past the trigger checks the vocabulary
+    token_sampler ours(model.get(), p);
+    for (const llama_token t : tokens("ok CALL:")) ours.accept(t);
+    ASSERT_FALSE(ours.waiting_for_trigger());
+    EXPECT_EQ(ours.sample(ctx.get(), 0, std::chrono::steady_clock::now() - std::chrono::seconds(1)), LLAMA_TOKEN_NULL);
+    const llama_token t = ours.sample(ctx.get(), 0);
+    EXPECT_TRUE(all_digits(text_of({t}))) << text_of({t});
+}
