@@ -7,6 +7,7 @@
 #include <set>
 
 #include "api/openai-api.h"
+#include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
@@ -352,6 +353,7 @@ std::string item_id(const std::string& response_id, const char* prefix, int inde
 
 parsed_request parse_request(const json& body) {
     if (!body.is_object()) fail("request body must be a JSON object");
+    check_request_limits(body, "input");
     parsed_request r;
     chat_request& req = r.chat;
     request_echo& echo = r.echo;

@@ -3,6 +3,7 @@
 // naming the field, and the response object and event sequence a client assembles.
 #include <gtest/gtest.h>
 
+#include "api/request-limits.h"
 #include "api/responses-api.h"
 #include "base/request-error.h"
 
@@ -298,4 +299,27 @@ TEST(responses_api, a_failed_generation_ends_the_stream_with_response_failed) {
     EXPECT_EQ(data.back()["response"]["status"], "failed");
     EXPECT_EQ(data.back()["response"]["error"]["message"], "decode failed");
     EXPECT_EQ(data[data.size() - 2]["type"], "response.output_item.done");  // the open item closed first
+}
+
+// Issue 39 (F5, F3): counts and bytes are checked before the input is converted, let alone rendered: a million
+// items is refused for the count, and a 30 MiB reasoning item (which renders to a few tokens, but would be stored
+// whole for previous_response_id) for the bytes.
+TEST(responses_api, input_items_and_unrendered_bytes_are_bounded_before_conversion) {
+    json body = {{"input", json::array()}};
+    // Items that would each be a 400 if they were read: the count is checked first.
+    for (size_t i = 0; i <= api::default_request_limits.max_input_items; ++i) body["input"].push_back(json(i));
+    expect_400(body.dump().c_str(), "'input' holds 20001 items; keepwarm's request limit max_input_items is 20000");
+    const json reasoning = {
+        {"type", "reasoning"},
+        {"summary", json::array()},
+        {"content", json::array({{{"type", "reasoning_text"}, {"text", std::string(30u << 20, 'r')}}})}};
+    const json big = {{"input", json::array({reasoning, {{"role", "user"}, {"content", "hi"}}})}};
+    try {
+        parse_request(big);
+        ADD_FAILURE() << "expected a 400";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_NE(std::string(e.what()).find("keepwarm's request limit max_text_bytes is 16777216"), std::string::npos)
+            << e.what();
+    }
 }
