@@ -29,10 +29,11 @@ size_t array_size(const json& obj, const char* key) {
     return array ? array->size() : 0;
 }
 
-// The parts of one message or item: its content blocks (and those nested in a tool result), a function call
-// output's parts, a reasoning item's content and summary.
+// The parts of one message or item: its content blocks (and those nested in a tool result), its tool calls (Chat
+// Completions, Ollama), a function call output's parts, a reasoning item's content and summary.
 size_t parts_of(const json& message) {
-    size_t parts = array_size(message, "content") + array_size(message, "output") + array_size(message, "summary");
+    size_t parts = array_size(message, "content") + array_size(message, "tool_calls") + array_size(message, "output") +
+                   array_size(message, "summary");
     if (const json* content = array_at(message, "content")) {
         for (const json& block : *content) parts += array_size(block, "content");
     }

@@ -12,10 +12,11 @@
 namespace keepwarm::api {
 
 struct request_limits {
-    size_t max_messages = 10000;       // messages (Chat Completions, Anthropic, Ollama)
-    size_t max_input_items = 20000;    // Responses input items (a tool round is two: the call and its output)
-    size_t max_tools = 1024;           // tools offered, a Responses namespace's functions included
-    size_t max_content_parts = 20000;  // content parts (blocks) in all messages together, system blocks included
+    size_t max_messages = 10000;     // messages (Chat Completions, Anthropic, Ollama)
+    size_t max_input_items = 20000;  // Responses input items (a tool round is two: the call and its output)
+    size_t max_tools = 1024;         // tools offered, a Responses namespace's functions included
+    // Content parts (blocks) and tool calls in all messages together, system blocks included.
+    size_t max_content_parts = 20000;
     // Every string in the body (values and keys), what no template renders included (a reasoning item carried back,
     // a Responses conversation kept for previous_response_id), so that no one request is megabytes of unseen text.
     size_t max_text_bytes = 16u << 20;

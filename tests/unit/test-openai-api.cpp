@@ -572,4 +572,10 @@ TEST(openai_api, tools_and_messages_are_counted_before_they_are_read) {
         body["messages"][0]["content"].push_back({{"type", "text"}, {"text", "x"}});
     }
     expect_chat_400(body, "the request holds 20001 content parts; keepwarm's request limit max_content_parts is 20000");
+    // Tool calls count as parts: tiny calls by the hundred thousand fit in the bytes allowed.
+    body = minimal_chat();
+    json calls = json::array();
+    for (size_t i = 0; i <= default_request_limits.max_content_parts; ++i) calls.push_back(i);
+    body["messages"].push_back({{"role", "assistant"}, {"tool_calls", calls}});
+    expect_chat_400(body, "the request holds 20001 content parts; keepwarm's request limit max_content_parts is 20000");
 }
