@@ -18,7 +18,8 @@ struct request_limits {
     // Content parts (blocks) and tool calls in all messages together, system blocks included.
     size_t max_content_parts = 20000;
     // Every string in the body (values and keys), what no template renders included (a reasoning item carried back,
-    // a Responses conversation kept for previous_response_id), so that no one request is megabytes of unseen text.
+    // a Responses conversation kept for previous_response_id): a 30 MiB reasoning item rendered to 21 tokens and was
+    // stored whole. 16 MiB is about 4M tokens of text, more than any context holds.
     size_t max_text_bytes = 16u << 20;
 };
 
