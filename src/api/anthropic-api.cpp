@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
@@ -412,6 +413,7 @@ json tool_input(const std::string& arguments) {
 
 chat_request parse_messages_request(const json& body, endpoint kind) {
     if (!body.is_object()) fail("request body must be a JSON object");
+    check_request_limits(body, "messages");
     chat_request req;
     req.api = "anthropic";
     req.model = parse_model(body);

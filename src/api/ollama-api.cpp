@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 
+#include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
@@ -252,6 +253,7 @@ json details_json(const model_card& card) {
 
 chat_request parse_chat_request(const json& body) {
     require_object(body);
+    check_request_limits(body, "messages");
     chat_request req;
     parse_common(body, req);
     req.messages = parse_messages(body);
@@ -261,6 +263,7 @@ chat_request parse_chat_request(const json& body) {
 
 generate_request parse_generate_request(const json& body) {
     require_object(body);
+    check_request_limits(body, "messages");
     generate_request g;
     parse_common(body, g.chat);
     g.prompt = get_string(body, "prompt", "prompt").value_or("");

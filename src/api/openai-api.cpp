@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
@@ -498,6 +499,7 @@ chat_request parse_chat_request(const json& body) {
     if (find(body, "functions") || find(body, "function_call")) {
         fail("'functions' and 'function_call' are deprecated and not supported; use 'tools' and 'tool_choice'");
     }
+    check_request_limits(body, "messages");
     chat_request req;
     req.model = parse_model(body);
     req.messages = parse_messages(body);

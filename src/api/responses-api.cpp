@@ -7,6 +7,7 @@
 #include <set>
 
 #include "api/openai-api.h"
+#include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
 #include "json/json-fields.h"
@@ -98,6 +99,8 @@ std::vector<common_chat_msg> parse_input(const json& body) {
     }
     if (!input->is_array()) fail("'input' must be a string or an array of input items");
     static const std::set<std::string> roles = {"system", "developer", "user", "assistant"};
+    std::set<std::string> call_ids;                       // of the function_call items
+    std::vector<std::pair<size_t, std::string>> outputs;  // function_call_output items: index, call_id
     for (size_t i = 0; i < input->size(); ++i) {
         const json& item = (*input)[i];
         const std::string field = indexed("input", i);
@@ -133,12 +136,14 @@ std::vector<common_chat_msg> parse_input(const json& body) {
             call.arguments = get_string(item, "arguments", field + ".arguments").value_or("");
             if (call.arguments.empty()) call.arguments = "{}";
             bounded_json::require_json_text(call.arguments, field + ".arguments");
+            call_ids.insert(call.id);
             assistant_turn(messages, open_turn(messages)).tool_calls.push_back(std::move(call));
         } else if (type == "function_call_output") {
             common_chat_msg msg;
             msg.role = "tool";
             msg.tool_call_id = get_string(item, "call_id", field + ".call_id").value_or("");
             if (msg.tool_call_id.empty()) fail(in_quotes(field + ".call_id") + " must be a non-empty string");
+            outputs.emplace_back(i, msg.tool_call_id);
             const json* output = find(item, "output");
             if (output && output->is_string()) {
                 msg.content = output->get<std::string>();
@@ -160,6 +165,14 @@ std::vector<common_chat_msg> parse_input(const json& body) {
             fail(in_quotes(field + ".type") + ": '" + type +
                  "' items are not supported (keepwarm takes message, function_call, function_call_output and "
                  "reasoning items; send the whole conversation as input)");
+        }
+    }
+    // A tool's output answers a call of this conversation (the input, a previous response's included), as OpenAI
+    // requires: one that answers nothing would render as a result of a call the model never made.
+    for (const auto& [i, call_id] : outputs) {
+        if (!call_ids.count(call_id)) {
+            fail("No tool call found for function call output with call_id " + shown_id(call_id) + " (" +
+                 in_quotes(indexed("input", i)) + ")");
         }
     }
     // A turn made of a reasoning item alone has nothing the templates render.
@@ -352,6 +365,7 @@ std::string item_id(const std::string& response_id, const char* prefix, int inde
 
 parsed_request parse_request(const json& body) {
     if (!body.is_object()) fail("request body must be a JSON object");
+    check_request_limits(body, "input");
     parsed_request r;
     chat_request& req = r.chat;
     request_echo& echo = r.echo;
@@ -394,6 +408,23 @@ parsed_request parse_request(const json& body) {
         fail("'top_logprobs' is not supported: keepwarm does not return token probabilities");
     }
     return r;
+}
+
+std::string shown_id(const std::string& id) {
+    return id.size() <= max_shown_id_bytes ? id : id.substr(0, max_shown_id_bytes) + "...";
+}
+
+void check_requested_id(const std::string& id, const std::string& field) {
+    if (id.size() > max_requested_id_bytes) {
+        fail(in_quotes(field) + " is " + std::to_string(id.size()) + " characters long; a response id has at most " +
+             std::to_string(max_requested_id_bytes));
+    }
+}
+
+request_error response_not_found(const std::string& id, bool previous) {
+    return request_error(
+        404, std::string(previous ? "Previous response" : "Response") + " with id '" + shown_id(id) + "' not found.",
+        "invalid_request_error");
 }
 
 json input_items(const json& body) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "base/request-error.h"
 #include "chat.h"
 #include "chat/chat-request.h"
 
@@ -58,6 +59,18 @@ parsed_request parse_request(const json& body);
 
 // The body's `input` as a list of items (a string becomes one user message item); throws a 400 when it is neither.
 json input_items(const json& body);
+
+// What an error message echoes of an id a client sent (a response id, a call_id): its first max_shown_id_bytes bytes
+// and "..." when it is longer, so that a 10 KB id is not sent back.
+inline constexpr size_t max_shown_id_bytes = 64;
+std::string shown_id(const std::string& id);
+// A response id a client names (previous_response_id, the {id} of GET and DELETE /v1/responses/{id}): a 400 naming
+// `field` when it is longer than any id could be (keepwarm's are 37 characters, OpenAI's about 50).
+inline constexpr size_t max_requested_id_bytes = 256;
+void check_requested_id(const std::string& id, const std::string& field);
+// The 404 for an id that names no stored response of the tenant ("Previous response with id ... not found." when
+// `previous`, as OpenAI words it), the id shown as shown_id() shows it.
+request_error response_not_found(const std::string& id, bool previous);
 // `body` with its input after `previous_items` (a stored conversation): what the model reads when a request names
 // previous_response_id.
 json continue_input(json body, const json& previous_items);

@@ -59,7 +59,8 @@ response_store::response_store(options opts) : opts_(std::move(opts)) {
     for (const found& f : files) {
         const std::filesystem::path path = file_of(opts_.dir, f.id);
         const uintmax_t size = std::filesystem::file_size(path, ec);
-        if (ec || entries_.size() >= opts_.max_responses || bytes_ + size > opts_.max_bytes) {
+        if (ec || entries_.size() >= opts_.max_responses || bytes_ + size > opts_.max_bytes ||
+            size > opts_.max_bytes_per_tenant) {
             remove_file(f.id);
             continue;
         }
@@ -80,9 +81,13 @@ response_store::response_store(options opts) : opts_(std::move(opts)) {
             remove_file(f.id);
             continue;
         }
-        lru_.push_back(f.id);  // oldest last
-        bytes_ += text.str().size();
-        entries_.emplace(f.id, std::make_pair(entry{std::move(tenant), text.str()}, std::prev(lru_.end())));
+        if (const auto own = tenants_.find(tenant);
+            own != tenants_.end() && (own->second.lru.size() >= opts_.max_responses_per_tenant ||
+                                      own->second.bytes + size > opts_.max_bytes_per_tenant)) {
+            remove_file(f.id);
+            continue;
+        }
+        add_locked(f.id, tenant, text.str(), true);
     }
     if (!entries_.empty() || rejected > 0) {
         log::info("responses", "{} stored responses loaded from {}{}", entries_.size(), opts_.dir.string(),
@@ -95,7 +100,7 @@ void response_store::put(const std::string& id, const std::string& tenant, recor
     std::string text =
         json{{"tenant", tenant}, {"items", std::move(r.items)}, {"response", std::move(r.response)}}.dump(
             -1, ' ', false, json::error_handler_t::replace);
-    if (text.size() > opts_.max_bytes) {
+    if (text.size() > std::min(opts_.max_bytes, opts_.max_bytes_per_tenant)) {
         log::warn("responses", "{} is larger than the store ({} bytes): not stored", id, text.size());
         return;
     }
@@ -106,15 +111,9 @@ void response_store::put(const std::string& id, const std::string& tenant, recor
         }
     }
     std::lock_guard lock(mu_);
-    if (auto it = entries_.find(id); it != entries_.end()) {
-        bytes_ -= it->second.first.text.size();
-        lru_.erase(it->second.second);
-        entries_.erase(it);
-    }
-    lru_.push_front(id);
-    bytes_ += text.size();
-    entries_.emplace(id, std::make_pair(entry{tenant, std::move(text)}, lru_.begin()));
-    evict_locked();
+    remove_locked(id);
+    add_locked(id, tenant, std::move(text), false);
+    evict_locked(tenant);
 }
 
 std::optional<response_store::record> response_store::get(const std::string& id, const std::string& tenant) {
@@ -123,9 +122,10 @@ std::optional<response_store::record> response_store::get(const std::string& id,
     {
         std::lock_guard lock(mu_);
         auto it = entries_.find(id);
-        if (it == entries_.end() || it->second.first.tenant != tenant) return std::nullopt;
-        lru_.splice(lru_.begin(), lru_, it->second.second);
-        text = it->second.first.text;
+        if (it == entries_.end() || it->second.tenant != tenant) return std::nullopt;
+        std::list<std::string>& lru = tenants_.at(tenant).lru;
+        lru.splice(lru.begin(), lru, it->second.use);
+        text = it->second.text;
     }
     json stored = json::parse(text);  // written by put() or checked at load
     return record{std::move(stored["items"]), std::move(stored["response"])};
@@ -136,10 +136,8 @@ bool response_store::erase(const std::string& id, const std::string& tenant) {
     {
         std::lock_guard lock(mu_);
         auto it = entries_.find(id);
-        if (it == entries_.end() || it->second.first.tenant != tenant) return false;
-        bytes_ -= it->second.first.text.size();
-        lru_.erase(it->second.second);
-        entries_.erase(it);
+        if (it == entries_.end() || it->second.tenant != tenant) return false;
+        remove_locked(id);
     }
     remove_file(id);
     return true;
@@ -155,14 +153,51 @@ size_t response_store::bytes() const {
     return bytes_;
 }
 
-void response_store::evict_locked() {
-    while (!lru_.empty() && (entries_.size() > opts_.max_responses || bytes_ > opts_.max_bytes)) {
-        const std::string victim = lru_.back();
-        lru_.pop_back();
-        auto it = entries_.find(victim);
-        bytes_ -= it->second.first.text.size();
-        entries_.erase(it);
+size_t response_store::size_of(const std::string& tenant) const {
+    std::lock_guard lock(mu_);
+    const auto it = tenants_.find(tenant);
+    return it == tenants_.end() ? 0 : it->second.lru.size();
+}
+
+void response_store::add_locked(const std::string& id, const std::string& tenant, std::string text, bool oldest) {
+    tenant_entries& own = tenants_[tenant];
+    const auto use = oldest ? own.lru.insert(own.lru.end(), id) : own.lru.insert(own.lru.begin(), id);
+    own.bytes += text.size();
+    bytes_ += text.size();
+    entries_.emplace(id, entry{tenant, std::move(text), use});
+}
+
+void response_store::remove_locked(const std::string& id) {
+    const auto it = entries_.find(id);
+    if (it == entries_.end()) return;
+    const auto own = tenants_.find(it->second.tenant);
+    own->second.lru.erase(it->second.use);
+    own->second.bytes -= it->second.text.size();
+    if (own->second.lru.empty()) tenants_.erase(own);
+    bytes_ -= it->second.text.size();
+    entries_.erase(it);
+}
+
+void response_store::evict_locked(const std::string& tenant) {
+    const auto evict_oldest_of = [this](const tenant_entries& own) {
+        const std::string victim = own.lru.back();  // a copy: removing it may erase `own`
+        remove_locked(victim);
         remove_file(victim);
+    };
+    for (auto own = tenants_.find(tenant);
+         own != tenants_.end() &&
+         (own->second.lru.size() > opts_.max_responses_per_tenant || own->second.bytes > opts_.max_bytes_per_tenant);
+         own = tenants_.find(tenant)) {
+        evict_oldest_of(own->second);
+    }
+    // Full: the tenant that holds the most of what is over gives up its least recently used.
+    while (!tenants_.empty() && (entries_.size() > opts_.max_responses || bytes_ > opts_.max_bytes)) {
+        const bool by_count = entries_.size() > opts_.max_responses;
+        const auto largest =
+            std::max_element(tenants_.begin(), tenants_.end(), [by_count](const auto& a, const auto& b) {
+                return by_count ? a.second.lru.size() < b.second.lru.size() : a.second.bytes < b.second.bytes;
+            });
+        evict_oldest_of(largest->second);
     }
 }
 

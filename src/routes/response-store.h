@@ -3,7 +3,10 @@
 // its output items), so that a request naming it continues that conversation without sending it again. Bounded in
 // count and bytes, least recently used evicted first; with a folder (beside the disk tier) each one is also a file,
 // written whole or not at all, so a restart keeps them. A response belongs to the tenant that made it: another
-// tenant's id is not found. Files in the folder are read as hostile input: one that does not parse is removed.
+// tenant's id is not found, and no tenant pushes out another's: one over its own quota loses its own least recently
+// used, and when the store is full the tenant holding the most (in the measure that is over) gives one up, so a
+// tenant's flood evicts only its own. Files in the folder are read as hostile input: one that does not parse is
+// removed.
 // Thread-safe.
 #pragma once
 
@@ -26,6 +29,9 @@ public:
     struct options {
         size_t max_responses = 4096;
         size_t max_bytes = 256u << 20;
+        // Each tenant's quota, within the limits above.
+        size_t max_responses_per_tenant = 4096;
+        size_t max_bytes_per_tenant = 256u << 20;
         std::filesystem::path dir;  // empty: in memory only
     };
     struct record {
@@ -36,7 +42,7 @@ public:
     // Loads the folder's responses, newest first, up to the limits (older ones are removed).
     explicit response_store(options opts);
 
-    // Keeps `id` (replacing one of the same id), evicting the least recently used beyond the limits.
+    // Keeps `id` (replacing one of the same id), evicting beyond the limits as said above.
     void put(const std::string& id, const std::string& tenant, record r);
     // The record of `id` if `tenant` made it; marks it used.
     std::optional<record> get(const std::string& id, const std::string& tenant);
@@ -45,6 +51,7 @@ public:
 
     size_t size() const;
     size_t bytes() const;
+    size_t size_of(const std::string& tenant) const;
 
     // Whether `id` can name a stored response (resp_ and letters, digits, '_'; at most 64 characters): anything
     // else is not found without looking, and never becomes a file name.
@@ -53,16 +60,24 @@ public:
 private:
     struct entry {
         std::string tenant;
-        std::string text;  // the record as stored: {"tenant", "items", "response"}
+        std::string text;                      // the record as stored: {"tenant", "items", "response"}
+        std::list<std::string>::iterator use;  // its place in its tenant's lru
     };
-    void evict_locked();
+    struct tenant_entries {
+        std::list<std::string> lru;  // ids, most recent first
+        size_t bytes = 0;
+    };
+    // Adds a new id as its tenant's most recent (oldest: last, as loading adds them); caller holds mu_.
+    void add_locked(const std::string& id, const std::string& tenant, std::string text, bool oldest);
+    void remove_locked(const std::string& id);
+    void evict_locked(const std::string& tenant);
     void remove_file(const std::string& id) const;
 
     options opts_;
     mutable std::mutex mu_;
-    std::list<std::string> lru_;  // most recent first
-    std::unordered_map<std::string, std::pair<entry, std::list<std::string>::iterator>> entries_;
-    size_t bytes_ = 0;
+    std::unordered_map<std::string, entry> entries_;           // guarded by mu_
+    std::unordered_map<std::string, tenant_entries> tenants_;  // guarded by mu_; no tenant without entries
+    size_t bytes_ = 0;                                         // guarded by mu_
 };
 
 }  // namespace keepwarm

@@ -19,10 +19,6 @@ namespace {
 using json = nlohmann::ordered_json;
 namespace responses = api::responses;
 
-[[noreturn]] void not_found(const std::string& id) {
-    throw request_error(404, "Response with id '" + id + "' not found.", "invalid_request_error");
-}
-
 // The body with a previous response's conversation before its input, when it names one of this tenant's.
 json with_previous(json body, const frontend_context& ctx, const std::string& tenant) {
     const json* previous =
@@ -30,10 +26,9 @@ json with_previous(json body, const frontend_context& ctx, const std::string& te
     if (!previous || previous->is_null()) return body;
     if (!previous->is_string()) throw request_error(400, "'previous_response_id' must be a string");
     const std::string id = previous->get<std::string>();
+    responses::check_requested_id(id, "previous_response_id");
     const std::optional<response_store::record> stored = ctx.responses->get(id, tenant);
-    if (!stored) {
-        throw request_error(404, "Previous response with id '" + id + "' not found.", "invalid_request_error");
-    }
+    if (!stored) throw responses::response_not_found(id, true);
     return responses::continue_input(std::move(body), stored->items);
 }
 
@@ -124,13 +119,15 @@ void register_responses_routes(http::http_server& server, frontend_context& ctx,
     for (const std::string prefix : {"/v1/responses/", "/responses/"}) {
         server.add_route("GET", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
             const std::string id = http::path_rest(req.path, prefix).value_or("");
+            responses::check_requested_id(id, "id");
             const std::optional<response_store::record> stored = ctx.responses->get(id, req.tenant);
-            if (!stored) not_found(id);
+            if (!stored) throw responses::response_not_found(id, false);
             w.send(200, "application/json", stored->response.dump(-1, ' ', false, json::error_handler_t::replace));
         });
         server.add_route("DELETE", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
             const std::string id = http::path_rest(req.path, prefix).value_or("");
-            if (!ctx.responses->erase(id, req.tenant)) not_found(id);
+            responses::check_requested_id(id, "id");
+            if (!ctx.responses->erase(id, req.tenant)) throw responses::response_not_found(id, false);
             w.send(200, "application/json", json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump());
         });
     }

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "api/anthropic-api.h"
+#include "api/request-limits.h"
 #include "http/http-server.h"
 
 using namespace keepwarm;
@@ -574,4 +575,26 @@ TEST(AnthropicParse, DeferredToolsAreNotOffered) {
     EXPECT_EQ(r.tools[0].name, "Read");
     expect_400(with("tools", json::parse(R"([{"name":"f","input_schema":{"type":"object"},"defer_loading":"yes"}])")),
                "tools[0].defer_loading");
+}
+
+// Issue 39 (F5): counts and sizes are checked before the body is converted (nothing is rendered): the messages, the
+// blocks (system blocks and those inside tool results included), the bytes of all text.
+TEST(anthropic_api, messages_blocks_and_text_bytes_are_bounded_before_conversion) {
+    json body = minimal();
+    for (size_t i = 0; i < default_request_limits.max_messages; ++i) body["messages"].push_back(nullptr);
+    expect_400(body, "'messages' holds 10001 messages; keepwarm's request limit max_messages is 10000");
+    body = minimal();
+    body["system"] = json::array({{{"type", "text"}, {"text", "rules"}}});
+    json results = json::array();
+    for (size_t i = 0; i < default_request_limits.max_content_parts; ++i)
+        results.push_back({{"type", "text"}, {"text", "r"}});
+    body["messages"][0]["content"] =
+        json::array({{{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", results}}});
+    expect_400(body, "the request holds 20002 content parts; keepwarm's request limit max_content_parts is 20000");
+    body = with("system", std::string(default_request_limits.max_text_bytes, 's'));
+    expect_400(body, "keepwarm's request limit max_text_bytes is 16777216");
+    body = minimal();
+    body["tools"] = json::array();
+    for (size_t i = 0; i <= default_request_limits.max_tools; ++i) body["tools"].push_back(i);
+    expect_400(body, "'tools' holds 1025 tools; keepwarm's request limit max_tools is 1024", endpoint::count_tokens);
 }

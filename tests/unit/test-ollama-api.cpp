@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "api/ollama-api.h"
+#include "api/request-limits.h"
 #include "base/request-error.h"
 
 using keepwarm::chat_request;
@@ -542,4 +543,17 @@ TEST(OllamaFormat, ModelListShowAndPs) {
     const json version = version_json("1.2.3");
     EXPECT_EQ(version["version"], compatible_version);
     EXPECT_EQ(version["keepwarm_version"], "1.2.3");
+}
+
+// Issue 39 (F5): /api/chat and /api/generate are bounded like the other APIs, before the body is converted.
+TEST(ollama_api, chat_and_generate_are_bounded_before_conversion) {
+    json body = minimal_chat();
+    body["tools"] = json::array();
+    for (int i = 0; i < 5000; ++i) body["tools"].push_back("not a tool");
+    expect_400(parse_chat_request, body, "'tools' holds 5000 tools; keepwarm's request limit max_tools is 1024");
+    body = minimal_chat();
+    for (size_t i = 0; i < api::default_request_limits.max_messages; ++i) body["messages"].push_back(0);
+    expect_400(parse_chat_request, body, "'messages' holds 10001 messages; keepwarm's request limit max_messages is");
+    const json long_prompt = generate_with("prompt", std::string(api::default_request_limits.max_text_bytes + 1, 'p'));
+    expect_400(parse_generate_request, long_prompt, "keepwarm's request limit max_text_bytes is 16777216");
 }

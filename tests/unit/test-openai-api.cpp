@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "api/openai-api.h"
+#include "api/request-limits.h"
 #include "http/http-server.h"
 
 using namespace keepwarm;
@@ -551,4 +552,30 @@ TEST(OpenAiParse, PromptCacheKeyMarksTheWholePrompt) {
     expect_chat_400(chat_with("prompt_cache_key", 7), "prompt_cache_key");
     expect_chat_400(chat_with("prompt_cache_key", std::string(1025, 'k')), "prompt_cache_key");
     expect_chat_400(chat_with("prompt_cache_retention", "forever"), "prompt_cache_retention");
+}
+
+// Issue 39 (F5): 5,000 tools were rendered for 144 s before the context check refused them. The count is checked
+// before any tool is read: these tools would each be a 400 of their own (parameters not an object) if they were.
+TEST(openai_api, tools_and_messages_are_counted_before_they_are_read) {
+    json body = minimal_chat();
+    body["tools"] = json::array();
+    for (int i = 0; i < 5000; ++i) {
+        body["tools"].push_back({{"type", "function"}, {"function", {{"name", std::to_string(i)}, {"parameters", 5}}}});
+    }
+    expect_chat_400(body, "'tools' holds 5000 tools; keepwarm's request limit max_tools is 1024");
+    body = minimal_chat();
+    for (size_t i = 0; i < default_request_limits.max_messages; ++i) body["messages"].push_back(7);
+    expect_chat_400(body, "'messages' holds 10001 messages; keepwarm's request limit max_messages is 10000");
+    body = minimal_chat();
+    body["messages"][0]["content"] = json::array();
+    for (size_t i = 0; i <= default_request_limits.max_content_parts; ++i) {
+        body["messages"][0]["content"].push_back({{"type", "text"}, {"text", "x"}});
+    }
+    expect_chat_400(body, "the request holds 20001 content parts; keepwarm's request limit max_content_parts is 20000");
+    // Tool calls count as parts: tiny calls by the hundred thousand fit in the bytes allowed.
+    body = minimal_chat();
+    json calls = json::array();
+    for (size_t i = 0; i <= default_request_limits.max_content_parts; ++i) calls.push_back(i);
+    body["messages"].push_back({{"role", "assistant"}, {"tool_calls", calls}});
+    expect_chat_400(body, "the request holds 20001 content parts; keepwarm's request limit max_content_parts is 20000");
 }

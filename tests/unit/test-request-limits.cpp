@@ -8,6 +8,8 @@
 #include "api/anthropic-api.h"
 #include "api/ollama-api.h"
 #include "api/openai-api.h"
+#include "api/request-limits.h"
+#include "api/responses-api.h"
 #include "http/http-server.h"
 #include "local/prompt-preparation.h"
 
@@ -73,4 +75,39 @@ TEST(grammar_limits, widest_alternation_counts_alternatives_outside_literals_and
     std::string big_enum = "root ::= ";
     for (int i = 0; i < 2000; ++i) big_enum += (i ? " | " : "") + std::string("\"v") + std::to_string(i) + "\"";
     EXPECT_EQ(widest_alternation(big_enum), 2000u);
+}
+
+// Issue 39 (F5): the shared counts and sizes are generous for real agents: a long agent session (25 tools, a few
+// thousand messages, 2 MB of text) passes in every API, and each limit is inclusive.
+TEST(chat_limits, a_long_agent_session_passes_every_api) {
+    json tools = json::array();
+    json anthropic_tools = json::array();
+    for (int i = 0; i < 25; ++i) {
+        const json schema = {{"type", "object"}, {"description", std::string(2000, 'd')}};
+        tools.push_back(
+            {{"type", "function"}, {"function", {{"name", "tool" + std::to_string(i)}, {"parameters", schema}}}});
+        anthropic_tools.push_back({{"name", "tool" + std::to_string(i)}, {"input_schema", schema}});
+    }
+    json chat = {{"model", "m"}, {"max_tokens", 16}, {"messages", json::array()}, {"tools", tools}};
+    json input = json::array();
+    for (int i = 0; i < 3000; ++i) {
+        const std::string text(700, 'a' + i % 26);
+        chat["messages"].push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", text}});
+        input.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", text}});
+    }
+    EXPECT_EQ(api::parse_chat_request(chat).messages.size(), 3000u);
+    EXPECT_EQ(api::ollama::parse_chat_request(chat).messages.size(), 3000u);
+    chat["tools"] = anthropic_tools;
+    EXPECT_EQ(api::anthropic::parse_messages_request(chat).tools.size(), 25u);
+    EXPECT_EQ(api::responses::parse_request({{"input", input}}).chat.messages.size(), 3000u);
+
+    const api::request_limits tight{
+        .max_messages = 2, .max_input_items = 2, .max_tools = 1, .max_content_parts = 2, .max_text_bytes = 64};
+    const json at_limits = {{"messages", json::array({{{"content", json::array({"a", "b"})}}, 1})},
+                            {"tools", json::array({1})}};
+    EXPECT_NO_THROW(api::check_request_limits(at_limits, "messages", tight));
+    EXPECT_THROW(api::check_request_limits(at_limits, "messages", {.max_messages = 1}), request_error);
+    const json items = {{"input", json::array({1, 2})}};
+    EXPECT_NO_THROW(api::check_request_limits(items, "input", tight));
+    EXPECT_THROW(api::check_request_limits(items, "input", {.max_input_items = 1}), request_error);
 }

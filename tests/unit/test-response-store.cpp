@@ -90,3 +90,54 @@ TEST(response_store, a_restart_keeps_them_and_damaged_files_are_removed) {
     EXPECT_EQ(bounded.size(), 0u);
     EXPECT_FALSE(std::filesystem::exists(dir.path / "resp_kept.json"));
 }
+
+// Issue 39 (F3): one tenant's flood, of many small responses or of a few large ones, evicts only its own; tenant A's
+// conversation is still there to continue.
+TEST(response_store, a_tenants_flood_never_evicts_another_tenants_response) {
+    response_store by_count({.max_responses = 100, .max_bytes = 1 << 20, .dir = {}});
+    by_count.put("resp_alice", "alice", record_of("alice's"));
+    for (int i = 0; i < 150; ++i) by_count.put("resp_b" + std::to_string(i), "bob", record_of("tiny"));
+    EXPECT_EQ(text_of(by_count.get("resp_alice", "alice")), "alice's");
+    EXPECT_EQ(by_count.size(), 100u);
+    EXPECT_EQ(by_count.size_of("bob"), 99u);
+    EXPECT_TRUE(by_count.get("resp_b149", "bob"));  // bob loses his oldest
+    EXPECT_FALSE(by_count.get("resp_b0", "bob"));
+
+    response_store by_bytes({.max_responses = 100, .max_bytes = 4000, .dir = {}});
+    by_bytes.put("resp_alice", "alice", record_of(std::string(500, 'a')));
+    for (int i = 0; i < 10; ++i) by_bytes.put("resp_b" + std::to_string(i), "bob", record_of(std::string(700, 'b')));
+    EXPECT_EQ(text_of(by_bytes.get("resp_alice", "alice")), std::string(500, 'a'));
+    EXPECT_LE(by_bytes.bytes(), 4000u);
+    EXPECT_TRUE(by_bytes.get("resp_b9", "bob"));
+
+    // The tenant holding the most gives up its least recently used when the store is full, whoever put last.
+    response_store shared({.max_responses = 4, .max_bytes = 1 << 20, .dir = {}});
+    for (int i = 0; i < 3; ++i) shared.put("resp_b" + std::to_string(i), "bob", record_of("b"));
+    shared.put("resp_a0", "alice", record_of("a"));
+    shared.put("resp_a1", "alice", record_of("a"));
+    EXPECT_FALSE(shared.get("resp_b0", "bob"));
+    EXPECT_EQ(shared.size_of("alice"), 2u);
+    EXPECT_EQ(shared.size_of("bob"), 2u);
+}
+
+TEST(response_store, a_tenant_over_its_quota_evicts_its_own_oldest) {
+    response_store store({.max_responses = 100,
+                          .max_bytes = 1 << 20,
+                          .max_responses_per_tenant = 2,
+                          .max_bytes_per_tenant = 1000,
+                          .dir = {}});
+    store.put("resp_a0", "alice", record_of("a"));
+    store.put("resp_b0", "bob", record_of("b"));
+    store.put("resp_b1", "bob", record_of("b"));
+    ASSERT_TRUE(store.get("resp_b0", "bob"));  // used: resp_b1 is bob's least recent
+    store.put("resp_b2", "bob", record_of("b"));
+    EXPECT_TRUE(store.get("resp_b0", "bob"));
+    EXPECT_FALSE(store.get("resp_b1", "bob"));
+    EXPECT_TRUE(store.get("resp_a0", "alice"));
+    store.put("resp_big", "bob", record_of(std::string(2000, 'x')));  // over bob's byte quota alone: not kept
+    EXPECT_FALSE(store.get("resp_big", "bob"));
+    store.put("resp_b3", "bob", record_of(std::string(420, 'x')));  // bob's bytes over: his oldest go
+    EXPECT_EQ(store.size_of("bob"), 1u);
+    EXPECT_TRUE(store.get("resp_b3", "bob"));
+    EXPECT_EQ(store.size(), 2u);
+}

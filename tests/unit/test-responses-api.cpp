@@ -3,6 +3,7 @@
 // naming the field, and the response object and event sequence a client assembles.
 #include <gtest/gtest.h>
 
+#include "api/request-limits.h"
 #include "api/responses-api.h"
 #include "base/request-error.h"
 
@@ -298,4 +299,71 @@ TEST(responses_api, a_failed_generation_ends_the_stream_with_response_failed) {
     EXPECT_EQ(data.back()["response"]["status"], "failed");
     EXPECT_EQ(data.back()["response"]["error"]["message"], "decode failed");
     EXPECT_EQ(data[data.size() - 2]["type"], "response.output_item.done");  // the open item closed first
+}
+
+// Issue 39: a tool output answers a call of the conversation (OpenAI answers 400 "No tool call found for function
+// call output with call_id ..."); the call may come from the previous response's stored items.
+TEST(responses_api, a_tool_output_for_a_call_that_does_not_exist_is_a_400) {
+    expect_400(R"({"input":[{"role":"user","content":"hi"},
+        {"type":"function_call_output","call_id":"call_nowhere","output":"x"}]})",
+               "No tool call found for function call output with call_id call_nowhere ('input[1]')");
+    const json stored = json::parse(R"([{"role":"user","content":"list"},
+        {"type":"function_call","call_id":"call_1","name":"shell","arguments":"{}"}])");
+    const json body = continue_input(
+        json::parse(R"({"input":[{"type":"function_call_output","call_id":"call_1","output":"a.txt"}]})"), stored);
+    EXPECT_EQ(parse_request(body).chat.messages.back().tool_call_id, "call_1");
+    // A call_id of 10 KB is not sent back whole.
+    const json hostile = {
+        {"input",
+         json::array({{{"type", "function_call_output"}, {"call_id", std::string(10000, 'c')}, {"output", "x"}}})}};
+    try {
+        parse_request(hostile);
+        ADD_FAILURE() << "expected a 400";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_NE(std::string(e.what()).find(std::string(max_shown_id_bytes, 'c') + "..."), std::string::npos);
+        EXPECT_LT(std::string(e.what()).size(), 200u);
+    }
+}
+
+// Issue 39: an unknown id's 404 (previous_response_id, GET /v1/responses/{id}) echoes at most 64 characters of it,
+// and an id longer than any response id could be is a 400.
+TEST(responses_api, ids_a_client_names_are_bounded_and_echoed_truncated) {
+    const std::string long_id = "resp_" + std::string(10000, 'x');
+    const request_error missing = response_not_found(long_id, true);
+    EXPECT_EQ(missing.status, 404);
+    EXPECT_EQ(std::string(missing.what()),
+              "Previous response with id '" + long_id.substr(0, max_shown_id_bytes) + "...' not found.");
+    EXPECT_EQ(std::string(response_not_found("resp_abc", false).what()), "Response with id 'resp_abc' not found.");
+    EXPECT_NO_THROW(check_requested_id(std::string(max_requested_id_bytes, 'r'), "id"));
+    try {
+        check_requested_id(long_id, "previous_response_id");
+        ADD_FAILURE() << "expected a 400";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_NE(std::string(e.what()).find("'previous_response_id' is 10005 characters long"), std::string::npos);
+    }
+}
+
+// Issue 39 (F5, F3): counts and bytes are checked before the input is converted, let alone rendered: a million
+// items is refused for the count, and a 30 MiB reasoning item (which renders to a few tokens, but would be stored
+// whole for previous_response_id) for the bytes.
+TEST(responses_api, input_items_and_unrendered_bytes_are_bounded_before_conversion) {
+    json body = {{"input", json::array()}};
+    // Items that would each be a 400 if they were read: the count is checked first.
+    for (size_t i = 0; i <= api::default_request_limits.max_input_items; ++i) body["input"].push_back(json(i));
+    expect_400(body.dump().c_str(), "'input' holds 20001 items; keepwarm's request limit max_input_items is 20000");
+    const json reasoning = {
+        {"type", "reasoning"},
+        {"summary", json::array()},
+        {"content", json::array({{{"type", "reasoning_text"}, {"text", std::string(30u << 20, 'r')}}})}};
+    const json big = {{"input", json::array({reasoning, {{"role", "user"}, {"content", "hi"}}})}};
+    try {
+        parse_request(big);
+        ADD_FAILURE() << "expected a 400";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_NE(std::string(e.what()).find("keepwarm's request limit max_text_bytes is 16777216"), std::string::npos)
+            << e.what();
+    }
 }
