@@ -14,23 +14,23 @@ uint64_t hash_of(std::string_view grammar) {
 void costly_grammars::remember(std::string_view grammar, double ms) {
     const uint64_t h = hash_of(grammar);
     std::lock_guard lock(mu_);
-    if (auto [it, added] = ms_by_hash_.try_emplace(h, ms); !added) {
-        it->second = ms;
+    if (auto [it, added] = by_hash_.try_emplace(h, cost{ms, clock::now()}); !added) {
+        it->second = {ms, clock::now()};
         return;
     }
     order_.push_back(h);
     while (order_.size() > capacity_) {
-        ms_by_hash_.erase(order_.front());
+        by_hash_.erase(order_.front());
         order_.pop_front();
     }
 }
 
-std::optional<double> costly_grammars::cost_of(std::string_view grammar) const {
+std::optional<double> costly_grammars::cost_of(std::string_view grammar, clock::time_point now) const {
     const uint64_t h = hash_of(grammar);
     std::lock_guard lock(mu_);
-    const auto it = ms_by_hash_.find(h);
-    if (it == ms_by_hash_.end()) return std::nullopt;
-    return it->second;
+    const auto it = by_hash_.find(h);
+    if (it == by_hash_.end() || now - it->second.at >= memory_) return std::nullopt;
+    return it->second.ms;
 }
 
 }  // namespace keepwarm

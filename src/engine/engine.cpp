@@ -276,7 +276,8 @@ void engine::submit(std::shared_ptr<generation_request> request) {
             char why[320];
             std::snprintf(why, sizeof why,
                           "the request's grammar (response format or tools) took %.0f ms to sample one token before "
-                          "(the limit is %.0f ms: --max-sample-ms); fewer enum values or alternatives make it cheaper",
+                          "(the limit is %.0f ms: --max-sample-ms; refused for 10 minutes after that); fewer enum "
+                          "values or alternatives make it cheaper",
                           *ms, options_.sample_ms_limit);
             throw request_error(400, why);
         }
