@@ -13,6 +13,7 @@
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/listen-options.h"
+#include "config/key-file-mode.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
 #include "proxy/proxy-config.h"
@@ -59,6 +60,11 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
         } catch (const std::exception& e) {
             throw CLI::ValidationError("--config", e.what());
         }
+        const bool holds_keys =
+            !s.http.api_key.empty() ||
+            std::any_of(s.upstreams.begin(), s.upstreams.end(), [](const auto& u) { return !u.api_key.empty(); });
+        const std::string warning = config::readable_by_others_warning(opts.config_file, "settings file");
+        if (holds_keys && !warning.empty()) log::warn("proxy", "{}", warning);
     }
     const proxy::proxy_settings& cli = opts.settings;
     if (opts.was_given("--host")) s.http.host = cli.http.host;

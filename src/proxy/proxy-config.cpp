@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "config/toml-reader.h"
+#include "http/api-keys.h"
 
 namespace keepwarm::proxy {
 
@@ -58,6 +59,11 @@ private:
                 http.port = static_cast<uint16_t>(integer(node, "listen.port", 0, 65535));
             } else if (key.str() == "api_key") {
                 http.api_key = string(node, "listen.api_key");
+                try {
+                    http::check_api_key(http.api_key, "listen.api_key");
+                } catch (const std::invalid_argument& e) {
+                    fail(node.source(), e.what());
+                }
             } else if (key.str() == "max_connections") {
                 http.max_connections = static_cast<int>(integer(node, "listen.max_connections", 1, 65536));
             } else if (key.str() == "max_connections_per_address") {
@@ -145,6 +151,7 @@ private:
                     u.model = string(node, "upstream.model");
                 } else if (key.str() == "api_key") {
                     u.api_key = string(node, "upstream.api_key");
+                    http::check_api_key(u.api_key, "");
                 } else {
                     unknown(key, "[[upstream]]", {"url", "dialect", "model", "api_key"});
                 }

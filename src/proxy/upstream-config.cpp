@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "http/api-keys.h"
+
 namespace keepwarm::proxy {
 
 upstream_config upstream_config::parse(const std::string& spec) {
@@ -23,6 +25,7 @@ upstream_config upstream_config::parse(const std::string& spec) {
         } else if (key == "model") {
             config.model = value;
         } else if (key == "key") {
+            http::check_api_key(value, "the key of upstream " + config.origin.url());
             config.api_key = value;
         } else {
             throw std::invalid_argument("'" + key + "' in upstream '" + spec + "' is not one of dialect, model, key");

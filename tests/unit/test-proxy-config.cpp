@@ -167,3 +167,11 @@ url = "http://h:1"
     expect_error("[timeouts]\nfirst_byte = -1\n", 2, "timeouts.first_byte");
     expect_error("[timeouts]\nfirstbyte = 5\n", 2, "first_byte");
 }
+
+TEST(ProxyConfig, AKeyWithOuterWhitespaceIsAMistakeOnItsLine) {
+    expect_error("[listen]\napi_key = \" secret-1\"\n", 2, "listen.api_key: the API key starts with whitespace");
+    expect_error("[[upstream]]\nurl = \"http://h:1\"\napi_key = \"secret-1\\n\"\n", 3,
+                 "upstream.api_key: the API key ends with whitespace");
+    EXPECT_THROW(upstream_config::parse("http://h:1,key=sk\x01x"), std::invalid_argument);
+    EXPECT_EQ(upstream_config::parse("http://h:1,key=sk-1").api_key, "sk-1");
+}
