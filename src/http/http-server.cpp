@@ -323,6 +323,9 @@ struct http_server::impl {
     void reject(const std::shared_ptr<connection>& c);
     bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
     void answer_read_error(connection& c, const error_code& ec, const bhttp::request<bhttp::string_body>& head);
+    // Answers a request that cannot be read (`status` with `message` in the path's error shape) and closes.
+    void answer_unreadable(connection& c, int status, const std::string& message,
+                           const bhttp::request<bhttp::string_body>& head);
     bool origin_allowed(std::string_view origin) const;
     header_list cors_headers(std::string_view origin) const;
     void linger(connection& c);
@@ -825,7 +828,6 @@ header_list http_server::impl::cors_headers(std::string_view origin) const {
 
 void http_server::impl::answer_read_error(connection& c, const error_code& ec,
                                           const bhttp::request<bhttp::string_body>& head) {
-    const auto started = std::chrono::steady_clock::now();
     int status;
     std::string message;
     if (ec == bhttp::error::body_limit) {
@@ -838,6 +840,12 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
         status = 400;
         message = "malformed HTTP request: " + ec.message();
     }
+    answer_unreadable(c, status, message, head);
+}
+
+void http_server::impl::answer_unreadable(connection& c, int status, const std::string& message,
+                                          const bhttp::request<bhttp::string_body>& head) {
+    const auto started = std::chrono::steady_clock::now();
     std::string_view target = head.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const error_formatter format = format_for_path(target);
@@ -855,6 +863,36 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
 }
 
 namespace {
+
+// Why a request head's body framing cannot be trusted, or "" when it can. RFC 9112 6.1 and 6.3: a Transfer-Encoding
+// whose final coding is not chunked leaves the body's length unknown, and one beside a Content-Length is how request
+// smuggling starts (a proxy in front may read the length the other way); both must be answered 400 and the
+// connection closed. Beast reads "chunked, identity" with a Content-Length by the length, so it is checked here. No
+// other coding (gzip, ...) is supported in a request, so only "chunked" alone is taken.
+std::string body_framing_error(const bhttp::request<bhttp::string_body>& head) {
+    std::vector<std::string> codings;
+    for (const auto& field : head) {
+        if (field.name() != bhttp::field::transfer_encoding) continue;
+        std::string_view list = field.value();
+        while (!list.empty()) {
+            const size_t comma = list.find(',');
+            const std::string_view coding = trim(list.substr(0, comma));
+            if (!coding.empty()) codings.push_back(lowercase(coding));
+            list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+        }
+    }
+    if (codings.empty()) return "";
+    if (head.find(bhttp::field::content_length) != head.end()) {
+        return "a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.1)";
+    }
+    if (codings.size() != 1 || codings.front() != "chunked") {
+        std::string named;
+        for (const std::string& coding : codings) named += (named.empty() ? "" : ", ") + coding.substr(0, 32);
+        return "Transfer-Encoding '" + named.substr(0, 200) +
+               "' is not supported: send a body with Content-Length, or with Transfer-Encoding: chunked alone";
+    }
+    return "";
+}
 
 // Blocks until the socket has bytes to read, is closed by the peer, or is shut down (by stop() or an overdue
 // deadline).
@@ -888,6 +926,10 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
         bhttp::read_header(c->socket, buffer, parser, ec);
         if (!ec) {
             const auto& head = parser.get();
+            if (const std::string framing = body_framing_error(head); !framing.empty()) {
+                if (c->set_deadline(connection::no_deadline)) answer_unreadable(*c, 400, framing, head);
+                return;
+            }
             if (!parser.is_done() && !c->set_deadline(steady_now_ms() + options.idle_timeout.count())) return;
             if (head.version() >= 11 && iequals(trim(head[bhttp::field::expect]), "100-continue") &&
                 !parser.is_done()) {

@@ -518,6 +518,38 @@ TEST(HttpServer, BodyLimitAndMalformedRequests) {
     }
 }
 
+TEST(HttpServer, TransferEncodingNotEndingInChunkedOrBesideContentLengthIs400) {
+    http_server s(local_options());
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
+    s.start();
+
+    // RFC 9112 6.1: the body's length cannot be trusted, whichever way a proxy in front read it.
+    const std::vector<std::pair<std::string, std::string>> ambiguous = {
+        {"Transfer-Encoding: chunked, identity\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: gzip\r\n\r\n", "'gzip' is not supported"},
+        {"Transfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "'chunked, gzip' is not supported"},
+        {"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", ""},
+    };
+    for (const auto& [headers, says] : ambiguous) {
+        SCOPED_TRACE(headers);
+        client c(s.port());
+        ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + headers));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400);
+        EXPECT_EQ(r->body_json()["error"]["code"], 400);
+        EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find(says), std::string::npos) << r->body;
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    // Chunked alone is read as before.
+    auto r = roundtrip(s.port(),
+                       "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "hello");
+}
+
 TEST(HttpServer, ExpectContinue) {
     http_server s(local_options());
     s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
