@@ -273,6 +273,7 @@ struct http_server::impl {
         std::thread thread;
         bool closed = false;    // guarded by impl::mutex; the fd may be reused once true
         bool finished = false;  // guarded by impl::mutex; the thread is about to return
+        bool evicted = false;   // guarded by impl::mutex; closed to make room (make_room_for): no longer counted
         // Steady-clock milliseconds by which the awaited bytes (a request head, a body, the next request) must have
         // arrived, or no_deadline while a handler runs. Written by the connection's thread, checked by the acceptor.
         std::atomic<int64_t> deadline_ms{no_deadline};
@@ -317,6 +318,7 @@ struct http_server::impl {
     void stop();
     void accept_loop();
     void admit(tcp::socket socket);
+    bool make_room_for(const std::string& address);
     void reap_finished();
     int64_t close_overdue();
     void serve(const std::shared_ptr<connection>& c);
@@ -594,7 +596,7 @@ void http_server::impl::admit(tcp::socket socket) {
         if (stopping.load()) return;  // the socket closes with c
         address_use& use = addresses[c->address];
         const int per_address = options.max_connections_per_address;
-        if (active >= options.max_connections) {
+        if (active >= options.max_connections && !make_room_for(c->address)) {
             c->rejected_because = "too many connections (limit " + std::to_string(options.max_connections) + ")";
         } else if (per_address > 0 && use.active >= per_address) {
             c->rejected_because =
@@ -630,6 +632,40 @@ void http_server::impl::admit(tcp::socket socket) {
     if (!refusal.empty()) send_refusal(c->fd, refusal);
 }
 
+// The server is full and a connection from `address` came: if some address holds more than one connection above
+// what `address` would hold with it, one of that address's connections that is not running a request (waiting for its
+// next request, or still sending one) is closed and its slot goes to the newcomer. The biggest holder loses first,
+// so the addresses that want connections converge on equal shares of max_connections: four addresses that took 64
+// each cannot lock a fifth out, and no number of connections from one address makes it an owner. A connection that
+// runs a request is never cut. Returns whether a slot was freed. Caller holds mutex.
+bool http_server::impl::make_room_for(const std::string& address) {
+    const auto holds = [this](const std::string& a) {
+        const auto it = addresses.find(a);
+        return it == addresses.end() ? 0 : it->second.active;
+    };
+    std::shared_ptr<connection> victim;
+    int victim_holds = holds(address) + 1;  // what the newcomer's address would hold: a victim's must hold more
+    for (const auto& other : connections) {
+        if (other->rejected || other->closed || other->finished || other->evicted) continue;
+        if (other->deadline_ms.load() < 0) continue;  // running a request, or already being closed
+        if (const int n = holds(other->address); n > victim_holds) {
+            victim = other;
+            victim_holds = n;
+        }
+    }
+    if (!victim) return false;
+    // As close_overdue() does: unless its thread has just moved on to run a request.
+    int64_t deadline = victim->deadline_ms.load();
+    if (deadline < 0 || !victim->deadline_ms.compare_exchange_strong(deadline, connection::overdue)) return false;
+    ::shutdown(victim->fd, SHUT_RDWR);
+    victim->evicted = true;
+    --addresses[victim->address].active;
+    --active;
+    log::info("http", "server full ({} connections): closed a waiting connection of {} ({} open) for {}",
+              options.max_connections, victim->address, victim_holds - 1, address);
+    return true;
+}
+
 void http_server::impl::finish(const std::shared_ptr<connection>& c) {
     std::lock_guard lock(mutex);
     error_code ec;
@@ -637,6 +673,7 @@ void http_server::impl::finish(const std::shared_ptr<connection>& c) {
     c->socket.close(ec);
     c->closed = true;
     c->finished = true;
+    if (c->evicted) return;  // make_room_for() gave its slot away already
     address_use& use = addresses[c->address];
     --(c->rejected ? use.rejecting : use.active);
     --(c->rejected ? rejecting : active);
