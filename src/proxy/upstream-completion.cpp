@@ -204,6 +204,10 @@ generation_handler upstream_completions(upstream_pool& pool) {
                 tried.push_back(route->upstream);
                 continue;
             }
+            if (head.status >= 300 && head.status < 400) {
+                log::warn("proxy", "completion {}", redirect_message(head.status, head.headers, url));
+                throw upstream_redirect_error(head.status, head.headers, url);
+            }
             if (head.status >= 400) {
                 std::string error_body;
                 try {

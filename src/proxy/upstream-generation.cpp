@@ -72,6 +72,15 @@ void upstream_generation::connect(const http::request& req) {
             tried.push_back(failed);
             continue;
         }
+        if (head.status >= 300 && head.status < 400) {
+            // Not an answer: followed, it would be a stream from somewhere else; read as one, a stream that ended
+            // before its end event. The connection is dropped with its unread body.
+            pool_.release(route_->upstream);
+            route_.reset();
+            conn_.reset();
+            log::warn("proxy", "{} {}", id_, redirect_message(head.status, head.headers, u.origin.url()));
+            throw upstream_redirect_error(head.status, head.headers, u.origin.url());
+        }
         if (head.status >= 400) {
             std::string body;
             try {
@@ -266,6 +275,9 @@ token_counter upstream_token_counter(frontend_context& ctx, upstream_pool& pool)
             const bool timeout = e.reason == http::client_error::kind::timeout;
             throw request_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
                                 timeout ? "timeout_error" : "server_error");
+        }
+        if (answer.status >= 300 && answer.status < 400) {
+            throw upstream_redirect_error(answer.status, answer.headers, u.origin.url());
         }
         if (answer.status >= 400) {
             const upstream_error_info info = parse_error_body(answer.body);

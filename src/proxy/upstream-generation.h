@@ -25,12 +25,15 @@ namespace keepwarm::proxy {
 class upstream_generation final : public generation_source {
 public:
     // Throws request_error when no upstream can take the request (503), one does not answer in time (504), answers an
-    // error before streaming (its 4xx as is, a 5xx as 502), or the policy refuses the request (4xx). An upstream that
-    // cannot be reached is marked down and the next one is tried: nothing has reached the client yet.
+    // error or a redirect before streaming (its 4xx as is, a 5xx or 3xx as 502), or the policy refuses the request
+    // (4xx). An upstream that cannot be reached is marked down and the next one is tried: nothing has reached the
+    // client yet.
     upstream_generation(frontend_context& ctx, upstream_pool& pool, const http::request& req, chat_request chat,
                         const request_clock& clock, http::response_writer& w, std::string id);
     ~upstream_generation() override;  // cancels the upstream call if it has not ended, and leaves the router
 
+    // An answer out of time (see above) ends with an error update, or for a client that takes the answer whole,
+    // throws request_error(504) (nothing has been written to it).
     std::optional<update> next() override;
     const common_chat_msg& message() const override { return ping_ ? ping_->message() : decoder_->message(); }
     const chat_request& request() const override { return chat_; }

@@ -34,6 +34,7 @@ enum class answer_kind {
     broken,     // the first delta, then the body ends without [DONE]
     stalls,     // the first delta, then keep-alive comments until its client goes (at most 5 s)
     truncated,  // the deltas, finish_reason "length", the usage and [DONE]
+    redirects,  // 302 to another URL
 };
 
 std::string sse(const json& data) {
@@ -81,6 +82,11 @@ private:
         if (k == answer_kind::error) {
             w.send(error_status.load(), "application/json",
                    R"({"error":{"message":"the upstream says no","type":"invalid_request_error"}})");
+            return;
+        }
+        if (k == answer_kind::redirects) {
+            w.send(302, "text/html", "<a href=\"http://elsewhere.example/v1\">moved</a>",
+                   {{"Location", "http://elsewhere.example/v1/chat/completions"}});
             return;
         }
         if (!w.begin_stream(200, "text/event-stream", {})) return;
@@ -312,4 +318,15 @@ TEST_F(upstream_generation_test, a_client_that_leaves_cancels_the_upstream_call_
     EXPECT_EQ(upstream_stats()["in_flight"], 0);
     for (int i = 0; i < 250 && !upstream.saw_client_leave; ++i) std::this_thread::sleep_for(20ms);
     EXPECT_TRUE(upstream.saw_client_leave.load());  // the upstream's write failed: its call was closed
+}
+
+TEST_F(upstream_generation_test, a_redirect_is_reported_as_one) {
+    upstream.kind = answer_kind::redirects;
+    std::string message;
+    EXPECT_EQ(refusal(chat("client-model", 8), &message), 502);
+    EXPECT_NE(message.find("answered 302 redirect to http://elsewhere.example/v1/chat/completions"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("does not follow redirects"), std::string::npos) << message;
+    EXPECT_EQ(message.find("end event"), std::string::npos) << message;
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
 }
