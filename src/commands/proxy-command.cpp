@@ -86,6 +86,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
     if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
     if (opts.was_given("--upstream-idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
+    if (opts.was_given("--health-failures")) s.pool.health_failures = cli.pool.health_failures;
     for (const std::string& spec : opts.upstreams) {
         try {
             s.upstreams.push_back(proxy::upstream_config::parse(spec));
@@ -258,6 +259,12 @@ void add_proxy_command(CLI::App& app) {
                                     },
                                     "Seconds between health checks of each upstream (default 1)"))
         ->check(CLI::PositiveNumber);
+    option("--health-failures",
+           cmd->add_option("--health-failures", opts->settings.pool.health_failures,
+                           "Health checks in a row that must fail before an upstream that answered is out of routing "
+                           "(one never seen up is out at its first)"))
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
     const auto timeout = [&](const std::string& name, std::chrono::milliseconds proxy::pool_options::*field,
                              const std::string& help) {
         option(name, cmd->add_option_function<double>(

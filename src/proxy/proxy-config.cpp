@@ -118,8 +118,10 @@ private:
                 pool.health_interval = seconds(node, "health.interval", 3600);
             } else if (key.str() == "timeout") {
                 pool.health_timeout = seconds(node, "health.timeout", 3600);
+            } else if (key.str() == "failures") {
+                pool.health_failures = static_cast<int>(integer(node, "health.failures", 1, 1000));
             } else {
-                unknown(key, "[health]", {"interval", "timeout"});
+                unknown(key, "[health]", {"interval", "timeout", "failures"});
             }
         }
     }

@@ -40,6 +40,7 @@ struct pool_options {
     router_options routing;
     std::chrono::milliseconds health_interval{1000};
     std::chrono::milliseconds health_timeout{2000};
+    int health_failures = 3;  // checks in a row that must fail before an upstream that answered is down
     // Token texts the policy's forced logit biases name: resolved to each OpenAI-dialect upstream's token ids through
     // its POST /tokenize (keepwarm and llama-server have it) when a health check finds it up.
     std::vector<std::string> bias_texts;
