@@ -86,6 +86,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
     if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
     if (opts.was_given("--upstream-idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
+    if (opts.was_given("--answer-timeout")) s.pool.answer_timeout = cli.pool.answer_timeout;
     if (opts.was_given("--health-failures")) s.pool.health_failures = cli.pool.health_failures;
     for (const std::string& spec : opts.upstreams) {
         try {
@@ -282,8 +283,11 @@ void add_proxy_command(CLI::App& app) {
         "Seconds an upstream may take to start its answer (its prefill) before the request fails with 504 and the "
         "upstream is out of routing until its health check answers (default 600: a cold 30K-token prompt on a CPU)");
     timeout("--upstream-idle-timeout", &proxy::pool_options::idle_timeout,
-            "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
-            "upstream is out of routing (default 120)");
+            "Seconds an upstream's answer may go without a content or token delta once it has begun (keep-alive "
+            "comments are not progress) before the request ends with an error (default 120)");
+    timeout("--answer-timeout", &proxy::pool_options::answer_timeout,
+            "Seconds a request answered whole (not streamed) may wait for all of its answer before it gets a 504 "
+            "(default 1800)");
     cmd->callback([opts] {
         run_command("proxy", [&] { return run_proxy(merged_settings(*opts), opts->tenancy, opts->no_policy); });
     });

@@ -133,8 +133,10 @@ private:
                 pool.first_byte_timeout = seconds(node, "timeouts.first_byte", 86400);
             } else if (key.str() == "idle") {
                 pool.idle_timeout = seconds(node, "timeouts.idle", 86400);
+            } else if (key.str() == "answer") {
+                pool.answer_timeout = seconds(node, "timeouts.answer", 86400);
             } else {
-                unknown(key, "[timeouts]", {"first_byte", "idle"});
+                unknown(key, "[timeouts]", {"first_byte", "idle", "answer"});
             }
         }
     }

@@ -148,8 +148,35 @@ std::optional<generation_source::update> upstream_generation::next() {
     if (ping_) return ping_->next();
     const std::string upstream = route_->config->origin.url();
     for (;;) {
+        std::optional<answer_limit> overdue;  // set when the answer ran out of time before a piece came
         const std::optional<upstream_body_reader::piece> next_piece =
-            client_.next([this](auto timeout) { return body_->next(timeout); });
+            client_.next([this, &overdue](std::chrono::milliseconds timeout) {
+                const auto [at, limit] = deadline();
+                const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
+                std::optional<upstream_body_reader::piece> p;
+                if (left.count() > 0) p = body_->next(std::min(timeout, left));
+                if (!p && std::chrono::steady_clock::now() >= at) {
+                    overdue = limit;
+                    p.emplace();  // ends the wait; `overdue` says why
+                }
+                return p;
+            });
+        if (overdue) {
+            // The upstream answers (its health checks say whether it is up), but not this request: it is cancelled
+            // and the upstream stays in routing.
+            const std::string why = overdue_message(*overdue);
+            log::warn("proxy", "{} {}, call cancelled", id_, why);
+            conn_->cancel();
+            if (!chat_.stream) {
+                leave_upstream();
+                throw request_error(504, why, "timeout_error");
+            }
+            update u{.done = true, .reason = finish_reason::error, .error = why};
+            u.stats = stats();
+            log_end(u);
+            leave_upstream();
+            return u;
+        }
         if (!next_piece) {
             conn_->cancel();
             ctx_.http.disconnects++;
@@ -173,6 +200,7 @@ std::optional<generation_source::update> upstream_generation::next() {
                 first_delta_ = std::chrono::steady_clock::now();
                 first_delta_read_ = p.read_at;
             }
+            if (!u.diffs.empty()) last_delta_ = std::chrono::steady_clock::now();
             if (decoder_->done()) {
                 u.done = true;
                 if (!decoder_->error().empty()) {
@@ -199,6 +227,32 @@ std::optional<generation_source::update> upstream_generation::next() {
         }
         return u;
     }
+}
+
+std::pair<std::chrono::steady_clock::time_point, upstream_generation::answer_limit> upstream_generation::deadline()
+    const {
+    const pool_options& o = pool_.options();
+    std::pair<std::chrono::steady_clock::time_point, answer_limit> d =
+        seen_delta_ ? std::pair(last_delta_ + o.idle_timeout, answer_limit::next_delta)
+                    : std::pair(sent_ + o.first_byte_timeout, answer_limit::first_delta);
+    if (!chat_.stream && sent_ + o.answer_timeout < d.first) d = {sent_ + o.answer_timeout, answer_limit::whole_answer};
+    return d;
+}
+
+std::string upstream_generation::overdue_message(answer_limit limit) const {
+    const pool_options& o = pool_.options();
+    const std::string upstream = "upstream " + route_->config->origin.url();
+    switch (limit) {
+        case answer_limit::first_delta:
+            return upstream + " sent no content in " + http::seconds_text(o.first_byte_timeout) +
+                   " after the request (--first-byte-timeout; keep-alive comments are not progress)";
+        case answer_limit::next_delta:
+            return upstream + " sent no content for " + http::seconds_text(o.idle_timeout) +
+                   " (--upstream-idle-timeout; keep-alive comments are not progress)";
+        case answer_limit::whole_answer:
+            break;
+    }
+    return upstream + " did not finish its answer in " + http::seconds_text(o.answer_timeout) + " (--answer-timeout)";
 }
 
 generation_stats upstream_generation::stats() const {

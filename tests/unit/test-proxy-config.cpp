@@ -153,11 +153,13 @@ TEST(ProxyConfig, UpstreamTimeouts) {
     const proxy_settings defaults = parse_proxy_config("[[upstream]]\nurl = \"http://h:1\"\n", "proxy.toml");
     EXPECT_EQ(defaults.pool.first_byte_timeout, std::chrono::minutes(10));
     EXPECT_EQ(defaults.pool.idle_timeout, std::chrono::minutes(2));
+    EXPECT_EQ(defaults.pool.answer_timeout, std::chrono::minutes(30));
     EXPECT_EQ(defaults.pool.health_failures, 3);
     const proxy_settings s = parse_proxy_config(R"(
 [timeouts]
 first_byte = 1800
 idle = 30.5
+answer = 3600
 
 [health]
 failures = 5
@@ -168,7 +170,9 @@ url = "http://h:1"
                                                 "proxy.toml");
     EXPECT_EQ(s.pool.first_byte_timeout, std::chrono::minutes(30));
     EXPECT_EQ(s.pool.idle_timeout, std::chrono::milliseconds(30500));
+    EXPECT_EQ(s.pool.answer_timeout, std::chrono::hours(1));
     EXPECT_EQ(s.pool.health_failures, 5);
+    expect_error("[timeouts]\nanswer = 0\n", 2, "timeouts.answer");
     expect_error("[health]\nfailures = 0\n", 2, "health.failures");
     expect_error("[timeouts]\nfirst_byte = -1\n", 2, "timeouts.first_byte");
     expect_error("[timeouts]\nfirstbyte = 5\n", 2, "first_byte");
