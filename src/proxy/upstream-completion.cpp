@@ -108,30 +108,39 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
     client_watch client(w);
     const pool_options& limits = pool.options();
     std::optional<std::chrono::steady_clock::time_point> last_data;  // when the last event with data went out
-    const auto deadline = [&]() -> std::pair<std::chrono::steady_clock::time_point, std::string> {
-        if (!streaming) {
-            return {sent + limits.answer_timeout, "upstream " + url + " did not finish its answer in " +
-                                                      http::seconds_text(limits.answer_timeout) +
-                                                      " (--answer-timeout)"};
+    std::chrono::steady_clock::time_point last_read;                 // when the last piece came off the socket
+    enum class limit { none, first_data, next_data, whole_answer };
+    // As for a chat (upstream-generation.h): silence since the last data is the connection's read timeouts' to end.
+    const auto deadline = [&]() -> std::pair<std::chrono::steady_clock::time_point, limit> {
+        if (!streaming) return {sent + limits.answer_timeout, limit::whole_answer};
+        if (last_read <= last_data.value_or(sent)) return {std::chrono::steady_clock::time_point::max(), limit::none};
+        if (!last_data) return {sent + limits.first_byte_timeout, limit::first_data};
+        return {*last_data + limits.idle_timeout, limit::next_data};
+    };
+    const auto overdue_message = [&](limit l) {
+        const std::string upstream = "upstream " + url;
+        if (l == limit::first_data) {
+            return upstream + " sent no data in " + http::seconds_text(limits.first_byte_timeout) +
+                   " after the request (--first-byte-timeout; keep-alive comments are not progress)";
         }
-        if (!last_data) {
-            return {sent + limits.first_byte_timeout,
-                    "upstream " + url + " sent no data in " + http::seconds_text(limits.first_byte_timeout) +
-                        " after the request (--first-byte-timeout; keep-alive comments are not progress)"};
+        if (l == limit::next_data) {
+            return upstream + " sent no data for " + http::seconds_text(limits.idle_timeout) +
+                   " (--upstream-idle-timeout; keep-alive comments are not progress)";
         }
-        return {*last_data + limits.idle_timeout,
-                "upstream " + url + " sent no data for " + http::seconds_text(limits.idle_timeout) +
-                    " (--upstream-idle-timeout; keep-alive comments are not progress)"};
+        return upstream + " did not finish its answer in " + http::seconds_text(limits.answer_timeout) +
+               " (--answer-timeout)";
     };
     for (;;) {
         std::string overdue;  // set when the answer ran out of time before a piece came
         const auto piece = client.next([&](std::chrono::milliseconds timeout) {
-            auto [at, why] = deadline();
-            const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
+            const auto [at, l] = deadline();
+            const auto now = std::chrono::steady_clock::now();
+            const auto left = l == limit::none ? timeout : std::chrono::ceil<std::chrono::milliseconds>(at - now);
             std::optional<upstream_body_reader::piece> p;
             if (left.count() > 0) p = reader.next(std::min(timeout, left));
-            if (!p && std::chrono::steady_clock::now() >= at) {
-                overdue = std::move(why);
+            if (p) last_read = p->read_at;
+            if (!p && l != limit::none && std::chrono::steady_clock::now() >= at) {
+                overdue = overdue_message(l);
                 p.emplace();  // ends the wait; `overdue` says why
             }
             return p;

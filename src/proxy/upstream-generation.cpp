@@ -152,7 +152,10 @@ std::optional<generation_source::update> upstream_generation::next() {
         const std::optional<upstream_body_reader::piece> next_piece =
             client_.next([this, &overdue](std::chrono::milliseconds timeout) {
                 const auto [at, limit] = deadline();
-                const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
+                const auto now = std::chrono::steady_clock::now();
+                const auto left = at == std::chrono::steady_clock::time_point::max()
+                                      ? timeout
+                                      : std::chrono::ceil<std::chrono::milliseconds>(at - now);
                 std::optional<upstream_body_reader::piece> p;
                 if (left.count() > 0) p = body_->next(std::min(timeout, left));
                 if (!p && std::chrono::steady_clock::now() >= at) {
@@ -194,6 +197,7 @@ std::optional<generation_source::update> upstream_generation::next() {
         } else {
             // The end of the body reads a last line without its newline, and is an error before the stream's end.
             u.diffs = p.end ? decoder_->end_of_body() : decoder_->push(p.bytes);
+            last_read_ = p.read_at;
             if (p.end && !decoder_->error().empty()) pool_.mark_down(route_->upstream, "its answer ended early");
             if (!u.diffs.empty() && !seen_delta_) {
                 seen_delta_ = true;
@@ -232,9 +236,14 @@ std::optional<generation_source::update> upstream_generation::next() {
 std::pair<std::chrono::steady_clock::time_point, upstream_generation::answer_limit> upstream_generation::deadline()
     const {
     const pool_options& o = pool_.options();
-    std::pair<std::chrono::steady_clock::time_point, answer_limit> d =
-        seen_delta_ ? std::pair(last_delta_ + o.idle_timeout, answer_limit::next_delta)
-                    : std::pair(sent_ + o.first_byte_timeout, answer_limit::first_delta);
+    std::pair d(std::chrono::steady_clock::time_point::max(), answer_limit::whole_answer);
+    // Silence since the last delta is the connection's own read timeouts' (the same limits, counted from the last
+    // byte): they name it and take the upstream out of routing, as before. Bytes that came since and were not
+    // progress are this check's.
+    if (last_read_ > (seen_delta_ ? last_delta_ : sent_)) {
+        d = seen_delta_ ? std::pair(last_delta_ + o.idle_timeout, answer_limit::next_delta)
+                        : std::pair(sent_ + o.first_byte_timeout, answer_limit::first_delta);
+    }
     if (!chat_.stream && sent_ + o.answer_timeout < d.first) d = {sent_ + o.answer_timeout, answer_limit::whole_answer};
     return d;
 }

@@ -5,7 +5,8 @@
 // upstream call; a whole answer leaves its connection for the upstream's next request. An answer is held to progress
 // (pool_options): a content delta within first_byte_timeout of sending, then within idle_timeout of the last one,
 // and for a client that takes the answer whole, all of it within answer_timeout; keep-alive comments and empty events
-// are not progress, so an upstream that only pings cannot hold a request.
+// are not progress, so an upstream that only pings cannot hold a request (silence is the connection's read timeouts'
+// to end, as before).
 // Threading: used by the route's own thread.
 #pragma once
 
@@ -80,6 +81,7 @@ private:
     std::chrono::steady_clock::time_point received_, sent_, first_delta_;
     std::chrono::steady_clock::time_point first_delta_read_;  // when the bytes of the first delta came off the socket
     std::chrono::steady_clock::time_point last_delta_;        // the latest delta: the answer's last progress
+    std::chrono::steady_clock::time_point last_read_;         // when the latest piece of the body came off the socket
     bool seen_delta_ = false;
 
     std::optional<upstream_body_reader> body_;  // the upstream's answer, read on a thread of its own
