@@ -908,8 +908,10 @@ namespace {
 // other coding (gzip, ...) is supported in a request, so only "chunked" alone is taken.
 std::string body_framing_error(const bhttp::request<bhttp::string_body>& head) {
     std::vector<std::string> codings;
+    bool present = false;
     for (const auto& field : head) {
         if (field.name() != bhttp::field::transfer_encoding) continue;
+        present = true;
         std::string_view list = field.value();
         while (!list.empty()) {
             const size_t comma = list.find(',');
@@ -918,13 +920,14 @@ std::string body_framing_error(const bhttp::request<bhttp::string_body>& head) {
             list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
         }
     }
-    if (codings.empty()) return "";
+    if (!present) return "";
     if (head.find(bhttp::field::content_length) != head.end()) {
         return "a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.1)";
     }
     if (codings.size() != 1 || codings.front() != "chunked") {
         std::string named;
         for (const std::string& coding : codings) named += (named.empty() ? "" : ", ") + coding.substr(0, 32);
+        if (named.empty()) return "Transfer-Encoding names no coding";
         return "Transfer-Encoding '" + named.substr(0, 200) +
                "' is not supported: send a body with Content-Length, or with Transfer-Encoding: chunked alone";
     }

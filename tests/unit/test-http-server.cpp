@@ -531,6 +531,8 @@ TEST(HttpServer, TransferEncodingNotEndingInChunkedOrBesideContentLengthIs400) {
         {"Transfer-Encoding: gzip\r\n\r\n", "'gzip' is not supported"},
         {"Transfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "'chunked, gzip' is not supported"},
         {"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", ""},
+        {"Transfer-Encoding: ,\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: ,\r\n\r\n", "names no coding"},
     };
     for (const auto& [headers, says] : ambiguous) {
         SCOPED_TRACE(headers);
