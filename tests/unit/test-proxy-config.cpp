@@ -184,4 +184,12 @@ TEST(ProxyConfig, AKeyWithOuterWhitespaceIsAMistakeOnItsLine) {
                  "upstream.api_key: the API key ends with whitespace");
     EXPECT_THROW(upstream_config::parse("http://h:1,key=sk\x01x"), std::invalid_argument);
     EXPECT_EQ(upstream_config::parse("http://h:1,key=sk-1").api_key, "sk-1");
+    // A mistake in another part of the spec shows the spec without its key.
+    try {
+        upstream_config::parse("http://h:1,key=sk-secret-1,modle=m");
+        ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "'modle' in upstream 'http://h:1,key=***,modle=m' is not one of dialect, model, key");
+    }
 }
