@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/logger.h"
+#include "config/key-file-mode.h"
 #include "http/api-keys.h"
 #include "policy/policy-file.h"
 
@@ -68,6 +69,12 @@ std::vector<std::string> apply_tenancy(const tenancy_options& tenancy, http::ser
     std::vector<std::string> tenants =
         http::configure_tenants(http.api_key, http.api_keys, tenancy.api_keys_file, tenancy.shared_cache,
                                 tenancy.shared_keys_file, tenancy.listed_keys);
+    for (const std::string& file : {tenancy.api_keys_file, tenancy.shared_keys_file}) {
+        if (file.empty()) continue;
+        if (const std::string warning = config::readable_by_others_warning(file, "API keys file"); !warning.empty()) {
+            log::warn(command, "{}", warning);
+        }
+    }
     ctx.log_prompts = tenancy.log_prompts;
     ctx.reuse_report = !tenancy.no_reuse_report;
     if (!tenants.empty() && policy.detect.mode == policy::detect_mode::automatic) {

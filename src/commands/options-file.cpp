@@ -8,7 +8,9 @@
 #include <fstream>
 #include <vector>
 
+#include "base/logger.h"
 #include "config/config-error.h"
+#include "config/key-file-mode.h"
 
 namespace keepwarm {
 
@@ -35,10 +37,13 @@ public:
     options_reader(std::string source, std::filesystem::path base_dir, const options_file_rules& rules)
         : toml_reader(std::move(source)), base_dir_(std::move(base_dir)), rules_(rules) {}
 
-    void apply(CLI::App& cmd, const toml::table& root) const {
+    // Returns whether the file sets one of rules.key_settings.
+    bool apply(CLI::App& cmd, const toml::table& root) const {
+        bool holds_keys = false;
         for (auto&& [key, node] : root) {
             std::string name(key.str());
             std::replace(name.begin(), name.end(), '_', '-');
+            holds_keys = holds_keys || rules_.key_settings.count(name) > 0;
             if (const auto it = rules_.tables.find(name); it != rules_.tables.end()) {
                 it->second(table(node, name), *this);
                 continue;
@@ -60,6 +65,7 @@ public:
                 fail(node.source(), "'" + name + "': " + e.what());
             }
         }
+        return holds_keys;
     }
 
 private:
@@ -101,9 +107,9 @@ private:
 
 }  // namespace
 
-void apply_options_text(CLI::App& cmd, std::string_view text, const std::string& source_name,
+bool apply_options_text(CLI::App& cmd, std::string_view text, const std::string& source_name,
                         const std::string& base_dir, const options_file_rules& rules) {
-    options_reader(source_name, base_dir, rules).apply(cmd, config::parse_toml(text, source_name));
+    return options_reader(source_name, base_dir, rules).apply(cmd, config::parse_toml(text, source_name));
 }
 
 void apply_options_file(CLI::App& cmd, const std::string& path, const options_file_rules& rules) {
@@ -115,7 +121,10 @@ void apply_options_file(CLI::App& cmd, const std::string& path, const options_fi
     }
     const std::string text = config::read_text_file(path, "settings file");
     const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
-    apply_options_text(cmd, text, path, base_dir, rules);
+    if (!apply_options_text(cmd, text, path, base_dir, rules)) return;
+    if (const std::string warning = config::readable_by_others_warning(path, "settings file"); !warning.empty()) {
+        log::warn(cmd.get_name(), "{}", warning);
+    }
 }
 
 }  // namespace keepwarm

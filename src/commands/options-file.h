@@ -27,13 +27,18 @@ struct options_file_rules {
     std::set<std::string> not_in_file;
     // What a table key holds, read by its own reader (errors through the reader, naming the line).
     std::map<std::string, std::function<void(const toml::table&, const config::toml_reader&)>> tables;
+    // Settings or tables that hold keys (api-key, [tenants]): a file that sets one is warned about at start-up when
+    // other users can read it (config/key-file-mode.h).
+    std::set<std::string> key_settings;
 };
 
-// Applies the file at `path` (at most 1 MiB) to the options of `cmd` not given on its command line. Throws
+// Applies the file at `path` (at most 1 MiB) to the options of `cmd` not given on its command line, and logs a warning
+// if it holds one of rules.key_settings and other users can read it. Throws
 // config::config_file_error ("FILE:LINE:COLUMN: ...") for a mistake, std::runtime_error if the file cannot be read.
 void apply_options_file(CLI::App& cmd, const std::string& path, const options_file_rules& rules);
 // The same from text; `source_name` names it in errors, `base_dir` is where relative paths start.
-void apply_options_text(CLI::App& cmd, std::string_view text, const std::string& source_name,
+// Returns whether the text sets one of rules.key_settings.
+bool apply_options_text(CLI::App& cmd, std::string_view text, const std::string& source_name,
                         const std::string& base_dir, const options_file_rules& rules);
 
 }  // namespace keepwarm

@@ -13,6 +13,7 @@
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/listen-options.h"
+#include "config/key-file-mode.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
 #include "proxy/proxy-config.h"
@@ -59,6 +60,11 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
         } catch (const std::exception& e) {
             throw CLI::ValidationError("--config", e.what());
         }
+        const bool holds_keys =
+            !s.http.api_key.empty() ||
+            std::any_of(s.upstreams.begin(), s.upstreams.end(), [](const auto& u) { return !u.api_key.empty(); });
+        const std::string warning = config::readable_by_others_warning(opts.config_file, "settings file");
+        if (holds_keys && !warning.empty()) log::warn("proxy", "{}", warning);
     }
     const proxy::proxy_settings& cli = opts.settings;
     if (opts.was_given("--host")) s.http.host = cli.http.host;
@@ -80,6 +86,8 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
     if (opts.was_given("--health-interval")) s.pool.health_interval = cli.pool.health_interval;
     if (opts.was_given("--first-byte-timeout")) s.pool.first_byte_timeout = cli.pool.first_byte_timeout;
     if (opts.was_given("--upstream-idle-timeout")) s.pool.idle_timeout = cli.pool.idle_timeout;
+    if (opts.was_given("--answer-timeout")) s.pool.answer_timeout = cli.pool.answer_timeout;
+    if (opts.was_given("--health-failures")) s.pool.health_failures = cli.pool.health_failures;
     for (const std::string& spec : opts.upstreams) {
         try {
             s.upstreams.push_back(proxy::upstream_config::parse(spec));
@@ -252,6 +260,12 @@ void add_proxy_command(CLI::App& app) {
                                     },
                                     "Seconds between health checks of each upstream (default 1)"))
         ->check(CLI::PositiveNumber);
+    option("--health-failures",
+           cmd->add_option("--health-failures", opts->settings.pool.health_failures,
+                           "Health checks in a row that must fail before an upstream that answered is out of routing "
+                           "(one never seen up is out at its first)"))
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
     const auto timeout = [&](const std::string& name, std::chrono::milliseconds proxy::pool_options::*field,
                              const std::string& help) {
         option(name, cmd->add_option_function<double>(
@@ -269,8 +283,11 @@ void add_proxy_command(CLI::App& app) {
         "Seconds an upstream may take to start its answer (its prefill) before the request fails with 504 and the "
         "upstream is out of routing until its health check answers (default 600: a cold 30K-token prompt on a CPU)");
     timeout("--upstream-idle-timeout", &proxy::pool_options::idle_timeout,
-            "Seconds an upstream's answer may pause between two pieces before the request ends with an error and the "
-            "upstream is out of routing (default 120)");
+            "Seconds an upstream's answer may go without a content or token delta once it has begun (keep-alive "
+            "comments are not progress) before the request ends with an error (default 120)");
+    timeout("--answer-timeout", &proxy::pool_options::answer_timeout,
+            "Seconds a request answered whole (not streamed) may wait for all of its answer before it gets a 504 "
+            "(default 1800)");
     cmd->callback([opts] {
         run_command("proxy", [&] { return run_proxy(merged_settings(*opts), opts->tenancy, opts->no_policy); });
     });

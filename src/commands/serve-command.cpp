@@ -232,6 +232,7 @@ options_file_rules settings_file_rules(serve_options& opts, CLI::App& cmd) {
     options_file_rules rules;
     rules.path_options = {"model", "chat-template-file", "cache-dir", "policy", "api-keys-file", "api-key-file"};
     rules.not_in_file = {"config", "help"};
+    rules.key_settings = {"api-key", "tenants"};
     rules.tables["policy"] = [&opts](const toml::table& t, const config::toml_reader& reader) {
         opts.written = written_policy{t, reader.source()};
     };

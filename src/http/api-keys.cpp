@@ -105,6 +105,24 @@ std::vector<api_key_entry> load_api_keys_file(const std::string& path, bool key_
     return parse_api_keys(text, path, key_per_line);
 }
 
+void check_api_key(std::string_view key, const std::string& where_given) {
+    if (key.empty()) return;
+    const std::string where = where_given.empty() ? "" : where_given + ": ";
+    const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; };
+    if (space(key.front()) || space(key.back())) {
+        throw std::invalid_argument(where + "the API key " + (space(key.front()) ? "starts" : "ends") +
+                                    " with whitespace, which no client can send (a header's value is trimmed); "
+                                    "remove it (check the quotes around the key)");
+    }
+    for (const char c : key) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte < 0x20 || byte == 0x7f) {
+            throw std::invalid_argument(where + "the API key holds a control character (byte " + std::to_string(byte) +
+                                        "), which no client can send in a header");
+        }
+    }
+}
+
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys) {
     std::vector<std::string> names;
     for (const auto& k : keys) {
@@ -137,6 +155,7 @@ std::vector<std::string> configure_tenants(const std::string& single_key, std::v
                                            const std::string& keys_file, bool shared_cache,
                                            const std::string& shared_keys_file,
                                            const std::vector<api_key_entry>& listed_keys) {
+    check_api_key(single_key, "--api-key (or KEEPWARM_API_KEY, or the settings file's key)");
     if (!listed_keys.empty()) {
         if (!keys_file.empty() || !shared_keys_file.empty() || !single_key.empty()) {
             throw std::invalid_argument(

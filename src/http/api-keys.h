@@ -34,6 +34,13 @@ std::vector<api_key_entry> parse_api_keys(std::string_view text, const std::stri
 // the file when it cannot be read.
 std::vector<api_key_entry> load_api_keys_file(const std::string& path, bool key_per_line = false);
 
+// A key given whole (--api-key, KEEPWARM_API_KEY, a settings file's api_key; empty: no key): refused, not trimmed,
+// when it starts or ends with whitespace or holds a control character anywhere, since a client cannot send such a key
+// (a header's value loses its outer spaces, and a control character ends or breaks the header) and the server would
+// start and refuse everyone. A key pasted with a stray space is better stopped at start-up than silently changed.
+// Throws std::invalid_argument naming `where` (if not empty) and what is wrong, never the key.
+void check_api_key(std::string_view key, const std::string& where);
+
 // The distinct tenant names of `keys`, in first-seen order.
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
 

@@ -74,14 +74,11 @@ std::string client_response::header(std::string_view lowercase_name) const {
     return {};
 }
 
-namespace {
-// "600 s", "0.15 s": a timeout as its message says it.
 std::string seconds_text(std::chrono::milliseconds ms) {
     char text[32];
     std::snprintf(text, sizeof(text), "%g s", static_cast<double>(ms.count()) / 1000.0);
     return text;
 }
-}  // namespace
 
 struct client_connection::impl {
     net::io_context io;

@@ -100,6 +100,9 @@ private:
     std::unique_ptr<impl> impl_;
 };
 
+// "600 s", "0.15 s": a timeout as the errors of outbound calls say it.
+std::string seconds_text(std::chrono::milliseconds ms);
+
 // One whole request on a fresh connection: send, read the body, close.
 struct fetched {
     int status = 0;

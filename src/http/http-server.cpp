@@ -273,6 +273,7 @@ struct http_server::impl {
         std::thread thread;
         bool closed = false;    // guarded by impl::mutex; the fd may be reused once true
         bool finished = false;  // guarded by impl::mutex; the thread is about to return
+        bool evicted = false;   // guarded by impl::mutex; closed to make room (make_room_for): no longer counted
         // Steady-clock milliseconds by which the awaited bytes (a request head, a body, the next request) must have
         // arrived, or no_deadline while a handler runs. Written by the connection's thread, checked by the acceptor.
         std::atomic<int64_t> deadline_ms{no_deadline};
@@ -317,12 +318,16 @@ struct http_server::impl {
     void stop();
     void accept_loop();
     void admit(tcp::socket socket);
+    bool make_room_for(const std::string& address);
     void reap_finished();
     int64_t close_overdue();
     void serve(const std::shared_ptr<connection>& c);
     void reject(const std::shared_ptr<connection>& c);
     bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
     void answer_read_error(connection& c, const error_code& ec, const bhttp::request<bhttp::string_body>& head);
+    // Answers a request that cannot be read (`status` with `message` in the path's error shape) and closes.
+    void answer_unreadable(connection& c, int status, const std::string& message,
+                           const bhttp::request<bhttp::string_body>& head);
     bool origin_allowed(std::string_view origin) const;
     header_list cors_headers(std::string_view origin) const;
     void linger(connection& c);
@@ -591,7 +596,7 @@ void http_server::impl::admit(tcp::socket socket) {
         if (stopping.load()) return;  // the socket closes with c
         address_use& use = addresses[c->address];
         const int per_address = options.max_connections_per_address;
-        if (active >= options.max_connections) {
+        if (active >= options.max_connections && !make_room_for(c->address)) {
             c->rejected_because = "too many connections (limit " + std::to_string(options.max_connections) + ")";
         } else if (per_address > 0 && use.active >= per_address) {
             c->rejected_because =
@@ -627,6 +632,40 @@ void http_server::impl::admit(tcp::socket socket) {
     if (!refusal.empty()) send_refusal(c->fd, refusal);
 }
 
+// The server is full and a connection from `address` came: if some address holds more than one connection above
+// what `address` would hold with it, one of that address's connections that is not running a request (waiting for its
+// next request, or still sending one) is closed and its slot goes to the newcomer. The biggest holder loses first,
+// so the addresses that want connections converge on equal shares of max_connections: four addresses that took 64
+// each cannot lock a fifth out, and no number of connections from one address makes it an owner. A connection that
+// runs a request is never cut. Returns whether a slot was freed. Caller holds mutex.
+bool http_server::impl::make_room_for(const std::string& address) {
+    const auto holds = [this](const std::string& a) {
+        const auto it = addresses.find(a);
+        return it == addresses.end() ? 0 : it->second.active;
+    };
+    std::shared_ptr<connection> victim;
+    int victim_holds = holds(address) + 1;  // what the newcomer's address would hold: a victim's must hold more
+    for (const auto& other : connections) {
+        if (other->rejected || other->closed || other->finished || other->evicted) continue;
+        if (other->deadline_ms.load() < 0) continue;  // running a request, or already being closed
+        if (const int n = holds(other->address); n > victim_holds) {
+            victim = other;
+            victim_holds = n;
+        }
+    }
+    if (!victim) return false;
+    // As close_overdue() does: unless its thread has just moved on to run a request.
+    int64_t deadline = victim->deadline_ms.load();
+    if (deadline < 0 || !victim->deadline_ms.compare_exchange_strong(deadline, connection::overdue)) return false;
+    ::shutdown(victim->fd, SHUT_RDWR);
+    victim->evicted = true;
+    --addresses[victim->address].active;
+    --active;
+    log::info("http", "server full ({} connections): closed a waiting connection of {} ({} open) for {}",
+              options.max_connections, victim->address, victim_holds - 1, address);
+    return true;
+}
+
 void http_server::impl::finish(const std::shared_ptr<connection>& c) {
     std::lock_guard lock(mutex);
     error_code ec;
@@ -634,6 +673,7 @@ void http_server::impl::finish(const std::shared_ptr<connection>& c) {
     c->socket.close(ec);
     c->closed = true;
     c->finished = true;
+    if (c->evicted) return;  // make_room_for() gave its slot away already
     address_use& use = addresses[c->address];
     --(c->rejected ? use.rejecting : use.active);
     --(c->rejected ? rejecting : active);
@@ -825,7 +865,6 @@ header_list http_server::impl::cors_headers(std::string_view origin) const {
 
 void http_server::impl::answer_read_error(connection& c, const error_code& ec,
                                           const bhttp::request<bhttp::string_body>& head) {
-    const auto started = std::chrono::steady_clock::now();
     int status;
     std::string message;
     if (ec == bhttp::error::body_limit) {
@@ -838,6 +877,12 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
         status = 400;
         message = "malformed HTTP request: " + ec.message();
     }
+    answer_unreadable(c, status, message, head);
+}
+
+void http_server::impl::answer_unreadable(connection& c, int status, const std::string& message,
+                                          const bhttp::request<bhttp::string_body>& head) {
+    const auto started = std::chrono::steady_clock::now();
     std::string_view target = head.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const error_formatter format = format_for_path(target);
@@ -855,6 +900,39 @@ void http_server::impl::answer_read_error(connection& c, const error_code& ec,
 }
 
 namespace {
+
+// Why a request head's body framing cannot be trusted, or "" when it can. RFC 9112 6.1 and 6.3: a Transfer-Encoding
+// whose final coding is not chunked leaves the body's length unknown, and one beside a Content-Length is how request
+// smuggling starts (a proxy in front may read the length the other way); both must be answered 400 and the
+// connection closed. Beast reads "chunked, identity" with a Content-Length by the length, so it is checked here. No
+// other coding (gzip, ...) is supported in a request, so only "chunked" alone is taken.
+std::string body_framing_error(const bhttp::request<bhttp::string_body>& head) {
+    std::vector<std::string> codings;
+    bool present = false;
+    for (const auto& field : head) {
+        if (field.name() != bhttp::field::transfer_encoding) continue;
+        present = true;
+        std::string_view list = field.value();
+        while (!list.empty()) {
+            const size_t comma = list.find(',');
+            const std::string_view coding = trim(list.substr(0, comma));
+            if (!coding.empty()) codings.push_back(lowercase(coding));
+            list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+        }
+    }
+    if (!present) return "";
+    if (head.find(bhttp::field::content_length) != head.end()) {
+        return "a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.1)";
+    }
+    if (codings.size() != 1 || codings.front() != "chunked") {
+        std::string named;
+        for (const std::string& coding : codings) named += (named.empty() ? "" : ", ") + coding.substr(0, 32);
+        if (named.empty()) return "Transfer-Encoding names no coding";
+        return "Transfer-Encoding '" + named.substr(0, 200) +
+               "' is not supported: send a body with Content-Length, or with Transfer-Encoding: chunked alone";
+    }
+    return "";
+}
 
 // Blocks until the socket has bytes to read, is closed by the peer, or is shut down (by stop() or an overdue
 // deadline).
@@ -888,6 +966,10 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
         bhttp::read_header(c->socket, buffer, parser, ec);
         if (!ec) {
             const auto& head = parser.get();
+            if (const std::string framing = body_framing_error(head); !framing.empty()) {
+                if (c->set_deadline(connection::no_deadline)) answer_unreadable(*c, 400, framing, head);
+                return;
+            }
             if (!parser.is_done() && !c->set_deadline(steady_now_ms() + options.idle_timeout.count())) return;
             if (head.version() >= 11 && iequals(trim(head[bhttp::field::expect]), "100-continue") &&
                 !parser.is_done()) {

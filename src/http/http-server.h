@@ -82,7 +82,10 @@ struct server_options {
     std::string api_key;   // empty: no auth; else "Authorization: Bearer <key>" (or "x-api-key") required
     std::vector<api_key_entry> api_keys;  // more keys, each with its tenant (--api-keys-file); api_key's tenant is ""
     size_t max_body_bytes = 64u << 20;
-    // Open connections in all; a connection beyond this is answered 503 (a GET of health_path is still answered).
+    // Open connections in all. When they are all open, a new connection from an address that holds fewer than the
+    // biggest holder (by two or more) takes the place of one of that holder's connections that is not running a
+    // request (an idle keep-alive, a request still arriving), so addresses converge on equal shares and a few cannot
+    // starve the rest; otherwise it is answered 503 (a GET of health_path is still answered).
     int max_connections = 256;
     // Open connections from one client address (an IPv6 client's /64), so that one host cannot take every slot. An
     // address is a host, a NAT or a proxy in front; 64 is more than one host needs when requests beyond the slots

@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "config/toml-reader.h"
+#include "http/api-keys.h"
 
 namespace keepwarm::proxy {
 
@@ -58,6 +59,11 @@ private:
                 http.port = static_cast<uint16_t>(integer(node, "listen.port", 0, 65535));
             } else if (key.str() == "api_key") {
                 http.api_key = string(node, "listen.api_key");
+                try {
+                    http::check_api_key(http.api_key, "listen.api_key");
+                } catch (const std::invalid_argument& e) {
+                    fail(node.source(), e.what());
+                }
             } else if (key.str() == "max_connections") {
                 http.max_connections = static_cast<int>(integer(node, "listen.max_connections", 1, 65536));
             } else if (key.str() == "max_connections_per_address") {
@@ -112,8 +118,10 @@ private:
                 pool.health_interval = seconds(node, "health.interval", 3600);
             } else if (key.str() == "timeout") {
                 pool.health_timeout = seconds(node, "health.timeout", 3600);
+            } else if (key.str() == "failures") {
+                pool.health_failures = static_cast<int>(integer(node, "health.failures", 1, 1000));
             } else {
-                unknown(key, "[health]", {"interval", "timeout"});
+                unknown(key, "[health]", {"interval", "timeout", "failures"});
             }
         }
     }
@@ -125,8 +133,10 @@ private:
                 pool.first_byte_timeout = seconds(node, "timeouts.first_byte", 86400);
             } else if (key.str() == "idle") {
                 pool.idle_timeout = seconds(node, "timeouts.idle", 86400);
+            } else if (key.str() == "answer") {
+                pool.answer_timeout = seconds(node, "timeouts.answer", 86400);
             } else {
-                unknown(key, "[timeouts]", {"first_byte", "idle"});
+                unknown(key, "[timeouts]", {"first_byte", "idle", "answer"});
             }
         }
     }
@@ -145,6 +155,7 @@ private:
                     u.model = string(node, "upstream.model");
                 } else if (key.str() == "api_key") {
                     u.api_key = string(node, "upstream.api_key");
+                    http::check_api_key(u.api_key, "");
                 } else {
                     unknown(key, "[[upstream]]", {"url", "dialect", "model", "api_key"});
                 }

@@ -93,9 +93,12 @@ void end_stream_with_error(http::response_writer& w, const std::string& message)
 }
 
 // Relays the upstream's answer to the client as it arrives; returns whether it was read to its end (the connection
-// can carry another request then).
+// can carry another request then). Held to progress as a chat is (pool_options): a stream to an event with data
+// within first_byte_timeout of `sent`, then within idle_timeout of the last one (keep-alive comments do not count); a
+// whole answer to answer_timeout.
 bool relay(upstream_body_reader& reader, const http::client_response& head, http::response_writer& w,
-           const http::header_list& headers, upstream_pool& pool, size_t upstream, const std::string& url) {
+           const http::header_list& headers, upstream_pool& pool, size_t upstream, const std::string& url,
+           std::chrono::steady_clock::time_point sent) {
     const std::string content_type =
         head.header("content-type").empty() ? "application/json" : head.header("content-type");
     const bool streaming = content_type.rfind("text/event-stream", 0) == 0;
@@ -103,14 +106,58 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
     sse_relay events;
     if (streaming) w.begin_stream(head.status, content_type, headers);
     client_watch client(w);
+    const pool_options& limits = pool.options();
+    std::optional<std::chrono::steady_clock::time_point> last_data;  // when the last event with data went out
+    std::chrono::steady_clock::time_point last_read;                 // when the last piece came off the socket
+    enum class limit { none, first_data, next_data, whole_answer };
+    // As for a chat (upstream-generation.h): silence since the last data is the connection's read timeouts' to end.
+    const auto deadline = [&]() -> std::pair<std::chrono::steady_clock::time_point, limit> {
+        if (!streaming) return {sent + limits.answer_timeout, limit::whole_answer};
+        if (last_read <= last_data.value_or(sent)) return {std::chrono::steady_clock::time_point::max(), limit::none};
+        if (!last_data) return {sent + limits.first_byte_timeout, limit::first_data};
+        return {*last_data + limits.idle_timeout, limit::next_data};
+    };
+    const auto overdue_message = [&](limit l) {
+        const std::string upstream = "upstream " + url;
+        if (l == limit::first_data) {
+            return upstream + " sent no data in " + http::seconds_text(limits.first_byte_timeout) +
+                   " after the request (--first-byte-timeout; keep-alive comments are not progress)";
+        }
+        if (l == limit::next_data) {
+            return upstream + " sent no data for " + http::seconds_text(limits.idle_timeout) +
+                   " (--upstream-idle-timeout; keep-alive comments are not progress)";
+        }
+        return upstream + " did not finish its answer in " + http::seconds_text(limits.answer_timeout) +
+               " (--answer-timeout)";
+    };
     for (;;) {
-        const auto piece = client.next([&reader](auto timeout) { return reader.next(timeout); });
+        std::string overdue;  // set when the answer ran out of time before a piece came
+        const auto piece = client.next([&](std::chrono::milliseconds timeout) {
+            const auto [at, l] = deadline();
+            const auto now = std::chrono::steady_clock::now();
+            const auto left = l == limit::none ? timeout : std::chrono::ceil<std::chrono::milliseconds>(at - now);
+            std::optional<upstream_body_reader::piece> p;
+            if (left.count() > 0) p = reader.next(std::min(timeout, left));
+            if (p) last_read = p->read_at;
+            if (!p && l != limit::none && std::chrono::steady_clock::now() >= at) {
+                overdue = overdue_message(l);
+                p.emplace();  // ends the wait; `overdue` says why
+            }
+            return p;
+        });
         if (!piece) {
             log::info("proxy", "completion client went away, upstream {} call cancelled", url);
             return false;  // finish(false) cancels the call
         }
         std::string broken;  // why the answer cannot be passed on whole
-        if (!piece->error.empty()) {
+        if (!overdue.empty()) {
+            // The upstream answers, but not this request: cancelled, and the upstream stays in routing.
+            if (!streaming) {
+                log::warn("proxy", "completion {}", overdue);
+                throw request_error(504, overdue, "timeout_error");
+            }
+            broken = overdue;
+        } else if (!piece->error.empty()) {
             pool.mark_down(upstream, "its answer broke off");
             broken = "upstream " + piece->error;
         } else if (piece->end && streaming && !events.ended()) {
@@ -130,8 +177,11 @@ bool relay(upstream_body_reader& reader, const http::client_response& head, http
             }
         } else if (const std::optional<std::string> ready = events.push(piece->bytes); !ready) {
             broken = "upstream " + url + ": " + events.error();
-        } else if (!ready->empty() && !w.write_chunk(*ready)) {
-            return false;
+        } else if (!ready->empty()) {
+            if (ready->starts_with("data:") || ready->find("\ndata:") != std::string::npos) {
+                last_data = std::chrono::steady_clock::now();
+            }
+            if (!w.write_chunk(*ready)) return false;
         }
         if (broken.empty()) continue;
         log::warn("proxy", "completion {}", broken);
@@ -190,6 +240,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
             if (const std::string key = pool.credential(route->upstream, req.api_key); !key.empty())
                 upstream_headers.emplace_back("authorization", "Bearer " + key);
             std::unique_ptr<http::client_connection> conn = pool.connection(route->upstream);
+            const auto sent = std::chrono::steady_clock::now();
             http::client_response head;
             try {
                 head = conn->send("POST", "/v1/completions", body.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -204,6 +255,10 @@ generation_handler upstream_completions(upstream_pool& pool) {
                 tried.push_back(route->upstream);
                 continue;
             }
+            if (head.status >= 300 && head.status < 400) {
+                log::warn("proxy", "completion {}", redirect_message(head.status, head.headers, url));
+                throw upstream_redirect_error(head.status, head.headers, url);
+            }
             if (head.status >= 400) {
                 std::string error_body;
                 try {
@@ -214,7 +269,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
             }
             headers.emplace_back("x-keepwarm-upstream", url);
             upstream_body_reader reader(*conn);
-            const bool whole = relay(reader, head, w, headers, pool, route->upstream, url);
+            const bool whole = relay(reader, head, w, headers, pool, route->upstream, url, sent);
             if (reader.finish(whole) && whole) pool.keep_alive(route->upstream, std::move(conn));
             return;
         }

@@ -3,7 +3,27 @@
 
 #include <stdexcept>
 
+#include "http/api-keys.h"
+
 namespace keepwarm::proxy {
+
+namespace {
+
+// `spec` as an error may show it: each key=VALUE part's value replaced by "***".
+std::string without_keys(const std::string& spec) {
+    std::string shown;
+    size_t start = 0;
+    for (;;) {
+        const size_t end = spec.find(',', start);
+        const std::string part = spec.substr(start, end == std::string::npos ? std::string::npos : end - start);
+        shown += start == 0 ? "" : ",";
+        shown += part.rfind("key=", 0) == 0 && start > 0 ? "key=***" : part;
+        if (end == std::string::npos) return shown;
+        start = end + 1;
+    }
+}
+
+}  // namespace
 
 upstream_config upstream_config::parse(const std::string& spec) {
     upstream_config config;
@@ -16,16 +36,18 @@ upstream_config upstream_config::parse(const std::string& spec) {
         const size_t eq = part.find('=');
         const std::string key = part.substr(0, eq), value = eq == std::string::npos ? "" : part.substr(eq + 1);
         if (eq == std::string::npos || value.empty()) {
-            throw std::invalid_argument("'" + part + "' in upstream '" + spec + "' is not KEY=VALUE");
+            throw std::invalid_argument("'" + part + "' in upstream '" + without_keys(spec) + "' is not KEY=VALUE");
         }
         if (key == "dialect") {
             config.dialect = parse_dialect(value);
         } else if (key == "model") {
             config.model = value;
         } else if (key == "key") {
+            http::check_api_key(value, "the key of upstream " + config.origin.url());
             config.api_key = value;
         } else {
-            throw std::invalid_argument("'" + key + "' in upstream '" + spec + "' is not one of dialect, model, key");
+            throw std::invalid_argument("'" + key + "' in upstream '" + without_keys(spec) +
+                                        "' is not one of dialect, model, key");
         }
     }
     return config;

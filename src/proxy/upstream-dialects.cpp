@@ -341,6 +341,29 @@ request_error upstream_request_error(int status, const std::string& body, const 
     return {502, "upstream " + url + " answered " + std::to_string(status) + ": " + info.message, "server_error"};
 }
 
+std::string redirect_message(int status, const http::header_list& headers, const std::string& url) {
+    std::string location;
+    for (const auto& [name, value] : headers) {
+        if (name != "location") continue;
+        for (const char c : value) {
+            if (location.size() >= 200) {
+                location += "...";
+                break;
+            }
+            const auto byte = static_cast<unsigned char>(c);
+            location += byte < 0x20 || byte == 0x7f ? '?' : c;
+        }
+        break;
+    }
+    return "upstream " + url + " answered " + std::to_string(status) + " redirect" +
+           (location.empty() ? " without a Location" : " to " + location) +
+           "; keepwarm does not follow redirects (give the upstream's final URL)";
+}
+
+request_error upstream_redirect_error(int status, const http::header_list& headers, const std::string& url) {
+    return {502, redirect_message(status, headers, url), "server_error"};
+}
+
 upstream_call build_call(upstream_dialect dialect, const chat_request& chat, const std::string& model,
                          const std::string& api_key) {
     upstream_call call;

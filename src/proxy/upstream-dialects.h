@@ -136,6 +136,12 @@ upstream_error_info parse_error_body(const std::string& body);
 // What the client gets for an upstream's error answer (`status` >= 400, `body` its error body): a 4xx as is, with
 // the upstream's message and type; a 5xx as 502 naming the upstream (`url`).
 request_error upstream_request_error(int status, const std::string& body, const std::string& url);
+// What an upstream's 3xx answer is, for the log and the client: "upstream URL answered 302 redirect to LOCATION;
+// keepwarm does not follow redirects (give the upstream's final URL)". `headers` are the answer's, names lowercased;
+// the Location is shown cut to 200 bytes, without control characters.
+std::string redirect_message(int status, const http::header_list& headers, const std::string& url);
+// The 502 the client gets for it.
+request_error upstream_redirect_error(int status, const http::header_list& headers, const std::string& url);
 
 // The sampling options as OpenAI-style request fields (temperature, top_p, ..., seed, ignore_eos, logit_bias with a
 // ban as -100), written into `body`; unset options are left out.

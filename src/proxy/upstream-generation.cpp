@@ -72,6 +72,15 @@ void upstream_generation::connect(const http::request& req) {
             tried.push_back(failed);
             continue;
         }
+        if (head.status >= 300 && head.status < 400) {
+            // Not an answer: followed, it would be a stream from somewhere else; read as one, a stream that ended
+            // before its end event. The connection is dropped with its unread body.
+            pool_.release(route_->upstream);
+            route_.reset();
+            conn_.reset();
+            log::warn("proxy", "{} {}", id_, redirect_message(head.status, head.headers, u.origin.url()));
+            throw upstream_redirect_error(head.status, head.headers, u.origin.url());
+        }
         if (head.status >= 400) {
             std::string body;
             try {
@@ -139,8 +148,38 @@ std::optional<generation_source::update> upstream_generation::next() {
     if (ping_) return ping_->next();
     const std::string upstream = route_->config->origin.url();
     for (;;) {
+        std::optional<answer_limit> overdue;  // set when the answer ran out of time before a piece came
         const std::optional<upstream_body_reader::piece> next_piece =
-            client_.next([this](auto timeout) { return body_->next(timeout); });
+            client_.next([this, &overdue](std::chrono::milliseconds timeout) {
+                const auto [at, limit] = deadline();
+                const auto now = std::chrono::steady_clock::now();
+                const auto left = at == std::chrono::steady_clock::time_point::max()
+                                      ? timeout
+                                      : std::chrono::ceil<std::chrono::milliseconds>(at - now);
+                std::optional<upstream_body_reader::piece> p;
+                if (left.count() > 0) p = body_->next(std::min(timeout, left));
+                if (!p && std::chrono::steady_clock::now() >= at) {
+                    overdue = limit;
+                    p.emplace();  // ends the wait; `overdue` says why
+                }
+                return p;
+            });
+        if (overdue) {
+            // The upstream answers (its health checks say whether it is up), but not this request: it is cancelled
+            // and the upstream stays in routing.
+            const std::string why = overdue_message(*overdue);
+            log::warn("proxy", "{} {}, call cancelled", id_, why);
+            conn_->cancel();
+            if (!chat_.stream) {
+                leave_upstream();
+                throw request_error(504, why, "timeout_error");
+            }
+            update u{.done = true, .reason = finish_reason::error, .error = why};
+            u.stats = stats();
+            log_end(u);
+            leave_upstream();
+            return u;
+        }
         if (!next_piece) {
             conn_->cancel();
             ctx_.http.disconnects++;
@@ -158,12 +197,14 @@ std::optional<generation_source::update> upstream_generation::next() {
         } else {
             // The end of the body reads a last line without its newline, and is an error before the stream's end.
             u.diffs = p.end ? decoder_->end_of_body() : decoder_->push(p.bytes);
+            last_read_ = p.read_at;
             if (p.end && !decoder_->error().empty()) pool_.mark_down(route_->upstream, "its answer ended early");
             if (!u.diffs.empty() && !seen_delta_) {
                 seen_delta_ = true;
                 first_delta_ = std::chrono::steady_clock::now();
                 first_delta_read_ = p.read_at;
             }
+            if (!u.diffs.empty()) last_delta_ = std::chrono::steady_clock::now();
             if (decoder_->done()) {
                 u.done = true;
                 if (!decoder_->error().empty()) {
@@ -190,6 +231,37 @@ std::optional<generation_source::update> upstream_generation::next() {
         }
         return u;
     }
+}
+
+std::pair<std::chrono::steady_clock::time_point, upstream_generation::answer_limit> upstream_generation::deadline()
+    const {
+    const pool_options& o = pool_.options();
+    std::pair d(std::chrono::steady_clock::time_point::max(), answer_limit::whole_answer);
+    // Silence since the last delta is the connection's own read timeouts' (the same limits, counted from the last
+    // byte): they name it and take the upstream out of routing, as before. Bytes that came since and were not
+    // progress are this check's.
+    if (last_read_ > (seen_delta_ ? last_delta_ : sent_)) {
+        d = seen_delta_ ? std::pair(last_delta_ + o.idle_timeout, answer_limit::next_delta)
+                        : std::pair(sent_ + o.first_byte_timeout, answer_limit::first_delta);
+    }
+    if (!chat_.stream && sent_ + o.answer_timeout < d.first) d = {sent_ + o.answer_timeout, answer_limit::whole_answer};
+    return d;
+}
+
+std::string upstream_generation::overdue_message(answer_limit limit) const {
+    const pool_options& o = pool_.options();
+    const std::string upstream = "upstream " + route_->config->origin.url();
+    switch (limit) {
+        case answer_limit::first_delta:
+            return upstream + " sent no content in " + http::seconds_text(o.first_byte_timeout) +
+                   " after the request (--first-byte-timeout; keep-alive comments are not progress)";
+        case answer_limit::next_delta:
+            return upstream + " sent no content for " + http::seconds_text(o.idle_timeout) +
+                   " (--upstream-idle-timeout; keep-alive comments are not progress)";
+        case answer_limit::whole_answer:
+            break;
+    }
+    return upstream + " did not finish its answer in " + http::seconds_text(o.answer_timeout) + " (--answer-timeout)";
 }
 
 generation_stats upstream_generation::stats() const {
@@ -266,6 +338,9 @@ token_counter upstream_token_counter(frontend_context& ctx, upstream_pool& pool)
             const bool timeout = e.reason == http::client_error::kind::timeout;
             throw request_error(timeout ? 504 : 502, "count_tokens: upstream " + u.origin.url() + ": " + e.what(),
                                 timeout ? "timeout_error" : "server_error");
+        }
+        if (answer.status >= 300 && answer.status < 400) {
+            throw upstream_redirect_error(answer.status, answer.headers, u.origin.url());
         }
         if (answer.status >= 400) {
             const upstream_error_info info = parse_error_body(answer.body);

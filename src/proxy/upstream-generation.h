@@ -2,7 +2,11 @@
 // (pings are answered here, without an upstream), then the router picks an upstream, the request goes out in that
 // upstream's dialect, and its stream comes back as message deltas for whichever API route drives it. The upstream's
 // body is read on a thread of its own (upstream_body_reader: backpressure); a client that goes away cancels the
-// upstream call; a whole answer leaves its connection for the upstream's next request.
+// upstream call; a whole answer leaves its connection for the upstream's next request. An answer is held to progress
+// (pool_options): a content delta within first_byte_timeout of sending, then within idle_timeout of the last one,
+// and for a client that takes the answer whole, all of it within answer_timeout; keep-alive comments and empty events
+// are not progress, so an upstream that only pings cannot hold a request (silence is the connection's read timeouts'
+// to end, as before).
 // Threading: used by the route's own thread.
 #pragma once
 
@@ -10,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "http/http-client.h"
@@ -25,12 +30,15 @@ namespace keepwarm::proxy {
 class upstream_generation final : public generation_source {
 public:
     // Throws request_error when no upstream can take the request (503), one does not answer in time (504), answers an
-    // error before streaming (its 4xx as is, a 5xx as 502), or the policy refuses the request (4xx). An upstream that
-    // cannot be reached is marked down and the next one is tried: nothing has reached the client yet.
+    // error or a redirect before streaming (its 4xx as is, a 5xx or 3xx as 502), or the policy refuses the request
+    // (4xx). An upstream that cannot be reached is marked down and the next one is tried: nothing has reached the
+    // client yet.
     upstream_generation(frontend_context& ctx, upstream_pool& pool, const http::request& req, chat_request chat,
                         const request_clock& clock, http::response_writer& w, std::string id);
     ~upstream_generation() override;  // cancels the upstream call if it has not ended, and leaves the router
 
+    // An answer out of time (see above) ends with an error update, or for a client that takes the answer whole,
+    // throws request_error(504) (nothing has been written to it).
     std::optional<update> next() override;
     const common_chat_msg& message() const override { return ping_ ? ping_->message() : decoder_->message(); }
     const chat_request& request() const override { return chat_; }
@@ -47,6 +55,10 @@ private:
     std::vector<std::string> bind_biases(size_t upstream);
     void name_fired_rules(const std::vector<std::string>& rules);  // appended to x-keepwarm-policy and logged
     void log_end(const update& u) const;
+    // When the answer runs out of time if no delta comes before, and which limit that is.
+    enum class answer_limit { first_delta, next_delta, whole_answer };
+    std::pair<std::chrono::steady_clock::time_point, answer_limit> deadline() const;
+    std::string overdue_message(answer_limit limit) const;  // what the client is told when `limit` ran out
     // Once: the answer's connection goes back to the pool if it was read whole (else it is cancelled), and the router
     // stops counting this request against the upstream.
     void leave_upstream();
@@ -68,6 +80,8 @@ private:
     std::optional<stream_decoder> decoder_;
     std::chrono::steady_clock::time_point received_, sent_, first_delta_;
     std::chrono::steady_clock::time_point first_delta_read_;  // when the bytes of the first delta came off the socket
+    std::chrono::steady_clock::time_point last_delta_;        // the latest delta: the answer's last progress
+    std::chrono::steady_clock::time_point last_read_;         // when the latest piece of the body came off the socket
     bool seen_delta_ = false;
 
     std::optional<upstream_body_reader> body_;  // the upstream's answer, read on a thread of its own

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "base/logger.h"
+#include "proxy/upstream-dialects.h"
 
 namespace keepwarm::proxy {
 
@@ -14,7 +15,9 @@ upstream_health::upstream_health(const std::vector<upstream_config>& upstreams, 
       options_(options),
       hooks_(std::move(hooks)),
       up_(upstreams.size(), true),
-      listed_models_(upstreams.size()) {}
+      listed_models_(upstreams.size()),
+      failed_checks_(upstreams.size(), 0),
+      seen_up_(upstreams.size(), false) {}
 
 upstream_health::~upstream_health() {
     {
@@ -51,6 +54,7 @@ void upstream_health::check_now() {
     for (size_t i = 0; i < upstreams_.size(); i++) {
         const upstream_config& u = upstreams_[i];
         bool healthy = false;
+        std::string why;  // why the check failed
         upstream_listing listing;
         try {
             http::header_list headers;
@@ -58,20 +62,34 @@ void upstream_health::check_now() {
             if (!u.api_key.empty()) headers.emplace_back("x-api-key", u.api_key);
             const http::fetched answer = http::fetch(u.origin, "GET", health_target(u.dialect), {}, headers, client);
             healthy = answer.status == 200;
-            if (healthy) listing = parse_listing(u.dialect, answer.body);
-        } catch (const std::exception&) {
-            healthy = false;  // refused, reset or timed out: down
+            if (healthy) {
+                listing = parse_listing(u.dialect, answer.body);
+            } else if (answer.status >= 300 && answer.status < 400) {
+                why = redirect_message(answer.status, answer.headers, u.origin.url());
+            } else {
+                why = "it answered " + std::to_string(answer.status);
+            }
+        } catch (const std::exception& e) {
+            why = e.what();  // refused, reset or timed out
         }
         {
             std::lock_guard lock(mu_);
-            if (up_[i] != healthy) {
-                log::line(healthy ? log::level::info : log::level::warn, "proxy", "upstream {} is {}", u.origin.url(),
-                          healthy ? "back (its prefix tree starts empty)" : "down");
+            failed_checks_[i] = healthy ? 0 : failed_checks_[i] + 1;
+            const bool was_up = up_[i];
+            // One that has answered before keeps its place through a few missed checks; one never seen up does not.
+            const bool up = healthy || (was_up && seen_up_[i] && failed_checks_[i] < options_.failures_to_down);
+            if (healthy) seen_up_[i] = true;
+            if (was_up != up) {
+                log::line(up ? log::level::info : log::level::warn, "proxy", "upstream {} is {}{}", u.origin.url(),
+                          up ? "back (its prefix tree starts empty)" : "down", up ? "" : ": " + why);
+            } else if (up && !healthy) {
+                log::info("proxy", "upstream {} missed a health check ({} of {} in a row before it is down): {}",
+                          u.origin.url(), failed_checks_[i], options_.failures_to_down, why);
             }
-            up_[i] = healthy;
+            up_[i] = up;
             if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
             if (hooks_.on_state) {
-                hooks_.on_state({.upstream = i, .up = healthy, .instance = listing.instance, .checked = true});
+                hooks_.on_state({.upstream = i, .up = up, .instance = listing.instance, .checked = true});
             }
         }
         if (healthy && hooks_.after_up) hooks_.after_up(i, client);

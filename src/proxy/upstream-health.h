@@ -1,12 +1,13 @@
 // Whether each upstream engine behind `keepwarm proxy` is up: a checker thread asks every upstream each interval with
 // a call that never runs inference (GET /v1/models, or /api/tags for Ollama) and keeps what its answer listed (its
-// model, its running instance); a call on the request path that fails below HTTP marks an upstream down until a check
-// sees it answer again. Whoever builds it learns of every check and change through two hooks; the pool passes them on
-// to routing, idle connections and bias tokens.
-// Threading: every member function may be called from any thread. One mutex (mu_) guards the up/down state, and
-// hooks.on_state runs under it, so that what it is told keeps the order of the changes; on_state must not call back
-// into this object (lock order: this mutex, then whatever on_state takes). hooks.after_up runs on the checking thread
-// with no lock held.
+// model, its running instance). An upstream that has answered goes down only after `failures_to_down` checks in a row
+// fail (one late answer from a busy upstream must not turn every request away, when it is the only one); one never
+// seen up is down at its first failed check. A call on the request path that fails below HTTP marks an upstream down
+// at once, until a check sees it answer again. Whoever builds it learns of every check and change through two hooks;
+// the pool passes them on to routing, idle connections and bias tokens. Threading: every member function may be called
+// from any thread. One mutex (mu_) guards the up/down state, and hooks.on_state runs under it, so that what it is told
+// keeps the order of the changes; on_state must not call back into this object (lock order: this mutex, then whatever
+// on_state takes). hooks.after_up runs on the checking thread with no lock held.
 #pragma once
 
 #include <chrono>
@@ -26,6 +27,7 @@ namespace keepwarm::proxy {
 struct health_options {
     std::chrono::milliseconds interval{1000};  // between two rounds of checks
     std::chrono::milliseconds timeout{2000};   // for each check's connect, request and answer
+    int failures_to_down = 3;                  // checks in a row that must fail before an upstream that was up is down
 };
 
 // What a check or a failed call said of one upstream.
@@ -77,6 +79,8 @@ private:
     mutable std::mutex mu_;
     std::vector<bool> up_;                    // guarded by mu_
     std::vector<std::string> listed_models_;  // guarded by mu_
+    std::vector<int> failed_checks_;          // guarded by mu_: checks failed in a row since the last one answered
+    std::vector<bool> seen_up_;               // guarded by mu_: a check has found it up at least once
     bool stopping_ = false;                   // guarded by mu_
     std::condition_variable stop_cv_;
     std::thread thread_;

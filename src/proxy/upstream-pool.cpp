@@ -20,7 +20,10 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
       router_(upstreams_.size(), options_.routing),
       connections_(origins_of(upstreams_), options_.max_idle_connections, request_options()),
       bias_tokens_(upstreams_, options_.bias_texts),
-      health_(upstreams_, {.interval = options_.health_interval, .timeout = options_.health_timeout},
+      health_(upstreams_,
+              {.interval = options_.health_interval,
+               .timeout = options_.health_timeout,
+               .failures_to_down = options_.health_failures},
               {.on_state = [this](const health_event& e) { on_health(e); },
                .after_up = [this](size_t upstream,
                                   const http::client_options& client) { bias_tokens_.bind(upstream, client); }}) {}

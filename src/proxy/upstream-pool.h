@@ -40,6 +40,7 @@ struct pool_options {
     router_options routing;
     std::chrono::milliseconds health_interval{1000};
     std::chrono::milliseconds health_timeout{2000};
+    int health_failures = 3;  // checks in a row that must fail before an upstream that answered is down
     // Token texts the policy's forced logit biases name: resolved to each OpenAI-dialect upstream's token ids through
     // its POST /tokenize (keepwarm and llama-server have it) when a health check finds it up.
     std::vector<std::string> bias_texts;
@@ -48,10 +49,15 @@ struct pool_options {
     // (30K tokens at a CPU's 50 tokens/s take 10 minutes); cutting a real answer costs more than waiting on a hung
     // upstream, which is named in the error and taken out of routing when this runs out.
     std::chrono::milliseconds first_byte_timeout{std::chrono::minutes(10)};
-    // How long an answer that flows may pause between two pieces: a healthy upstream sends one per token, and its
+    // How long an answer that flows may pause between two deltas: a healthy upstream sends one per token, and its
     // longest pause is another request's prompt batch decoded between two of this one's tokens (2048 tokens at a
-    // slow CPU's 20 tokens/s: about 100 s).
+    // slow CPU's 20 tokens/s: about 100 s). Before the first delta, first_byte_timeout counts from sending the
+    // request. Bytes that carry no content (SSE keep-alive comments, empty events, a byte a second) are not progress:
+    // an upstream that sends only those is cut off at the same time as one that sends nothing.
     std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};
+    // How long a request whose client takes the answer whole (not streamed) may wait for all of it: a cold prefill
+    // (first_byte_timeout) and a long answer after it. A streamed answer has no such bound: its client sees it grow.
+    std::chrono::milliseconds answer_timeout{std::chrono::minutes(30)};
     // Tenants: an upstream without a key of its own gets the client's key, so a keepwarm upstream with the same keys
     // file keeps the tenants apart too (its cache would otherwise be one, shared by every tenant of the proxy).
     bool forward_client_keys = false;
@@ -112,6 +118,8 @@ public:
     // What a request's connection to an upstream waits for (the pool's timeouts) and reads whole at most (an error
     // answer's body).
     http::client_options request_options() const;
+    // The pool's options as configured (the answer timeouts a request's progress is held to).
+    const pool_options& options() const { return options_; }
     size_t healthy_count() const;
     // GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,
     // in-flight load, and the size of its prefix tree.

@@ -1,14 +1,16 @@
 // Hostile connections and hostile web pages against the real binary (issue 14, cases 7 and 8): hundreds of idle
 // sockets from one address must not lock out other addresses or /health, idle sockets lose their slot quickly, and
 // CORS is off unless origins are named, so a page in the user's browser can neither read the API nor make it run a
-// generation. A second client address is 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo).
+// generation. A key with a stray space stops the start-up, and a keys file others can read is warned about (issue
+// 39). A second client address is 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { chmodSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
-import { startProcess, startServer, waitFor, tempDir } from './harness.mjs';
+import { binary, startProcess, startServer, waitFor, tempDir } from './harness.mjs';
 
 // One HTTP request on a connection of its own, from `localAddress`: { status, headers, body }.
 function request(url, { method = 'GET', headers = {}, body, localAddress = '127.0.0.1' } = {}) {
@@ -211,5 +213,33 @@ test('keepwarm proxy: per-address limit and CORS origins from its settings file'
         assert.ok(await waitFor(async () => (await chat(proxy.url)).status === 200), 'served again');
     } finally {
         await proxy.stop();
+    }
+});
+
+test('keepwarm proxy: a key with a stray space stops the start-up; a keys file others can read is warned about', async () => {
+    // Issue 39: --api-key " key" started, and no client could send that key.
+    const stray = await new Promise((resolve) =>
+        execFile(binary, ['proxy', '--port', '0', '--upstream', server.url, '--api-key', ' sk-stray-space'],
+            (err, stdout, stderr) => resolve({ code: err ? err.code : 0, out: stdout + stderr })));
+    assert.notEqual(stray.code, 0, stray.out);
+    assert.match(stray.out, /the API key starts with whitespace/);
+    assert.doesNotMatch(stray.out, /sk-stray-space/, 'the key is never printed');
+
+    const keys = path.join(tempDir('keys'), 'keys.txt');
+    writeFileSync(keys, 'alice key-alice-0123\n');
+    chmodSync(keys, 0o644);
+    const proxy = await startProxy(['--upstream', server.url, '--api-keys-file', keys]);
+    try {
+        assert.match(proxy.output(), /API keys file '.*keys\.txt' is readable by group and others \(mode 0644\)/);
+        assert.match(proxy.output(), /run chmod 600 .*keys\.txt/);
+    } finally {
+        await proxy.stop();
+    }
+    chmodSync(keys, 0o600);
+    const quiet = await startProxy(['--upstream', server.url, '--api-keys-file', keys]);
+    try {
+        assert.doesNotMatch(quiet.output(), /chmod 600/);
+    } finally {
+        await quiet.stop();
     }
 });

@@ -1,8 +1,9 @@
 // `keepwarm proxy` in front of upstreams that lie, hang or die (issue 14, cases 4 and 9): a Node stand-in upstream
 // answers with hostile streams in each dialect (tool call and content block indices of -1, 2^64-1 and 99,999,999,
 // JSON nested 100,000 deep, a line without end, an answer without end), accepts a request and never answers, stops
-// in the middle of an answer, or dies in the middle of a /v1/completions stream. Each time the client gets a clean
-// error in its API's shape, the proxy stays up and small, and the next request to a good upstream completes.
+// in the middle of an answer, dies in the middle of a /v1/completions stream, sends only keep-alive comments, or answers
+// with a redirect (issue 39). Each time the client gets a clean error in its API's shape, the proxy stays up and small,
+// and the next request to a good upstream completes.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -68,6 +69,10 @@ const hostile = {
         res.write(chunk({ role: 'assistant', content: 'part' }));
         hung.add(res);
     },
+    pings: (res) => {
+        const timer = setInterval(() => res.write(': ping\n\n'), 100);
+        res.on('close', () => clearInterval(timer));
+    },
     'dies mid-answer': (res) => {
         res.write(sse({ choices: [{ index: 0, text: 'half' }] }));
         setTimeout(() => res.socket.destroy(), 50);
@@ -83,6 +88,10 @@ const upstream = http.createServer((req, res) => {
             const listing = req.url === '/api/tags' ? { models: [{ name: 'stand-in' }] }
                 : { object: 'list', data: [{ id: 'stand-in', object: 'model', owned_by: 'test' }] };
             return res.end(JSON.stringify(listing));
+        }
+        if (mode === 'redirect') {
+            res.writeHead(302, { location: 'http://elsewhere.example/v1/chat/completions' });
+            return res.end();
         }
         const ndjsonAnswer = req.url === '/api/chat';
         res.writeHead(200, { 'content-type': ndjsonAnswer ? 'application/x-ndjson' : 'text/event-stream' });
@@ -248,4 +257,30 @@ test('a /v1/completions stream whose upstream dies mid-answer ends with an error
     assert.equal(again.status, 200);
     assert.ok(again.text.endsWith('data: [DONE]\n\n'), again.text);
     assert.doesNotMatch(again.text, /"error"/);
+});
+
+test('an upstream that only sends keep-alive comments: a 504 for a whole answer, an error event for a stream', async () => {
+    const proxy = proxies.openai;
+    mode = 'pings';
+    const start = Date.now();
+    const whole = await chat(proxy, false);
+    assert.ok(Date.now() - start < 5_000, `answered after ${Date.now() - start} ms`);
+    assert.equal(whole.status, 504, whole.text);
+    assert.match(JSON.parse(whole.text).error.message, /sent no content in 1 s .*keep-alive comments are not progress/);
+    mode = 'pings';
+    const streamed = await chat(proxy, true);
+    assertErrorEvent(streamed.status, streamed.text, /keep-alive comments are not progress/);
+    await servesTheNextRequest(proxy);
+});
+
+test('an upstream that answers with a redirect: a 502 that names it, not a stream that ended early', async () => {
+    const proxy = proxies.openai;
+    mode = 'redirect';
+    const { status, text } = await chat(proxy, false);
+    assert.equal(status, 502, text);
+    assert.match(
+        JSON.parse(text).error.message,
+        /answered 302 redirect to http:\/\/elsewhere\.example\/v1\/chat\/completions; keepwarm does not follow redirects/,
+    );
+    await servesTheNextRequest(proxy);
 });

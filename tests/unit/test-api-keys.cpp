@@ -140,3 +140,33 @@ TEST(api_keys, configure_tenants_takes_a_key_per_line_file_as_one_shared_tenant)
     EXPECT_THROW(configure_tenants("", keys, "", true, file.string()), std::invalid_argument);
     std::filesystem::remove(file);
 }
+
+// --api-key " key" started a server that refused every client: nobody can send a key with outer spaces.
+TEST(api_keys, a_single_key_with_outer_whitespace_or_a_control_character_stops_the_start) {
+    const auto error = [](const std::string& key) {
+        std::vector<api_key_entry> keys;
+        try {
+            configure_tenants(key, keys, "", false);
+        } catch (const std::invalid_argument& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    for (const std::string key : {" sk-secret-1", "sk-secret-1 ", "\tsk-secret-1", "sk-secret-1\n", "   "}) {
+        SCOPED_TRACE(key);
+        const std::string message = error(key);
+        EXPECT_NE(message.find("--api-key"), std::string::npos) << message;
+        EXPECT_NE(message.find("whitespace"), std::string::npos) << message;
+        EXPECT_EQ(message.find("sk-secret"), std::string::npos) << "the key is never printed: " << message;
+    }
+    EXPECT_NE(error(std::string("sk-se\x01"
+                                "cret"))
+                  .find("control character (byte 1)"),
+              std::string::npos);
+    EXPECT_NE(error("sk-secret\r\nx-evil: 1").find("control character (byte 13)"), std::string::npos);
+    EXPECT_EQ(error(""), "");  // no key: no auth
+    EXPECT_EQ(error("sk-secret-1"), "");
+    EXPECT_EQ(error("a key with inner spaces"), "");  // a client sends it as it is
+    EXPECT_NO_THROW(check_api_key("sk-secret-1", "where"));
+    EXPECT_THROW(check_api_key(" sk", "where"), std::invalid_argument);
+}

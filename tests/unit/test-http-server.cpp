@@ -175,6 +175,7 @@ public:
     }
 
     const std::string& buffer() const { return buf_; }
+    bool eof() const { return eof_; }
 
 private:
     int fd_ = -1;
@@ -516,6 +517,40 @@ TEST(HttpServer, BodyLimitAndMalformedRequests) {
         EXPECT_EQ(r->body_json()["error"]["code"], 400);
         EXPECT_TRUE(c.closed_by_server());
     }
+}
+
+TEST(HttpServer, TransferEncodingNotEndingInChunkedOrBesideContentLengthIs400) {
+    http_server s(local_options());
+    s.add_route("POST", "/echo", [](const request& r, response_writer& w) { reply_text(w, r.body); });
+    s.start();
+
+    // RFC 9112 6.1: the body's length cannot be trusted, whichever way a proxy in front read it.
+    const std::vector<std::pair<std::string, std::string>> ambiguous = {
+        {"Transfer-Encoding: chunked, identity\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: gzip\r\n\r\n", "'gzip' is not supported"},
+        {"Transfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "'chunked, gzip' is not supported"},
+        {"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", ""},
+        {"Transfer-Encoding: ,\r\nContent-Length: 5\r\n\r\nhello", "both Transfer-Encoding"},
+        {"Transfer-Encoding: ,\r\n\r\n", "names no coding"},
+    };
+    for (const auto& [headers, says] : ambiguous) {
+        SCOPED_TRACE(headers);
+        client c(s.port());
+        ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + headers));
+        auto r = c.read_response();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400);
+        EXPECT_EQ(r->body_json()["error"]["code"], 400);
+        EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find(says), std::string::npos) << r->body;
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    // Chunked alone is read as before.
+    auto r = roundtrip(s.port(),
+                       "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "hello");
 }
 
 TEST(HttpServer, ExpectContinue) {
@@ -940,6 +975,84 @@ TEST(HttpServer, PerAddressLimitLeavesOtherAddressesServed) {
         if (!served) std::this_thread::sleep_for(20ms);
     }
     EXPECT_TRUE(served);
+}
+
+namespace {
+
+// How many of `held` the server has closed: each is read with a short wait for half a second (a connection closed
+// to make room was shut down before the newcomer was served, so its end is there to read).
+int count_closed(std::vector<std::unique_ptr<client>>& held) {
+    const auto deadline = steady::now() + 500ms;
+    while (steady::now() < deadline) {
+        for (auto& c : held) {
+            if (!c->eof()) c->fill(10ms);
+        }
+    }
+    int closed = 0;
+    for (auto& c : held) closed += c->eof() ? 1 : 0;
+    return closed;
+}
+
+}  // namespace
+
+TEST(HttpServer, AFullServerTakesAWaitingConnectionFromTheBiggestHolderForAnotherAddress) {
+    // Two addresses fill the server within their per-address limit (the probe: 4 addresses x 64 filled 256).
+    server_options o = local_options();
+    o.max_connections = 8;
+    o.max_connections_per_address = 4;
+    http_server s(o);
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.start();
+    auto held = hold_connections(s.port(), 4, "127.0.0.2");
+    for (auto& c : hold_connections(s.port(), 4, "127.0.0.3")) held.push_back(std::move(c));
+
+    // A third address is served: one waiting connection of a biggest holder gives way.
+    auto third = hold_connections(s.port(), 1, "127.0.0.4");
+    EXPECT_EQ(count_closed(held), 1);
+    // And again: it still holds fewer than the others (1 against 4).
+    auto more = hold_connections(s.port(), 1, "127.0.0.4");
+    EXPECT_EQ(count_closed(held), 2);
+
+    // Now the shares are 3, 3, 2: nobody holds two more than a holder of 3, so a third connection from one of them is
+    // refused rather than taken from another.
+    client over(s.port(), "127.0.0.2");
+    ASSERT_TRUE(over.send(make_request("GET", "/n")));
+    auto r = over.read_response();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503);
+    EXPECT_NE(r->body_json()["error"]["message"].get<std::string>().find("too many connections (limit 8)"),
+              std::string::npos)
+        << r->body;
+    EXPECT_EQ(count_closed(held), 2);
+}
+
+TEST(HttpServer, AConnectionRunningARequestIsNeverTakenToMakeRoom) {
+    server_options o = local_options();
+    o.max_connections = 2;
+    o.max_connections_per_address = 0;
+    http_server s(o);
+    std::atomic<bool> slow_started{false};
+    s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
+    s.add_route("GET", "/slow", [&slow_started](const request&, response_writer& w) {
+        slow_started = true;
+        std::this_thread::sleep_for(1500ms);
+        reply_text(w, "done");
+    });
+    s.start();
+    client busy(s.port(), "127.0.0.2");
+    ASSERT_TRUE(busy.send(make_request("GET", "/slow")));
+    auto idle = hold_connections(s.port(), 1, "127.0.0.2");
+    for (int i = 0; i < 250 && !slow_started; ++i) std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(slow_started);
+
+    auto r = roundtrip(s.port(), make_request("GET", "/n"), "127.0.0.3");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(count_closed(idle), 1);  // the idle one went
+    r = busy.read_response();          // the busy one finishes its request
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "done");
 }
 
 TEST(HttpServer, HealthIsAnsweredOverTheLimits) {

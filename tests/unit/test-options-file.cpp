@@ -149,3 +149,17 @@ TEST(options_file, mistakes_name_their_line_and_column) {
     e = error_of("tenants = 3\n");  // a table key must hold a table
     EXPECT_NE(std::string(e.what()).find("'tenants' must be a table"), std::string::npos) << e.what();
 }
+
+// A file that sets a key (an option or a table named in key_settings) says so, so that its mode is checked.
+TEST(OptionsFile, AFileThatSetsAKeySettingSaysSo) {
+    const auto holds_keys = [](const std::string& text) {
+        command c;
+        c.cmd->add_option("--api-key");
+        c.rules.key_settings = {"api-key", "tenants"};
+        c.app.parse(std::vector<std::string>{"serve"});
+        return apply_options_text(*c.cmd, text, "serve.toml", "/etc/keepwarm", c.rules);
+    };
+    EXPECT_FALSE(holds_keys("parallel = 2\n"));
+    EXPECT_TRUE(holds_keys("api_key = \"sk-secret-1\"\n"));
+    EXPECT_TRUE(holds_keys("[tenants]\nalice = \"key-a-0123\"\n"));
+}

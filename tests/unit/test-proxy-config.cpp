@@ -153,10 +153,16 @@ TEST(ProxyConfig, UpstreamTimeouts) {
     const proxy_settings defaults = parse_proxy_config("[[upstream]]\nurl = \"http://h:1\"\n", "proxy.toml");
     EXPECT_EQ(defaults.pool.first_byte_timeout, std::chrono::minutes(10));
     EXPECT_EQ(defaults.pool.idle_timeout, std::chrono::minutes(2));
+    EXPECT_EQ(defaults.pool.answer_timeout, std::chrono::minutes(30));
+    EXPECT_EQ(defaults.pool.health_failures, 3);
     const proxy_settings s = parse_proxy_config(R"(
 [timeouts]
 first_byte = 1800
 idle = 30.5
+answer = 3600
+
+[health]
+failures = 5
 
 [[upstream]]
 url = "http://h:1"
@@ -164,6 +170,26 @@ url = "http://h:1"
                                                 "proxy.toml");
     EXPECT_EQ(s.pool.first_byte_timeout, std::chrono::minutes(30));
     EXPECT_EQ(s.pool.idle_timeout, std::chrono::milliseconds(30500));
+    EXPECT_EQ(s.pool.answer_timeout, std::chrono::hours(1));
+    EXPECT_EQ(s.pool.health_failures, 5);
+    expect_error("[timeouts]\nanswer = 0\n", 2, "timeouts.answer");
+    expect_error("[health]\nfailures = 0\n", 2, "health.failures");
     expect_error("[timeouts]\nfirst_byte = -1\n", 2, "timeouts.first_byte");
     expect_error("[timeouts]\nfirstbyte = 5\n", 2, "first_byte");
+}
+
+TEST(ProxyConfig, AKeyWithOuterWhitespaceIsAMistakeOnItsLine) {
+    expect_error("[listen]\napi_key = \" secret-1\"\n", 2, "listen.api_key: the API key starts with whitespace");
+    expect_error("[[upstream]]\nurl = \"http://h:1\"\napi_key = \"secret-1\\n\"\n", 3,
+                 "upstream.api_key: the API key ends with whitespace");
+    EXPECT_THROW(upstream_config::parse("http://h:1,key=sk\x01x"), std::invalid_argument);
+    EXPECT_EQ(upstream_config::parse("http://h:1,key=sk-1").api_key, "sk-1");
+    // A mistake in another part of the spec shows the spec without its key.
+    try {
+        upstream_config::parse("http://h:1,key=sk-secret-1,modle=m");
+        ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "'modle' in upstream 'http://h:1,key=***,modle=m' is not one of dialect, model, key");
+    }
 }

@@ -19,6 +19,7 @@
 #include "base/request-error.h"
 #include "fake-response-writer.h"
 #include "http/http-server.h"
+#include "proxy/upstream-completion.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -34,6 +35,9 @@ enum class answer_kind {
     broken,     // the first delta, then the body ends without [DONE]
     stalls,     // the first delta, then keep-alive comments until its client goes (at most 5 s)
     truncated,  // the deltas, finish_reason "length", the usage and [DONE]
+    pings,      // keep-alive comments only, until its client goes (at most 5 s)
+    trickles,   // a one-letter delta every 50 ms until its client goes (at most 5 s)
+    redirects,  // 302 to another URL
 };
 
 std::string sse(const json& data) {
@@ -62,6 +66,16 @@ public:
             }
             answer(w);
         });
+        // Raw completions: keep-alive comments only (pings), or a JSON body a byte at a time (trickles).
+        server_->add_route("POST", "/v1/completions", [this](const http::request&, http::response_writer& w) {
+            const bool pings = kind.load() == answer_kind::pings;
+            if (!w.begin_stream(200, pings ? "text/event-stream" : "application/json", {})) return;
+            for (int i = 0; i < 100; ++i) {
+                std::this_thread::sleep_for(50ms);
+                if (!w.write_chunk(pings ? ": ping\n\n" : " ")) return;
+            }
+            w.end_stream();
+        });
         server_->start();
     }
     std::string url() const { return "http://127.0.0.1:" + std::to_string(server_->port()); }
@@ -83,7 +97,23 @@ private:
                    R"({"error":{"message":"the upstream says no","type":"invalid_request_error"}})");
             return;
         }
+        if (k == answer_kind::redirects) {
+            w.send(302, "text/html", "<a href=\"http://elsewhere.example/v1\">moved</a>",
+                   {{"Location", "http://elsewhere.example/v1/chat/completions"}});
+            return;
+        }
         if (!w.begin_stream(200, "text/event-stream", {})) return;
+        if (k == answer_kind::pings || k == answer_kind::trickles) {
+            for (int i = 0; i < 100; ++i) {
+                std::this_thread::sleep_for(50ms);
+                if (!w.write_chunk(k == answer_kind::pings ? ": ping\n\n" : sse(delta_chunk("a")))) {
+                    saw_client_leave = true;
+                    return;
+                }
+            }
+            w.end_stream();
+            return;
+        }
         w.write_chunk(sse(delta_chunk("Hello")));
         if (k == answer_kind::broken) {
             w.end_stream();
@@ -146,9 +176,11 @@ std::string header_of(const http::header_list& headers, const std::string& name)
 
 class upstream_generation_test : public ::testing::Test {
 protected:
-    upstream_generation_test() {
-        proxy::pool_options options;
-        options.health_interval = std::chrono::hours(1);  // only the first check, in start_health_checks()
+    upstream_generation_test() { use_pool({}); }
+
+    // A pool of the one fake upstream with `options` (health checks: only the first, in start_health_checks()).
+    void use_pool(proxy::pool_options options) {
+        options.health_interval = std::chrono::hours(1);
         options.health_timeout = 2s;
         pool = std::make_unique<proxy::upstream_pool>(
             std::vector<proxy::upstream_config>{proxy::upstream_config::parse(upstream.url())}, options);
@@ -312,4 +344,136 @@ TEST_F(upstream_generation_test, a_client_that_leaves_cancels_the_upstream_call_
     EXPECT_EQ(upstream_stats()["in_flight"], 0);
     for (int i = 0; i < 250 && !upstream.saw_client_leave; ++i) std::this_thread::sleep_for(20ms);
     EXPECT_TRUE(upstream.saw_client_leave.load());  // the upstream's write failed: its call was closed
+}
+
+namespace {
+
+chat_request streamed(chat_request c) {
+    c.stream = true;
+    return c;
+}
+
+// Short answer limits, so that a test sees them trip in well under the fake upstream's 5 s.
+proxy::pool_options short_limits() {
+    proxy::pool_options options;
+    options.first_byte_timeout = 400ms;
+    options.idle_timeout = 400ms;
+    options.answer_timeout = 800ms;
+    return options;
+}
+
+}  // namespace
+
+TEST_F(upstream_generation_test, keep_alive_comments_are_not_progress_and_a_whole_answer_gets_a_504) {
+    use_pool(short_limits());
+    upstream.kind = answer_kind::pings;
+    fake_writer w;
+    generation_source_ptr source = open(chat("client-model", 16), w);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        std::string text;
+        run_to_end(*source, text);
+        FAIL() << "an upstream that only pings held the request";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 504);
+        EXPECT_NE(std::string(e.what()).find("sent no content in 0.4 s"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("keep-alive comments are not progress"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);  // the upstream would ping for 5 s
+    source.reset();
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
+    EXPECT_EQ(upstream_stats()["connections"]["idle"], 0);  // the call was cancelled, not kept
+
+    // The upstream stays in routing (it answers; its checks decide), and the next request is served.
+    EXPECT_EQ(pool->healthy_count(), 1u);
+    upstream.kind = answer_kind::whole;
+    generation_source_ptr next = open(chat("client-model", 16), w);
+    std::string text;
+    const auto last = run_to_end(*next, text);
+    ASSERT_TRUE(last);
+    EXPECT_EQ(last->reason, finish_reason::stop) << last->error;
+    EXPECT_EQ(text, "Hello world");
+}
+
+TEST_F(upstream_generation_test, a_stream_that_goes_quiet_after_its_first_delta_ends_with_an_error) {
+    use_pool(short_limits());
+    upstream.kind = answer_kind::stalls;  // "Hello", then keep-alive comments
+    fake_writer w;
+    generation_source_ptr source = open(streamed(chat("client-model", 16)), w);
+    std::string text;
+    const auto start = std::chrono::steady_clock::now();
+    const auto last = run_to_end(*source, text);
+    ASSERT_TRUE(last);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+    EXPECT_EQ(last->reason, finish_reason::error);
+    EXPECT_NE(last->error.find("sent no content for 0.4 s (--upstream-idle-timeout"), std::string::npos) << last->error;
+    EXPECT_EQ(text, "Hello");
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
+    EXPECT_EQ(pool->healthy_count(), 1u);
+}
+
+TEST_F(upstream_generation_test, a_whole_answer_has_a_deadline_however_it_trickles_but_a_stream_does_not) {
+    use_pool(short_limits());
+    upstream.kind = answer_kind::trickles;  // a delta every 50 ms: progress, but never an end
+    fake_writer w;
+    generation_source_ptr source = open(chat("client-model", 16), w);
+    std::string text;
+    try {
+        run_to_end(*source, text);
+        FAIL() << "a trickling upstream held a whole answer";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 504);
+        EXPECT_NE(std::string(e.what()).find("did not finish its answer in 0.8 s (--answer-timeout)"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_FALSE(text.empty());
+
+    // A streamed answer that makes progress goes on past answer_timeout: its client sees it grow.
+    generation_source_ptr stream = open(streamed(chat("client-model", 16)), w);
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < 1200ms) {
+        const auto u = stream->next();
+        ASSERT_TRUE(u);
+        ASSERT_FALSE(u->done) << u->error;
+    }
+}
+
+TEST_F(upstream_generation_test, a_redirect_is_reported_as_one) {
+    upstream.kind = answer_kind::redirects;
+    std::string message;
+    EXPECT_EQ(refusal(chat("client-model", 8), &message), 502);
+    EXPECT_NE(message.find("answered 302 redirect to http://elsewhere.example/v1/chat/completions"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("does not follow redirects"), std::string::npos) << message;
+    EXPECT_EQ(message.find("end event"), std::string::npos) << message;
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
+}
+
+TEST_F(upstream_generation_test, a_raw_completion_is_held_to_the_same_limits) {
+    use_pool(short_limits());
+    req.body = R"({"prompt":"Once upon a time","max_tokens":8})";
+    const generation_handler completions = proxy::upstream_completions(*pool);
+
+    upstream.kind = answer_kind::pings;  // a stream of keep-alive comments only
+    fake_writer streamed_client;
+    auto start = std::chrono::steady_clock::now();
+    completions(front, req, streamed_client, clock);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+    EXPECT_NE(streamed_client.body.find("sent no data in 0.4 s"), std::string::npos) << streamed_client.body;
+    EXPECT_NE(streamed_client.body.find("data: [DONE]"), std::string::npos) << streamed_client.body;
+    EXPECT_TRUE(streamed_client.ended);
+
+    upstream.kind = answer_kind::trickles;  // a whole answer a byte at a time
+    fake_writer whole_client;
+    start = std::chrono::steady_clock::now();
+    try {
+        completions(front, req, whole_client, clock);
+        FAIL() << "a trickling upstream held a whole completion";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 504);
+        EXPECT_NE(std::string(e.what()).find("did not finish its answer in 0.8 s"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
 }

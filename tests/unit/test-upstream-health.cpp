@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "http/http-server.h"
+#include "proxy/upstream-dialects.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -80,7 +81,7 @@ struct event_log {
 };
 
 proxy::health_options quick() {
-    return {.interval = 20ms, .timeout = 1s};
+    return {.interval = 20ms, .timeout = 1s, .failures_to_down = 1};
 }
 
 // An origin nothing listens on: a server started and stopped again.
@@ -238,4 +239,63 @@ TEST(upstream_health, the_checker_thread_checks_every_interval_and_stops_at_once
     const auto start = std::chrono::steady_clock::now();
     slow.reset();  // an hour's wait is cut short
     EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+TEST(upstream_health, an_upstream_that_answered_goes_down_only_after_several_failed_checks_in_a_row) {
+    fake_upstream upstream;
+    const std::vector<proxy::upstream_config> upstreams = {proxy::upstream_config::parse(upstream.url()),
+                                                           proxy::upstream_config::parse(closed_url())};
+    event_log log;
+    proxy::upstream_health health(upstreams, {.interval = 20ms, .timeout = 1s, .failures_to_down = 3}, log.hooks());
+    health.check_now();
+    EXPECT_TRUE(health.up(0));
+    EXPECT_FALSE(health.up(1));  // never seen up: down at its first failed check
+
+    // One missed check (a busy upstream, a lost answer) leaves the only upstream in routing; so does a second.
+    upstream.answer(503, R"({"error":"busy"})");
+    health.check_now();
+    EXPECT_TRUE(health.up(0));
+    health.check_now();
+    EXPECT_TRUE(health.up(0));
+    // An answer in between starts the count again.
+    upstream.answer(200, R"({"object":"list","data":[{"id":"m"}]})");
+    health.check_now();
+    upstream.answer(503, R"({"error":"busy"})");
+    health.check_now();
+    health.check_now();
+    EXPECT_TRUE(health.up(0));
+    health.check_now();  // the third in a row
+    EXPECT_FALSE(health.up(0));
+    EXPECT_EQ(health.up_count(), 0u);
+
+    // One answer brings it back.
+    upstream.answer(200, R"({"object":"list","data":[{"id":"m"}]})");
+    health.check_now();
+    EXPECT_TRUE(health.up(0));
+    // The hooks heard "up" for the tolerated misses, so routing never lost it.
+    const auto events = log.seen();
+    ASSERT_EQ(events.size(), 16u);  // eight rounds of two upstreams
+    for (size_t i = 0; i < 12; i += 2) EXPECT_TRUE(events[i].up) << i;
+    EXPECT_FALSE(events[12].up);
+    EXPECT_TRUE(events[14].up);
+}
+
+TEST(upstream_health, a_redirecting_upstream_is_down_with_the_redirect_named) {
+    http::server_options options;
+    options.port = 0;
+    http::http_server server(options);
+    server.add_route("GET", "/v1/models", [](const http::request&, http::response_writer& w) {
+        w.send(301, "text/plain", "moved", {{"Location", "https://upstream.example/v1/models"}});
+    });
+    server.start();
+    const std::vector<proxy::upstream_config> upstreams = {
+        proxy::upstream_config::parse("http://127.0.0.1:" + std::to_string(server.port()))};
+    proxy::upstream_health health(upstreams, quick());
+    health.check_now();
+    EXPECT_FALSE(health.up(0));
+    const std::string message =
+        proxy::redirect_message(301, {{"location", "https://upstream.example/v1/models\r\nx: y"}}, "http://u");
+    EXPECT_EQ(message,
+              "upstream http://u answered 301 redirect to https://upstream.example/v1/models??x: y; keepwarm does not "
+              "follow redirects (give the upstream's final URL)");
 }
