@@ -108,7 +108,7 @@ async function roundTrip(target) {
     // The answer Codex printed, and the second request's reuse of the first. Codex exits at response.completed,
     // which can be before the stream's end has passed through the capture (through the proxy, it was, once).
     assert.match(r.stdout, new RegExp(`"answer"\\s*:\\s*"${answer}"`), r.stdout);
-    assert.ok(await waitFor(() => sent[0].response && sent[1].response), 'the answers ended');
+    assert.ok(await waitFor(() => sent[0].response && sent[1].response, { timeoutMs: 60_000 }), 'the answers ended');
     const one = finalResponse(sent[0].response.body);
     const two = finalResponse(sent[1].response.body);
     assert.equal(one.status, 'completed');
