@@ -69,6 +69,9 @@ export async function startCapture(target, { outDir, port = 0, rewrite } = {}) {
                         record.response = { status: up.statusCode, body: Buffer.concat(answer).toString('utf8') };
                     });
                     up.pipe(res);
+                    // A client that leaves at its last event (Codex exits at response.completed) unpipes `up`, which
+                    // then pauses before its end: read on, so that the whole answer is still recorded.
+                    res.on('close', () => up.resume());
                 });
             upstream.on('error', (e) => {
                 // keepwarm answers HEAD with a body, which Node's client reports as an error after the response.
