@@ -781,6 +781,12 @@ json completion_usage_chunk_json(const std::string& id, const std::string& model
 json model_json(const std::string& model_id, int64_t created, const std::string& owned_by, const json& meta) {
     json model{{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", owned_by}};
     if (meta.is_object() && !meta.empty()) {
+        // The tokens one request may hold, where clients look for a model's context: OpenRouter's and LM Studio's
+        // context_length, vLLM's max_model_len.
+        if (const auto slot = meta.find("n_ctx_slot"); slot != meta.end() && slot->is_number_integer()) {
+            model["context_length"] = *slot;
+            model["max_model_len"] = *slot;
+        }
         model["meta"] = meta;
     }
     return model;

@@ -85,7 +85,9 @@ json completion_chunk_json(const std::string& id, const std::string& model, int6
 json completion_usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
                                  const usage_info& usage, const std::optional<timings_info>& timings = std::nullopt);
 
-// OpenAI's model object (GET /v1/models/{id}); `meta` (e.g. n_ctx, n_params) is added when it is a non-empty object.
+// OpenAI's model object (GET /v1/models/{id}); `meta` (e.g. n_ctx, n_params) is added when it is a non-empty object,
+// and its n_ctx_slot (the tokens one request may hold) also as context_length and max_model_len, the names clients
+// read a model's context from.
 json model_json(const std::string& model_id, int64_t created, const std::string& owned_by,
                 const json& meta = json::object());
 

@@ -21,7 +21,9 @@ struct block_restore_plan {
 // Plans what a restore reads after `from` positions that the device already gives (from <= limit): every whole
 // block of `block_tokens` positions the matched path holds without a gap (a node's Value keeps them in `blocks`, a
 // map keyed by end position), then the longest tail past the last of them, never planning beyond `limit` positions
-// (the last of a block past `limit` is simply not restored) nor beyond what matched.
+// (the part of a block or tail past `limit` is simply not restored) nor beyond what matched. A tail may end past
+// `limit`: the same prompt sent again (limit = its length - 1) finds the tail stored at its end and restores all but
+// its last position, as a block past `limit` is taken for a prompt of exactly whole blocks.
 // Bounds: the whole-block loop steps one block per turn from `from` to `limit`; the tail search walks the path's
 // nodes once, upwards, each node's blocks once, downwards.
 template <typename Tree>
@@ -40,9 +42,10 @@ block_restore_plan plan_block_restore(const typename Tree::match& m, int from, i
         plan.ends.push_back(end);
         plan.attention_end = std::min(end, limit);
     }
-    // A tail: an alternative ending inside the next block, past `attention_end`, the longest that fits.
+    // A tail: an alternative ending inside the next block, past `attention_end`, the longest on the prompt's path.
     const int from_tail = plan.attention_end;
-    const int upto = std::min({matched, limit, from_tail / b * b + b - 1});
+    if (from_tail >= limit) return plan;
+    const int upto = std::min(matched, from_tail / b * b + b - 1);
     if (upto <= from_tail) return plan;
     for (const auto* n = Tree::ancestor_at(m.deepest, static_cast<size_t>(upto));
          !Tree::is_root(n) && static_cast<int>(n->depth) > from_tail; n = n->parent) {
@@ -52,7 +55,7 @@ block_restore_plan plan_block_restore(const typename Tree::match& m, int from, i
             if (it->first <= from_tail) break;
             if (it->first % b != 0) {
                 plan.ends.push_back(it->first);
-                plan.attention_end = it->first;
+                plan.attention_end = std::min(it->first, limit);
                 return plan;
             }
         }

@@ -31,7 +31,9 @@
 #include "local/prompt-index-keeper.h"
 #include "local/raw-generation.h"
 #include "local/tokenizer-routes.h"
+#include "model/context-sizing.h"
 #include "model/demo-model.h"
+#include "model/model-inspect.h"
 #include "policy/policy-file.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
@@ -82,6 +84,23 @@ std::string read_file(const std::string& path) {
     return data;
 }
 
+// -c 0 (the default): a context sized from the model's trained context and the memory where it runs, so that
+// agents' first requests fit (model/context-sizing.h).
+context_choice size_default_context(const engine_options& e) {
+    const model_report report = inspect_model(e.model_path);
+    uint64_t free_memory = 0, reserved = report.file_size;
+    const std::vector<gpu_device> gpus = e.gpu_layers != 0 ? gpu_devices() : std::vector<gpu_device>{};
+    if (!gpus.empty()) {
+        for (const gpu_device& d : gpus) free_memory += d.free_bytes;
+    } else {
+        free_memory = host_available_memory();
+        reserved += e.cache_ram_bytes;  // the RAM tier lives beside the KV cache in host memory
+    }
+    const int sequences = e.slots + e.cache_parked_sequences + 2;
+    return choose_default_context(
+        sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved));
+}
+
 int run_serve(serve_options opts) {
     const sigset_t signals = block_stop_signals();
 
@@ -117,6 +136,11 @@ int run_serve(serve_options opts) {
             response_store::options{.dir = std::filesystem::path(opts.engine.cache_dir) / "responses"});
     }
 
+    std::optional<context_choice> auto_context;
+    if (opts.engine.context_size == 0) {
+        auto_context = size_default_context(opts.engine);
+        opts.engine.context_size = auto_context->context_size;
+    }
     model.llm = std::make_unique<engine>(opts.engine);
     ctx.policy->bind_vocab([vocab = model.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
         const auto ids = common_tokenize(vocab, text, /*add_special=*/false, /*parse_special=*/true);
@@ -164,9 +188,10 @@ int run_serve(serve_options opts) {
 
     const auto& eo = model.llm->options();
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
-              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
-              << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
-              << ", " << eo.threads << " threads\n"
+              << "  context " << eo.context_size << " tokens, " << eo.slots << (eo.slots == 1 ? " slot of " : " slots of ")
+              << model.llm->slot_context_size() << " tokens"
+              << (auto_context ? " (" + auto_context->why + ")" : std::string()) << ", KV cache " << opts.cache_type_k
+              << "/" << opts.cache_type_v << ", " << eo.threads << " threads\n"
               << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
               << (eo.cpu_moe_layers == 0  ? ""
                   : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
@@ -287,9 +312,13 @@ void add_serve_command(CLI::App& app) {
                     "Web origin whose pages may call the API from a browser, e.g. https://app.example.com "
                     "(repeatable; * allows every origin; default: none)")
         ->check(cors_origin_check());
-    cmd->add_option("-c,--ctx-size", e.context_size, "KV cache size in tokens, shared by all slots")
+    e.context_size = 0;
+    cmd->add_option("-c,--ctx-size", e.context_size,
+                    "KV cache size in tokens, shared by all slots (0, the default: the model's trained context per "
+                    "slot, at most 131072, as far as free memory holds it, never under 32768 where it fits; the "
+                    "banner says what was chosen)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")
         ->capture_default_str()
         ->check(CLI::Range(1, 256));

@@ -196,6 +196,7 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
                            {{"path", model.model_path},
                             {"n_ctx", eo.context_size},
                             {"n_ctx_slot", model.llm->slot_context_size()},
+                            {"n_ctx_train", llama_model_n_ctx_train(model.llm->model())},
                             {"slots", eo.slots},
                             {"random_weights", model.random_weights}});
 

@@ -30,6 +30,13 @@ void set_cache_hint(const local_model& model, const chat_request& chat, generati
 }
 
 namespace {
+// What an operator changes when prompts do not fit (the first request of an agent, typically: 7K-13K tokens).
+std::string context_advice(const local_model& model) {
+    const engine_options& o = model.llm->options();
+    return "; the server's context is " + std::to_string(o.context_size) + " tokens in " + std::to_string(o.slots) +
+           " slots: start it with a larger -c/--ctx-size (slot size = ctx-size / --parallel) or fewer --parallel slots";
+}
+
 // request_error 400 when `bytes` of text (`what`: " bytes" or " bytes of message text") already make more tokens than
 // one slot holds, whatever they say: tokenizing takes about 2 s per MB, rendering a chat seconds for tens of MB.
 void refuse_text_that_cannot_fit(const local_model& model, size_t bytes, const char* what) {
@@ -40,7 +47,7 @@ void refuse_text_that_cannot_fit(const local_model& model, size_t bytes, const c
                             "the prompt has at least " + std::to_string(at_least) + " tokens but the context holds " +
                                 std::to_string(limit) + " tokens per request (it has " + std::to_string(bytes) + what +
                                 ", and no token stands for more than " +
-                                std::to_string(model.llm->longest_piece_bytes()) + ")",
+                                std::to_string(model.llm->longest_piece_bytes()) + ")" + context_advice(model),
                             "exceed_context_size_error");
     }
 }
@@ -55,7 +62,7 @@ std::vector<llama_token> tokenize_prompt(const local_model& model, const std::st
     if (static_cast<int>(tokens.size()) >= limit) {
         throw request_error(400,
                             "the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
-                                std::to_string(limit) + " tokens per request",
+                                std::to_string(limit) + " tokens per request" + context_advice(model),
                             "exceed_context_size_error");
     }
     return tokens;

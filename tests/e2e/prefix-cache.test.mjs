@@ -154,6 +154,14 @@ test('a demotion and a restart lose no cached token: the next turn computes only
     const after = await complete(restarted, nextTurn(long, before.choices[0].message.content, 'and after it'));
     assert.equal(after.usage.prompt_tokens_details.cached_tokens, longBaseline.cached, JSON.stringify(after.timings));
     assert.equal(after.timings.cache_disk_n, longBaseline.cached, 'all of it from disk');
+    // The same prompt again after a restart: all but its last token from disk, the tail written at shutdown included
+    // (issue 33: it stopped at the last whole block).
+    await restarted.stop();
+    const again = await start(args, { cacheDir: server.cacheDir });
+    const same = await complete(again, long);
+    const expected = before.usage.prompt_tokens - 1;
+    assert.equal(same.usage.prompt_tokens_details.cached_tokens, expected, JSON.stringify(same.timings));
+    assert.equal(same.timings.cache_disk_n, expected, 'all of it from disk');
 });
 
 // An agent sends each answer back in the next turn's history as it got it: the content, with the whitespace around

@@ -500,6 +500,11 @@ TEST(OpenAiFormat, CompletionsAndModels) {
     EXPECT_FALSE(models_list_json("qwen", 77, "keepwarm")["data"][0].contains("meta"));
     EXPECT_EQ(model_json("qwen", 77, "keepwarm", json{{"n_ctx", 4096}}), models["data"][0])
         << "GET /v1/models/{id} answers the object the list holds";
+    // Issue 33: the context one request may hold, where clients read it.
+    const json card = model_json("qwen", 77, "keepwarm", json{{"n_ctx", 65536}, {"n_ctx_slot", 32768}});
+    EXPECT_EQ(card["context_length"], 32768);
+    EXPECT_EQ(card["max_model_len"], 32768);
+    EXPECT_FALSE(models["data"][0].contains("context_length"));
 }
 
 TEST(OpenAiFormat, Ids) {

@@ -721,6 +721,31 @@ TEST(prompt_cache, a_restart_loses_no_token_of_the_last_prompt) {
     fs::remove_all(dir);
 }
 
+// Issue 33: the same prompt sent again after a restart recomputes its last token only (the one whose logits the
+// answer needs), as on a server that kept it on the device: the tail written at shutdown is restored up to it.
+TEST(prompt_cache, a_restart_recomputes_one_token_of_the_same_prompt) {
+    const std::string model = dense_model();
+    const fs::path dir = temp_dir("disk-same-prompt");
+    engine_options o = base_options(model);
+    o.cache_dir = dir.string();
+    tokens prompt;
+    {
+        engine e(o);
+        e.start();
+        prompt = tokenize(e, chatml(words(150, 64), {words(20, 65)}));
+        generate(e, prompt);
+    }
+    ASSERT_NE(prompt.size() % 64, 0u) << "the prompt must end inside a block for this test to mean anything";
+    const result expected = cold(model, prompt);
+    engine e(o);
+    e.start();
+    const result r = generate(e, prompt);
+    EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(prompt.size()) - 1);
+    EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens);
+    expect_same_output(r, expected);
+    fs::remove_all(dir);
+}
+
 // A conversation shorter than a block whose cells another one needs is kept in RAM whole: its next turn computes
 // only what is new.
 TEST(prompt_cache, a_conversation_shorter_than_a_block_survives_its_demotion) {

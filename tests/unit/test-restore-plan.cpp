@@ -72,10 +72,28 @@ TEST(restore_plan, a_tail_continues_the_last_whole_block_and_the_longest_that_fi
     const tokens path = sequence(300);
     store(t, path, {64, 128, 150, 170, 190});
     EXPECT_EQ(plan(t, path, 0, 299, 64).ends, (std::vector<int32_t>{64, 128, 190}));
-    // The limit cuts the longest tail: the next longest that fits is taken.
+    // A tail past the limit is still the longest: it is restored up to the limit, not cut back to a shorter tail.
     const block_restore_plan p = plan(t, path, 0, 180, 64);
-    EXPECT_EQ(p.ends, (std::vector<int32_t>{64, 128, 170}));
-    EXPECT_EQ(p.attention_end, 170);
+    EXPECT_EQ(p.ends, (std::vector<int32_t>{64, 128, 190}));
+    EXPECT_EQ(p.attention_end, 180);
+}
+
+// Issue 33: the same prompt sent again after a restart (limit = its length - 1) restores the tail stored at its end,
+// all but the last position, instead of stopping at the last whole block.
+TEST(restore_plan, the_same_prompt_again_takes_the_tail_at_its_end_up_to_the_limit) {
+    tree t;
+    const tokens path = sequence(1516);
+    std::vector<int32_t> ends;
+    for (int32_t end = 256; end <= 1280; end += 256) ends.push_back(end);
+    ends.push_back(1516);
+    store(t, path, ends);
+    const block_restore_plan p = plan(t, path, 0, 1515, 256);
+    EXPECT_EQ(p.ends.back(), 1516);
+    EXPECT_EQ(p.attention_end, 1515);
+    // A tail that ends past what matched is another path's: never taken.
+    tokens other = sequence(1400);
+    other.push_back(-7);
+    EXPECT_EQ(plan(t, other, 0, static_cast<int>(other.size()) - 1, 256).attention_end, 1280);
 }
 
 TEST(restore_plan, nothing_is_planned_past_what_matched) {
