@@ -188,8 +188,8 @@ int run_serve(serve_options opts) {
 
     const auto& eo = model.llm->options();
     std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
-              << "  context " << eo.context_size << " tokens, " << eo.slots << (eo.slots == 1 ? " slot of " : " slots of ")
-              << model.llm->slot_context_size() << " tokens"
+              << "  context " << eo.context_size << " tokens, " << eo.slots
+              << (eo.slots == 1 ? " slot of " : " slots of ") << model.llm->slot_context_size() << " tokens"
               << (auto_context ? " (" + auto_context->why + ")" : std::string()) << ", KV cache " << opts.cache_type_k
               << "/" << opts.cache_type_v << ", " << eo.threads << " threads\n"
               << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))

@@ -18,8 +18,8 @@ uint64_t cache_bytes(const context_sizing_input& in, int slot_tokens) {
 
 context_choice choose_default_context(const context_sizing_input& in) {
     const int slots = std::max(in.slots, 1);
-    const int trained = in.trained_tokens > 0 ? static_cast<int>(std::min<uint32_t>(in.trained_tokens, 1u << 30))
-                                              : agent_slot_tokens;
+    const int trained =
+        in.trained_tokens > 0 ? static_cast<int>(std::min<uint32_t>(in.trained_tokens, 1u << 30)) : agent_slot_tokens;
     const uint64_t budget = in.memory_for_cache / 4 * 3;
     const auto fits = [&](int tokens) { return cache_bytes(in, tokens) <= budget; };
 
@@ -32,9 +32,9 @@ context_choice choose_default_context(const context_sizing_input& in) {
         return c;
     }
     int slot = std::min(trained, largest_default_slot_tokens);
-    std::string why = slot == trained ? "the model's trained " + std::to_string(trained) + " tokens per slot"
-                                      : "the largest default slot (the model is trained for " +
-                                            std::to_string(trained) + ")";
+    std::string why = slot == trained
+                          ? "the model's trained " + std::to_string(trained) + " tokens per slot"
+                          : "the largest default slot (the model is trained for " + std::to_string(trained) + ")";
     while (!fits(slot) && slot > agent_slot_tokens) {
         slot = std::max(slot / 2, std::min(agent_slot_tokens, trained));
         why = "what memory holds at most";
