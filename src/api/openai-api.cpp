@@ -42,7 +42,7 @@ std::optional<int> get_int_in(const json& obj, const std::string& key, int64_t l
     return v ? std::optional<int>(int(*v)) : std::nullopt;
 }
 
-std::vector<std::string> parse_stop(const json& body) {
+std::vector<std::string> parse_stop_strings(const json& body) {
     std::vector<std::string> stop;
     const json* v = find(body, "stop");
     if (!v) {
@@ -76,8 +76,10 @@ std::vector<std::string> parse_stop(const json& body) {
     return stop;
 }
 
-// max_completion_tokens is OpenAI's current name, max_tokens the deprecated one; the newer one wins.
+// max_completion_tokens is OpenAI's current name, max_tokens the deprecated one; the newer one wins. llama-server's
+// n_predict wins over both when given (its oaicompat parsing copies it over max_tokens), -1 meaning no request limit.
 std::optional<int> parse_max_tokens(const json& body) {
+    if (find(body, "n_predict")) return parse_n_predict(body);
     for (const char* key : {"max_completion_tokens", "max_tokens"}) {
         if (auto v = get_integer(body, key, key)) {
             if (*v < 1) {
@@ -380,6 +382,17 @@ void parse_thinking(const json& body, chat_request& req) {
 
 }  // namespace
 
+std::vector<std::string> parse_stop(const json& body) {
+    return parse_stop_strings(body);
+}
+
+std::optional<int> parse_n_predict(const json& body) {
+    const auto v = get_integer(body, "n_predict", "n_predict");
+    if (!v || *v == -1) return std::nullopt;
+    if (*v < 1) fail("'n_predict' must be -1 (no limit) or a positive integer");
+    return int(std::min<int64_t>(*v, std::numeric_limits<int32_t>::max()));
+}
+
 sampling_options parse_sampling(const json& body) {
     sampling_options s;
     auto as_float = [&](const char* key) -> std::optional<float> {
@@ -514,6 +527,7 @@ chat_request parse_chat_request(const json& body) {
     req.json_schema = parse_response_format(body);
     parse_n(body);
     parse_prompt_cache_key(body, req);
+    req.return_progress = get_bool(body, "return_progress", "return_progress").value_or(false);
     // Token probabilities are not returned yet: a client that asks for them is told, not given an answer without.
     if (get_bool(body, "logprobs", "logprobs").value_or(false)) {
         fail("'logprobs' is not supported: keepwarm does not return token probabilities (send false or leave it out)");

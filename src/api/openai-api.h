@@ -23,6 +23,11 @@ chat_request parse_chat_request(const json& body);
 // OpenAI's and Ollama's APIs send them; throws request_error 400 naming the field that is wrong.
 std::vector<common_chat_tool> parse_function_tools(const json& body);
 completion_request parse_completion_request(const json& body);
+// `stop`: a string or an array of strings, at most max_stop_strings of max_stop_bytes; empty strings dropped.
+std::vector<std::string> parse_stop(const json& body);
+// llama-server's n_predict: -1 or missing is no request limit (nullopt), else a positive integer. Read by the Chat
+// Completions and Completions parsers too, where it wins over max_tokens as in llama-server's oaicompat parsing.
+std::optional<int> parse_n_predict(const json& body);
 // The sampling fields of an OpenAI body (temperature, top_p, min_p, top_k, penalties, seed, logit_bias, and
 // llama-server's ignore_eos), checked; shared by the Chat Completions and Responses parsers.
 sampling_options parse_sampling(const json& body);

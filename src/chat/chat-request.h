@@ -83,6 +83,26 @@ struct chat_request {
     // OpenAI's prompt_cache_key (Chat Completions, Responses): requests with one key share a prefix. The proxy sends
     // them to one upstream; the hint above keeps the prefix. Empty: none.
     std::string prompt_cache_key;
+    // llama-server's return_progress: a stream also carries the prompt's processing progress (prompt_progress).
+    bool return_progress = false;
+};
+
+// One piece of a prompt given as text and token ids mixed (llama-server's /completion): text, or one token id.
+struct prompt_piece {
+    std::string text;                      // token == LLAMA_TOKEN_NULL
+    llama_token token = LLAMA_TOKEN_NULL;  // else this token id (checked against the vocab by whoever has one)
+};
+
+// A fill-in-the-middle request (llama-server's /infill): the code before and after the cursor, and other files for
+// context. Whoever has the vocab turns it into a prompt of its FIM tokens (llama-server's format_prompt_infill).
+struct infill_parts {
+    std::string prefix;
+    std::string suffix;
+    struct file {
+        std::string name;
+        std::string text;
+    };
+    std::vector<file> extra;
 };
 
 struct completion_request {

@@ -38,6 +38,7 @@
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
 #include "routes/frontend-context.h"
+#include "routes/llama-server-routes.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
 
@@ -176,6 +177,7 @@ int run_serve(serve_options opts) {
     const generation_opener open = local_generation(ctx, model);
     const raw_generation_opener open_raw = local_raw_generation(ctx, model);
     register_openai_routes(server, ctx, open, openai_completions(open_raw));
+    register_llama_server_routes(server, ctx, open_raw, model.renderer.get());
     register_anthropic_routes(server, ctx, open, local_token_counter(ctx, model));
     register_ollama_routes(server, ctx, open, open_raw, model.renderer->supports_thinking());
     register_ollama_model_routes(server, make_model_card(*model.llm, *model.renderer, model.model_path, ctx.model_id));

@@ -86,6 +86,7 @@ std::optional<generation_event> generation_stream::pop(std::chrono::milliseconds
         generation_event next = std::move(events_.front());
         events_.pop_front();
         next.text = merged.text + next.text;
+        if (!next.progress) next.progress = std::move(merged.progress);
         merged = std::move(next);
     }
     return merged;
@@ -510,6 +511,17 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     restore_prefix(s);
     follow_shared_prefills(s);
     counters_.requests++;
+    report_progress(s);
+}
+
+void engine::report_progress(const slot& s) {
+    if (!s.request->report_progress) return;
+    generation_event event;
+    event.progress = prompt_progress{.total = static_cast<int>(s.request->prompt.size()),
+                                     .cache = s.reused,
+                                     .processed = static_cast<int>(s.prompt_done),
+                                     .time_ms = ms_between(s.admitted, clock::now())};
+    s.request->output.push(std::move(event));
 }
 
 // For the log: `diverged at token N: "...text before" + "prompt's text" where the cache has "cached text"`.
@@ -718,6 +730,7 @@ bool engine::step() {
     while (rc == 1 && cache_->make_room()) rc = llama_decode(ctx_.get(), batch_);  // KV full: free idle cells
     if (turn_.padding > 0) llama_memory_seq_rm(llama_get_memory(ctx_.get()), padding_seq_, -1, -1);
     counters_.decode_steps++;
+    counters_.decode_step_slots += parts.size();
     if (parts.size() > 1) counters_.shared_decode_steps++;
     if (rc != 0) {
         const std::string why = rc == 1                           ? "no room left in the KV cache"
@@ -732,6 +745,7 @@ bool engine::step() {
         slot& s = *p.s;
         const std::span<const llama_token> decoded(batch_.token + p.first, static_cast<size_t>(p.count));
         s.cached.insert(s.cached.end(), decoded.begin(), decoded.end());
+        if (s.cached.size() > counters_.longest_sequence) counters_.longest_sequence = s.cached.size();
         cache_->append(s.id, decoded);
         if (s.pending >= 0) {
             s.pending = -1;  // the generated token is now in the KV
@@ -745,6 +759,7 @@ bool engine::step() {
             if (prompt_end && options_.cache_hints && s.request->hinted_tokens > 0) {
                 cache_->hint(s.id, s.request->hinted_tokens, s.request->hint_ttl);
             }
+            report_progress(s);
         }
     }
 

@@ -112,6 +112,8 @@ struct engine_counters {
     std::atomic<uint64_t> decode_us{0};
     std::atomic<uint64_t> decode_steps{0};         // llama_decode calls
     std::atomic<uint64_t> shared_decode_steps{0};  // ... that carried tokens of more than one slot
+    std::atomic<uint64_t> decode_step_slots{0};    // slots whose tokens the llama_decode calls carried, summed
+    std::atomic<uint64_t> longest_sequence{0};     // the most tokens one slot's sequence has held (prompt + answer)
     std::atomic<uint64_t> cancelled{0};
     std::atomic<uint64_t> errors{0};
     std::atomic<uint64_t> sampling_too_slow{0};       // requests ended because one token's sampling passed the limit
@@ -221,6 +223,8 @@ private:
     static bool abort_decode(void* self);
     void restore_prefix(slot& s);
     void follow_shared_prefills(slot& s);
+    // A prompt_progress event for a request that asked for them (generation_request::report_progress).
+    void report_progress(const slot& s);
     void finish(slot& s, finish_reason reason, const std::string& error = {});
     bool step();
     void make_way();

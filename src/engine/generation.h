@@ -51,6 +51,15 @@ struct generation_stats {
     bool reuse_hidden = false;
 };
 
+// How far a prompt's processing has come (llama-server's prompt_progress), for a request that asked
+// (generation_request::report_progress).
+struct prompt_progress {
+    int total = 0;       // tokens in the prompt
+    int cache = 0;       // of them, reused from the cache
+    int processed = 0;   // of them, in the KV so far (the reused ones included): reaches `total` when done
+    double time_ms = 0;  // since the request entered its slot
+};
+
 struct generation_event {
     std::string text;  // new, stop-safe, valid UTF-8 text; may be empty (the first sampled token always has an event)
     bool done = false;
@@ -59,6 +68,9 @@ struct generation_event {
     generation_stats stats;                      // final numbers when done
     std::vector<llama_token> generated;          // when done: every sampled token but a final end-of-generation
     std::vector<std::vector<float>> logits;      // when done: see generation_request::keep_logits
+    // report_progress: where the prompt's processing stands (once when the slot takes the request, then after every
+    // prompt chunk). Merged events keep the latest.
+    std::optional<prompt_progress> progress;
 };
 
 // Single producer (engine thread), single consumer (the request's HTTP thread).
@@ -93,6 +105,7 @@ struct generation_request {
     int max_tokens = -1;                   // -1: the server's default (engine_options::default_max_tokens)
     std::vector<std::string> stop;         // stop strings; the matched stop string is not returned
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
+    bool report_progress = false;          // events carry prompt_progress while the prompt is processed
     int keep_logits = 0;  // the raw logits of this many first sampled positions come back with the final event
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point submitted;  // set by engine::submit

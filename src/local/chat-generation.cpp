@@ -31,6 +31,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     gen_->render_special = gen_->sampling.preserved_tokens;
     gen_->max_tokens = chat_.max_tokens.value_or(-1);
     gen_->stop = rendered_.stop;
+    gen_->report_progress = chat_.return_progress && chat_.stream;
 
     model_.llm->submit(gen_);  // first: building the output parser costs milliseconds the engine need not wait for
     relay_.emplace(*gen_, w, front_, model_, id_);  // from here on, destroying this object cancels the generation
@@ -88,6 +89,7 @@ std::optional<generation_source::update> chat_generation::next() {
     u.reason = ev->reason;
     u.error = ev->error;
     u.stats = ev->stats;
+    u.progress = std::move(ev->progress);
     if (ev->done && buster_ && ev->reason != finish_reason::error) {
         confirm_cache_buster(front_, *std::exchange(buster_, std::nullopt), ev->stats, chat_.messages);
     }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -16,9 +17,58 @@ namespace keepwarm {
 
 namespace {
 using json = nlohmann::ordered_json;
+
+// llama-server's `llamacpp:` families, with its names, TYPEs and meanings (the pinned tools/server/server-task.cpp's
+// to_metrics), for dashboards built on it. Its two throughput gauges cover the time since the previous scrape, as
+// there (its "bucket" is reset by every GET /metrics); speculative decoding is never used here, so its counters are 0.
+void write_llamacpp_metrics(metrics_text& out, const engine& llm, int busy, llamacpp_scrape_window& window) {
+    const engine_counters& c = llm.counters();
+    const auto prefix = [](const char* name) { return std::string("llamacpp:") + name; };
+    const uint64_t prompt_n = c.computed_tokens.load(), prompt_us = c.prefill_us.load();
+    const uint64_t predicted_n = c.generated_tokens.load(), predicted_us = c.decode_us.load();
+    const uint64_t decodes = c.decode_steps.load();
+    out.counter(prefix("prompt_tokens_total"), "Number of prompt tokens processed, excluding cached tokens",
+                static_cast<double>(prompt_n));
+    out.counter(prefix("prompt_tokens_cached_total"), "Number of prompt tokens reused from the cache",
+                static_cast<double>(c.reused_tokens.load()));
+    out.counter(prefix("prompt_seconds_total"), "Total time spent processing prompts", prompt_us / 1e6);
+    out.counter(prefix("tokens_predicted_total"), "Number of generation tokens processed",
+                static_cast<double>(predicted_n));
+    out.counter(prefix("tokens_predicted_seconds_total"), "Total time spent generating tokens", predicted_us / 1e6);
+    out.counter(prefix("n_decode_total"),
+                "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+                static_cast<double>(decodes));
+    out.counter(prefix("n_tokens_max"), "Largest observed sequence length (prompt + generation)",
+                static_cast<double>(c.longest_sequence.load()));
+    out.counter(prefix("spec_decode_num_draft_tokens_total"), "Speculative: Total draft tokens generated", 0);
+    out.counter(prefix("spec_decode_num_accepted_tokens_total"),
+                "Speculative: Total draft tokens accepted by the target model", 0);
+    out.counter(prefix("spec_decode_num_drafts_total"), "Speculative: Total speculative decoding verification steps",
+                0);
+    double prompt_rate = 0, predicted_rate = 0;
+    {
+        std::lock_guard lock(window.mu);
+        const auto rate = [](uint64_t n, uint64_t n_before, uint64_t us, uint64_t us_before) {
+            return us > us_before ? 1e6 * static_cast<double>(n - n_before) / static_cast<double>(us - us_before) : 0.0;
+        };
+        prompt_rate = rate(prompt_n, window.prompt_n, prompt_us, window.prompt_us);
+        predicted_rate = rate(predicted_n, window.predicted_n, predicted_us, window.predicted_us);
+        window.prompt_n = prompt_n;
+        window.prompt_us = prompt_us;
+        window.predicted_n = predicted_n;
+        window.predicted_us = predicted_us;
+    }
+    out.gauge(prefix("prompt_tokens_seconds"), "Average prompt throughput in tokens/s", prompt_rate);
+    out.gauge(prefix("predicted_tokens_seconds"), "Average generation throughput in tokens/s", predicted_rate);
+    out.gauge(prefix("requests_processing"), "Number of requests processing", busy);
+    out.gauge(prefix("requests_deferred"), "Number of requests deferred", llm.queued());
+    out.gauge(prefix("n_busy_slots_per_decode"), "Average number of busy slots per llama_decode() call",
+              static_cast<double>(c.decode_step_slots.load()) / std::max(static_cast<double>(decodes), 1.0));
+}
+
 }  // namespace
 
-std::string render_metrics(const frontend_context& front, const local_model& model) {
+std::string render_metrics(const frontend_context& front, const local_model& model, llamacpp_scrape_window* window) {
     const engine_counters& c = model.llm->counters();
     const auto slots = model.llm->slots();
     int busy = 0;
@@ -94,6 +144,8 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.counter("keepwarm_answers_delivered_differently_total",
                 "Answers the client got trimmed or with replaced bytes, mapped back to the generated tokens",
                 index.answers_delivered_differently);
+    llamacpp_scrape_window scratch;
+    write_llamacpp_metrics(out, *model.llm, busy, window ? *window : scratch);
     return out.str();
 }
 
@@ -170,9 +222,11 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
         },
         public_route);
 
-    server.add_route("GET", "/metrics", [&front, &model](const http::request&, http::response_writer& w) {
-        w.send(200, "text/plain; version=0.0.4", render_metrics(front, model));
-    });
+    server.add_route("GET", "/metrics",
+                     [&front, &model, window = std::make_shared<llamacpp_scrape_window>()](const http::request&,
+                                                                                           http::response_writer& w) {
+                         w.send(200, "text/plain; version=0.0.4", render_metrics(front, model, window.get()));
+                     });
 
     server.add_route("GET", "/v1/cache", [&model](const http::request&, http::response_writer& w) {
         json body = cache_json(model.llm->cache_stats());

@@ -3,6 +3,8 @@
 // prompt index), and llama-server's /slots and /props.
 #pragma once
 
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "http/http-server.h"
@@ -13,7 +15,17 @@ namespace keepwarm {
 
 void register_local_status_routes(http::http_server& server, frontend_context& front, local_model& model);
 
-// Prometheus text exposition of the engine, prompt index and HTTP counters.
-std::string render_metrics(const frontend_context& front, const local_model& model);
+// What llama-server's throughput gauges (llamacpp:prompt_tokens_seconds, llamacpp:predicted_tokens_seconds) are
+// measured from: the totals at the previous scrape. Guarded by mu.
+struct llamacpp_scrape_window {
+    std::mutex mu;
+    uint64_t prompt_n = 0, prompt_us = 0;        // guarded by mu
+    uint64_t predicted_n = 0, predicted_us = 0;  // guarded by mu
+};
+
+// Prometheus text exposition of the engine, prompt index and HTTP counters, and llama-server's llamacpp: families
+// (their throughput gauges since the scrape `window` saw last, which this call moves on; null: since the start).
+std::string render_metrics(const frontend_context& front, const local_model& model,
+                           llamacpp_scrape_window* window = nullptr);
 
 }  // namespace keepwarm

@@ -1,6 +1,7 @@
-// A raw completion on the local engine (OpenAI's /v1/completions, Ollama's /api/generate with raw=true): after the
-// policy call every raw completion goes through (apply_raw_completion_policy), the prompt text is tokenized as is,
-// without a chat template, submitted, and the generated text comes back as plain content deltas.
+// A raw completion on the local engine (OpenAI's /v1/completions, llama-server's /completion and /infill, Ollama's
+// /api/generate with raw=true): after the policy call every raw completion goes through (apply_raw_completion_policy),
+// the prompt text (or llama-server's mix of text and token ids) is tokenized as is, without a chat template, submitted,
+// and the generated text comes back as plain content deltas.
 // Threading: a raw_generation is used by its route's own thread.
 #pragma once
 
@@ -31,6 +32,7 @@ public:
     int prompt_tokens() const override { return static_cast<int>(gen_->prompt.size()); }
     bool continuation() const override { return false; }
     const http::header_list& response_headers() const override { return headers_; }
+    std::string prompt_text() const override { return gen_->prompt_text; }
 
 private:
     chat_request params_;

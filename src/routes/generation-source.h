@@ -35,6 +35,10 @@ public:
         finish_reason reason = finish_reason::stop;  // valid when done
         std::string error;                           // reason == error
         generation_stats stats;                      // final numbers when done
+        std::vector<llama_token> generated;          // when done: the sampled tokens (raw completions; else empty)
+        // The prompt's processing progress, when the request asked for it (chat_request::return_progress) and the
+        // backend reports it.
+        std::optional<prompt_progress> progress;
     };
 
     virtual ~generation_source() = default;
@@ -53,6 +57,8 @@ public:
     virtual bool continuation() const = 0;
     // Headers every response to this request carries (e.g. what the policy layer did).
     virtual const http::header_list& response_headers() const = 0;
+    // The prompt as the model read it, as text (llama-server's /completion returns it); empty where unknown.
+    virtual std::string prompt_text() const { return {}; }
 };
 using generation_source_ptr = std::unique_ptr<generation_source>;
 
@@ -73,6 +79,11 @@ struct raw_completion {
     // messages. The policy rewrites it (apply_raw_completion_policy).
     chat_request params;
     std::string prompt;
+    // When not empty, the prompt as text and token ids mixed (llama-server's /completion), read instead of `prompt`.
+    std::vector<prompt_piece> pieces;
+    // llama-server's /infill: the prompt is built from these and the vocab's FIM tokens, `prompt` (text the answer
+    // continues after the cursor) going after the prefix.
+    std::optional<infill_parts> infill;
     std::string grammar_field;  // the request field a grammar came from, in its API's words ("grammar", "format")
 };
 

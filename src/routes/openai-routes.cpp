@@ -54,6 +54,19 @@ void handle_chat(const generation_opener& open, frontend_context& ctx, const htt
     for (;;) {
         auto u = chat.next();
         if (!u) return;
+        if (u->progress) {
+            // llama-server's return_progress: a role chunk that carries where the prompt's processing stands.
+            json chunk = api::chat_chunk_json(id, ctx.model_id, created, {}, true).at(0);
+            chunk["prompt_progress"] = {{"total", u->progress->total},
+                                        {"cache", u->progress->cache},
+                                        {"processed", u->progress->processed},
+                                        {"time_ms", u->progress->time_ms}};
+            if (!write_sse(w, chunk)) {
+                ctx.http.disconnects++;
+                return;
+            }
+            first = false;
+        }
         if (!u->diffs.empty() || first) {
             for (const json& chunk : api::chat_chunk_json(id, ctx.model_id, created, u->diffs, first)) {
                 if (!write_sse(w, chunk)) {
@@ -157,7 +170,6 @@ void register_openai_routes(http::http_server& server, frontend_context& ctx, ge
     server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));
     server.add_route("POST", "/chat/completions", generation_route(ctx, chat));
     server.add_route("POST", "/v1/completions", generation_route(ctx, completion));
-    server.add_route("POST", "/completions", generation_route(ctx, completion));
 }
 
 }  // namespace keepwarm

@@ -631,3 +631,53 @@ TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_pro
         }
     }
 }
+
+// llama-server's return_progress: a request that asks gets where its prompt's processing stands, once when its slot
+// takes it and after each prompt chunk, up to the whole prompt; the cached part is counted. Others get none. The
+// counters behind llama-server's n_busy_slots_per_decode and n_tokens_max move with the decodes.
+TEST(engine_progress, a_request_that_asks_gets_its_prompt_progress_and_others_none) {
+    auto e = limited_engine([](engine_options& o) { o.batch_size = 64; });
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "progress of the prompt " + std::to_string(i) + ", ";
+    const auto progress_of = [&](bool report) {
+        auto r = plain_request(*e, text, 2);
+        r->report_progress = report;
+        e->submit(r);
+        std::vector<prompt_progress> seen;
+        for (;;) {
+            auto ev = r->output.pop(60s);
+            if (!ev) {
+                ADD_FAILURE() << "no event in 60 s";
+                return std::make_pair(seen, 0);
+            }
+            if (ev->progress) seen.push_back(*ev->progress);
+            if (ev->done) return std::make_pair(seen, static_cast<int>(r->prompt.size()));
+        }
+    };
+    const uint64_t decodes_before = e->counters().decode_steps;
+    const auto [first, total] = progress_of(true);
+    ASSERT_GT(total, 200);
+    ASSERT_GE(first.size(), 1u);
+    EXPECT_EQ(first.front().cache, 0);
+    for (size_t i = 0; i < first.size(); ++i) {
+        EXPECT_EQ(first[i].total, total);
+        EXPECT_LE(first[i].processed, total);
+        if (i > 0) {
+            EXPECT_GE(first[i].processed, first[i - 1].processed);
+        }
+    }
+    EXPECT_EQ(first.back().processed, total);
+
+    const auto [again, total_again] = progress_of(true);
+    ASSERT_GE(again.size(), 1u);
+    EXPECT_EQ(again.front().cache, total_again - 1) << "all but the last prompt token from the cache";
+    EXPECT_EQ(again.front().processed, total_again - 1);
+    EXPECT_EQ(again.back().processed, total_again);
+
+    EXPECT_TRUE(progress_of(false).first.empty());
+
+    const engine_counters& c = e->counters();
+    EXPECT_GT(c.decode_steps.load(), decodes_before);
+    EXPECT_GE(c.decode_step_slots.load(), c.decode_steps.load());
+    EXPECT_GE(c.longest_sequence.load(), static_cast<uint64_t>(total + 1));
+}
