@@ -83,6 +83,18 @@ float logit_difference(const result& a, const result& b) {
     return worst;
 }
 
+// The first generated position whose logits are not the same bit for bit (the number kept: none).
+size_t first_difference(const result& a, const result& b) {
+    const size_t n = std::min(a.logits.size(), b.logits.size());
+    for (size_t i = 0; i < n; ++i) {
+        if (a.logits[i].size() != b.logits[i].size() ||
+            std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0) {
+            return i;
+        }
+    }
+    return n;
+}
+
 // Same tokens and the same logits, byte for byte.
 bool identical(const result& a, const result& b) {
     if (a.generated != b.generated || a.logits.size() != b.logits.size()) return false;
@@ -237,11 +249,12 @@ struct probe_outcome {
 // Probe-like turns: a conversation growing (its answers in the next prompt), another tenant taking the only slot
 // (the first goes to RAM), a prompt that leaves a cached path inside a block, then a restart (disk). Each answer is
 // compared with a fresh server's.
-probe_outcome run_probe(bool exact) {
+probe_outcome run_probe(bool exact, int parked = 0) {
     const fs::path dir = temp_dir(exact ? "exact-probe-on" : "exact-probe-off");
     engine_options o = options();
     o.cache_dir = dir.string();
     o.exact_reuse = exact;
+    o.cache_parked_sequences = parked;
     const int n = 12;
     probe_outcome out;
     const auto check = [&](engine& e, const tokens& prompt, const std::string& tenant, const char* what) {
@@ -254,10 +267,11 @@ probe_outcome run_probe(bool exact) {
         }
         const bool same = identical(warm, fresh);
         if (!same) ++out.differing;
-        std::cout << "[ probe  ] exact " << exact << " " << what << ": " << prompt.size() << " tokens, reused "
-                  << warm.stats.reused_tokens << " (device " << warm.stats.reused_device << ", ram "
-                  << warm.stats.reused_ram << ", disk " << warm.stats.reused_disk << "), logits differ by "
-                  << logit_difference(warm, fresh) << (same ? "" : " DIFFERENT") << "\n";
+        std::cout << "[ probe  ] exact " << exact << " parked " << parked << " " << what << ": " << prompt.size()
+                  << " tokens, reused " << warm.stats.reused_tokens << " (device " << warm.stats.reused_device
+                  << ", ram " << warm.stats.reused_ram << ", disk " << warm.stats.reused_disk << "), logits differ by "
+                  << logit_difference(warm, fresh) << (same ? "" : " DIFFERENT from position ")
+                  << (same ? "" : std::to_string(first_difference(warm, fresh))) << "\n";
         return warm;
     };
     const std::string system = words(260, 21);
@@ -304,6 +318,8 @@ TEST(reuse_exactness, exact_reuse_answers_as_a_fresh_server_after_ram_disk_and_p
     EXPECT_GT(off.differing, 0) << "no warm answer differs from a fresh server's on this model";
     EXPECT_EQ(on.differing, 0) << "exact reuse gave an answer a fresh server does not";
     EXPECT_EQ(on.answers, off.answers);
+    // Idle conversations parked on the device beside the slot (their cells masked in its attention) change nothing.
+    EXPECT_EQ(run_probe(true, 2).differing, 0) << "exact reuse with parked conversations";
 }
 
 TEST(reuse_exactness, exact_reuse_refuses_a_batch_that_is_not_whole_physical_batches) {
