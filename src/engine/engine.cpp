@@ -304,6 +304,7 @@ void engine::submit(std::shared_ptr<generation_request> request) {
 }
 
 std::vector<uint8_t> engine::kv_bytes(int slot, int p0, int p1) {
+    if (slot < 0 || slot >= options_.slots || p0 < 0 || p1 < p0) throw std::out_of_range("kv_bytes: no such span");
     std::lock_guard lock(mu_);  // the engine thread waits for mu_ before it looks for work
     if (!queue_.empty() || std::any_of(slot_status_.begin(), slot_status_.end(), [](auto& s) { return s.busy; })) {
         throw std::logic_error("kv_bytes needs an idle engine");
