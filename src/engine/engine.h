@@ -64,6 +64,9 @@ struct engine_options {
     // recomputed by the next turn, up to a physical batch plus the answer per warm turn. A cold run cuts a prompt
     // longer than a logical batch at multiples of it (without the mode the piece past whole attention tiles goes
     // first). Needs batch_size a multiple of ubatch_size and a model whose KV can be cut (not hybrid or recurrent).
+    // Measured bit for bit one request at a time, idle conversations parked beside it included; a prompt computed
+    // while another slot streams still differs (its cells lie elsewhere among the other sequences', which attention
+    // walks in tiles), and so does that stream (tests/unit/test-reuse-exactness.cpp).
     bool exact_reuse = false;
     // Limits that keep one request from holding the engine thread (each has a serve flag an operator can raise).
     // Tokens generated when a request names no limit (-1: until end of generation or a full context). 4096 covers a
