@@ -199,6 +199,12 @@ void prompt_cache::truncate(device_sequence& s, int length) {
     prune(old_tip);
 }
 
+void prompt_cache::trim(int slot, int length) {
+    if (!can_truncate_) return;
+    truncate(seq(slot), std::max(length, 0));
+    publish();
+}
+
 int prompt_cache::slot_length(int slot) const {
     return static_cast<int>(sequences_[static_cast<size_t>(slot)].tip->depth);
 }

@@ -115,6 +115,13 @@ public:
     void checkpoint(int slot);
     // Tokens held by `slot`'s sequence.
     int slot_length(int slot) const;
+    // Cuts what `slot` holds back to its first `length` positions (nothing if it holds fewer). Models that can roll
+    // back only (needs_checkpoints() false). For exact reuse (engine_options::exact_reuse): KV that a cold run would
+    // have computed in other batches is not kept.
+    void trim(int slot, int length);
+    // The KV of positions [p0, p1) of `slot`'s sequence, serialized as a RAM or disk block holds it. For tests that
+    // compare restored KV with computed KV byte for byte.
+    std::vector<uint8_t> kv_bytes(int slot, int p0, int p1) { return serialize_span(seq(slot).seq, p0, p1); }
     // The KV is full: demote the least recently used idle sequence to RAM and free its cells. False if none.
     bool make_room() { return make_room(nullptr); }
     // A long prompt is about to be computed. The KV is unified: attention runs over every cell up to the highest one

@@ -402,6 +402,11 @@ void add_serve_command(CLI::App& app) {
     cmd->add_flag("!--no-cache-hints", e.cache_hints,
                   "Ignore clients' cache hints (Anthropic cache_control, OpenAI prompt_cache_key); by default a "
                   "prefix a client marked is evicted after what nobody marked");
+    cmd->add_flag("--exact-reuse", e.exact_reuse,
+                  "A reused prefix gives a fresh server's answer bit for bit (one request at a time): prompts are "
+                  "computed in whole "
+                  "--ubatch-size batches from a multiple of one, each alone in its step, and only those batches' KV is "
+                  "reused (costs up to a --ubatch-size of recomputation per warm turn, plus the last answer)");
     CLI::Option* policy_option =
         cmd->add_option("--policy", opts->policy_file,
                         "Policy file (TOML): model pinning, forced options, ping absorption, volatile spans "

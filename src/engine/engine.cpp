@@ -166,8 +166,16 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     // Padding rows need a sequence of their own. Recurrent layers split a batch of several sequences into equal
     // parts (no tile to fill), and a GPU's attention has no row-by-row path.
     const bool gpu = options_.gpu_layers != 0 && ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) != nullptr;
-    if (options_.pad_to_tile != engine_options::tile_padding::off && !gpu && !llama_model_is_recurrent(model_.get()) &&
-        !llama_model_is_hybrid(model_.get()) && std::min(options_.ubatch_size, options_.batch_size) >= attention_tile) {
+    if (options_.exact_reuse && (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get()) ||
+                                 options_.batch_size % std::min(options_.ubatch_size, options_.batch_size) != 0)) {
+        throw std::invalid_argument(
+            "--exact-reuse needs a batch size that is a multiple of the physical batch size and a model whose KV can "
+            "be cut (not hybrid or recurrent)");
+    }
+    // Padding rows change the batch a prompt's rows are computed in: never in exact reuse.
+    if (!options_.exact_reuse && options_.pad_to_tile != engine_options::tile_padding::off && !gpu &&
+        !llama_model_is_recurrent(model_.get()) && !llama_model_is_hybrid(model_.get()) &&
+        std::min(options_.ubatch_size, options_.batch_size) >= attention_tile) {
         padding_seq_ = static_cast<llama_seq_id>(cparams.n_seq_max++);
     }
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
@@ -294,6 +302,15 @@ void engine::submit(std::shared_ptr<generation_request> request) {
         queue_.push_back(std::move(request));
     }
     wake_.notify_one();
+}
+
+std::vector<uint8_t> engine::kv_bytes(int slot, int p0, int p1) {
+    if (slot < 0 || slot >= options_.slots || p0 < 0 || p1 < p0) throw std::out_of_range("kv_bytes: no such span");
+    std::lock_guard lock(mu_);  // the engine thread waits for mu_ before it looks for work
+    if (!queue_.empty() || std::any_of(slot_status_.begin(), slot_status_.end(), [](auto& s) { return s.busy; })) {
+        throw std::logic_error("kv_bytes needs an idle engine");
+    }
+    return cache_->kv_bytes(slot, p0, p1);
 }
 
 request_latencies engine::latencies() const {
@@ -547,7 +564,22 @@ std::string engine::describe_divergence(const std::vector<llama_token>& prompt, 
 void engine::restore_prefix(slot& s) {
     const auto& prompt = s.request->prompt;
     const auto started = clock::now();
-    s.restored = cache_->acquire(s.id, prompt, static_cast<int>(prompt.size()) - 1, s.request->tenant);
+    const int unit = exact_unit();
+    // Exact reuse: up to a whole physical batch before the last prompt token, so that what is computed starts where
+    // a cold run's batch starts.
+    const int limit = (static_cast<int>(prompt.size()) - 1) / unit * unit;
+    s.restored = cache_->acquire(s.id, prompt, limit, s.request->tenant);
+    if (const int cut = s.restored.reused / unit * unit; cut < s.restored.reused) {
+        // Blocks that end inside a batch (a block size that does not divide it): back to the batch's start.
+        cache_->trim(s.id, cut);
+        int excess = s.restored.reused - cut;
+        for (int* tier : {&s.restored.disk, &s.restored.ram, &s.restored.device}) {
+            const int less = std::min(*tier, excess);
+            *tier -= less;
+            excess -= less;
+        }
+        s.restored.reused = cut;
+    }
     turn_.restore_ms += ms_between(started, clock::now());
     turn_.restored_tokens += s.restored.ram + s.restored.disk;
     s.tenant = s.request->tenant;
@@ -645,6 +677,15 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
         counters_.errors++;
         s.cached.clear();
     }
+    if (const size_t unit = static_cast<size_t>(exact_unit()); unit > 1 && reason != finish_reason::error) {
+        // Exact reuse keeps only what a cold run computes the same way: the prompt's whole physical batches. Its last
+        // partial one and the answer (decoded a row at a time) would be computed in larger batches by the next turn.
+        const size_t exact_end = s.prompt_done / unit * unit;
+        if (s.cached.size() > exact_end) {
+            cache_->trim(s.id, static_cast<int>(exact_end));
+            s.cached.resize(exact_end);
+        }
+    }
     // The KV of a failed step is in an unknown state: forget it. Otherwise prompt + generated tokens stay cached.
     cache_->release_slot(s.id, reason == finish_reason::error);
     s.follow = -1;
@@ -676,11 +717,21 @@ bool engine::step() {
         int count;
     };
     std::vector<contribution> parts;
+    // Exact reuse: a prompt chunk is computed alone, as in a cold run, while generated tokens wait a step (in a batch
+    // with other rows, ggml may take other kernel paths for the chunk's rows).
+    const auto waits_for_leader = [&](const slot& s) {
+        if (s.follow < 0) return false;
+        const slot& leader = *slots_[static_cast<size_t>(s.follow)];
+        return leader.prefilling() && leader.prompt_done < s.follow_until;
+    };
+    const bool prompt_alone = options_.exact_reuse && std::any_of(slots_.begin(), slots_.end(), [&](auto& sp) {
+                                  return sp->prefilling() && !waits_for_leader(*sp);
+                              });
 
     for (auto& sp : slots_) {
         slot& s = *sp;
         s.batch_index = -1;
-        if (!s.busy() || s.pending < 0) continue;
+        if (!s.busy() || s.pending < 0 || prompt_alone) continue;
         common_batch_add(batch_, s.pending, static_cast<llama_pos>(s.cached.size()), {s.id}, true);
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});
@@ -691,8 +742,7 @@ bool engine::step() {
         slot& s = *sp;
         if (!s.prefilling() || batch_.n_tokens >= budget) continue;
         if (s.follow >= 0) {
-            const slot& leader = *slots_[static_cast<size_t>(s.follow)];
-            if (leader.prefilling() && leader.prompt_done < s.follow_until) continue;  // it is computing our prefix
+            if (waits_for_leader(s)) continue;  // it is computing our prefix
             s.follow = -1;
             if (s.prompt_done < s.follow_until) {
                 const int before = s.reused;
@@ -708,6 +758,12 @@ bool engine::step() {
         size_t n = prompt_chunk(left, static_cast<size_t>(budget - batch_.n_tokens), decode_tokens,
                                 static_cast<size_t>(options_.batch_size - batch_.n_tokens));
         n = row_probe(n, batch_.n_tokens, s.prompt_done + n - 1);
+        if (options_.exact_reuse) {
+            // From a multiple of the physical batch (restore_prefix), in whole ones but the prompt's last: the
+            // batches a cold run computes these positions in (one at least: alone, a step takes a logical batch).
+            const size_t unit = static_cast<size_t>(exact_unit());
+            n = std::min(left, std::max(unit, static_cast<size_t>(budget) / unit * unit));
+        }
         const int first = batch_.n_tokens;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = s.prompt_done + k;
@@ -716,6 +772,7 @@ bool engine::step() {
             if (last) s.batch_index = batch_.n_tokens - 1;
         }
         parts.push_back({&s, first, static_cast<int>(n)});
+        if (options_.exact_reuse) break;  // one prompt per step, alone in its batches
     }
     if (batch_.n_tokens == 0) return false;
 

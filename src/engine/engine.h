@@ -4,6 +4,7 @@
 // Threading: public methods are safe from any thread; everything else runs on the engine thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -53,6 +54,20 @@ struct engine_options {
     uint64_t cache_disk_bytes = 16ull << 30;
     // Clients' cache hints (generation_request::hinted_tokens) order eviction; false: they are ignored.
     bool cache_hints = true;
+    // A reused prefix gives the answer a fresh server with the same flags gives, bit for bit (serve --exact-reuse).
+    // Without it, a warm turn computes only the prompt past its cached prefix, in batches that a cold run cuts
+    // elsewhere, and ggml's kernels sum a row's floats in an order that depends on the batch the row is in (a batch
+    // under an attention tile takes another path): the logits differ in their last bits, and a greedy answer may part
+    // from the cold one at a near tie. With it, a prompt is computed from a multiple of the physical batch
+    // (ubatch_size) in logical batches, alone in its step (generating slots wait a step; no padding rows), and KV is
+    // reused and kept only in a prompt's whole physical batches: its last partial batch and the answer's tokens are
+    // recomputed by the next turn, up to a physical batch plus the answer per warm turn. A cold run cuts a prompt
+    // longer than a logical batch at multiples of it (without the mode the piece past whole attention tiles goes
+    // first). Needs batch_size a multiple of ubatch_size and a model whose KV can be cut (not hybrid or recurrent).
+    // Measured bit for bit one request at a time, idle conversations parked beside it included; a prompt computed
+    // while another slot streams still differs (its cells lie elsewhere among the other sequences', which attention
+    // walks in tiles), and so does that stream (tests/unit/test-reuse-exactness.cpp).
+    bool exact_reuse = false;
     // Limits that keep one request from holding the engine thread (each has a serve flag an operator can raise).
     // Tokens generated when a request names no limit (-1: until end of generation or a full context). 4096 covers a
     // long answer or a large tool call, and caps a runaway at minutes on a CPU rather than at the context's end.
@@ -188,6 +203,10 @@ public:
     request_latencies latencies() const;
     engine_health health() const;
     cache_snapshot cache_stats() const { return cache_->snapshot(); }
+    // Test only: the KV of positions [p0, p1) that `slot`'s sequence holds, serialized as a RAM or disk block holds
+    // it, to compare restored KV with computed KV byte for byte. Call while the engine is idle (nothing queued, no
+    // slot busy, idle_to_ram_tokens 0): it reads the context from the calling thread. Throws std::logic_error if busy.
+    std::vector<uint8_t> kv_bytes(int slot, int p0, int p1);
 
     // How many of `left` prompt tokens (before the next cut) the next step carries, with `room` left in its budget,
     // `decode_tokens` generated tokens in it and `space` left in the batch: chunks fill whole attention tiles beside
@@ -234,6 +253,8 @@ private:
     void learn_row_costs(int rows, int prompt_rows, int deepest, double ms);
     void measure_step(int prompt_tokens, int decode_tokens, double ms);
     int next_cut(const slot& s) const;
+    // Exact reuse: the physical batch size, the unit in which KV is reused and prompts are computed (1: not exact).
+    int exact_unit() const { return options_.exact_reuse ? std::min(options_.ubatch_size, options_.batch_size) : 1; }
     std::string describe_divergence(const std::vector<llama_token>& prompt, const cache_restore& r) const;
 
     engine_options options_;
