@@ -169,7 +169,8 @@ TEST(reuse_exactness, restored_blocks_hold_the_kv_they_were_stored_with) {
         e.start();
         prompt = tokenize(e, chatml(words(300, 1), {words(30, 2)}));
         other = tokenize(e, words(200, 3));  // shares no token with the prompt: all of it comes back from RAM
-        restorable = static_cast<int>(prompt.size() - 1) / 64 * 64;
+        // Whole blocks and the tail stored at the prompt's end: all of it but the last position.
+        restorable = static_cast<int>(prompt.size()) - 1;
         generate(e, prompt, 1);  // one sampled token, not decoded: the slot holds the prompt
         computed = e.kv_bytes(0, 0, restorable);
         ASSERT_FALSE(computed.empty());
@@ -208,7 +209,7 @@ TEST(reuse_exactness, a_cold_run_split_where_the_cache_ends_answers_as_the_cache
         engine e(o);
         e.start();
         prompt = tokenize(e, chatml(words(300, 11), {words(30, 12)}));
-        restorable = (prompt.size() - 1) / 64 * 64;
+        restorable = prompt.size() - 1;  // whole blocks and the tail at the prompt's end
         generate(e, prompt, 1);
     }
     const int n = 16;
