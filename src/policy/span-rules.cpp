@@ -245,8 +245,8 @@ span_report span_rule_set::apply(std::vector<common_chat_msg>& messages, bool pl
                                [](const common_chat_msg& m) { return role_bit(m.role) != role_assistant; });
     if (target == messages.rend()) return report;  // only assistant messages: nowhere safe to put the note
     for (const moved_span& span : moved_spans) {
-        report.note += std::string(report.note.empty() ? "\n\n" : "\n") + "[moved from the " +
-                       role_label(span.role) + ": " + span.text + "]";
+        report.note += std::string(report.note.empty() ? "\n\n" : "\n") + "[moved from the " + role_label(span.role) +
+                       ": " + span.text + "]";
     }
     report.note_message = static_cast<int>(messages.rend() - target) - 1;
     if (place_note) append_note(*target, report.note);

@@ -115,7 +115,7 @@ std::optional<policy::span_rule> adopt_cache_buster_rule(frontend_context& ctx, 
     // This request too: it is computed, and cached, with the constant in place, so the next one (which the policy
     // now gives the constant as well) reuses past the span. Applied only to this request: its earlier turns' ids
     // were elsewhere in the history, or not there at all.
-    policy::span_rule_set({*rule}).apply(messages);
+    policy::span_rule_set(std::vector<policy::span_rule>{*rule}).apply(messages);
     // The pattern holds the prompt's literal text around the span: logged only when the operator asked.
     log::info("policy",
               "detect auto: span rule {} (pattern '{}', replace with '{}', roles {}) in force from this request on",

@@ -392,7 +392,8 @@ TEST(SpanBuiltins, ClaudeCodeFirstPartyBillingHeaderWithEveryVolatileField) {
              "x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=sdk-cli;",
          }) {
         EXPECT_EQ(rewrite("claude-code-billing", line), normalized) << line;
-        EXPECT_EQ(rewrite("claude-code-billing", line + "\nYou are Claude Code."), normalized + "\nYou are Claude Code.")
+        EXPECT_EQ(rewrite("claude-code-billing", line + "\nYou are Claude Code."),
+                  normalized + "\nYou are Claude Code.")
             << line;
     }
     // A header in a shape it does not know still becomes one constant line.
@@ -596,7 +597,9 @@ TEST(Policy, SpansFireInTheOutcome) {
 // with the answer after it): only the new note is new.
 TEST(Policy, MovedNoteComesBackWithItsMessageInLaterTurns) {
     request_policy p = policy_from("");
-    const auto system = [](const std::string& time) { return message("system", "You are terse. Current time: " + time); };
+    const auto system = [](const std::string& time) {
+        return message("system", "You are terse. Current time: " + time);
+    };
     chat_request one = chat({system("2026-12-06 11:42:17"), message("user", "Do it.")});
     p.apply(one, {.tenant = "alice"});
     EXPECT_EQ(one.messages[0].content, "You are terse. Current time: ");
