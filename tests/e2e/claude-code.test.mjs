@@ -233,7 +233,7 @@ test('Claude Code completes a tool round trip: tool_use out, tool_result back wi
 const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
 const firstPartyEnv = { _CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL: '1' };
 
-test('Claude Code in first-party mode: each of three turns reuses at least 99% of the previous prompt', async () => {
+test('Claude Code in first-party mode: each of three turns reuses at least 99% of the previous prompt', async (t) => {
     const server = await startServer(['-c', '16384', '--parallel', '1', '--api-key', 'cc-test-key']);
     const capture = await startCapture(server.url);
     const session = randomUUID();
@@ -253,6 +253,7 @@ test('Claude Code in first-party mode: each of three turns reuses at least 99% o
         const turns = [await turn('Say hello', ['--session-id', session])];
         turns.push(await turn('Say it again', ['--resume', session]));
         turns.push(await turn('And once more', ['--resume', session]));
+        t.diagnostic(`usage per turn: ${JSON.stringify(turns.map((x) => x.usage))}`);
         // The header really changed from turn to turn (the nonce, the prompt id, the turn index) ...
         assert.notEqual(turns[1].main.body.system[0].text, turns[0].main.body.system[0].text);
         for (let i = 1; i < turns.length; i++) {
@@ -288,12 +289,13 @@ async function replayTurns(server, names) {
     return usages;
 }
 
-test('captured first-party turns reuse the previous prompt with the defaults, not without a policy', async () => {
+test('captured first-party turns reuse the previous prompt with the defaults, not without a policy', async (t) => {
     const names = ['first-party-turn-1.json', 'first-party-turn-2.json', 'first-party-turn-3.json'];
     for (const [args, reuses] of [[[], true], [['--no-policy'], false]]) {
         const server = await startServer(['-c', '16384', '--parallel', '1', ...args]);
         try {
             const usages = await replayTurns(server, names);
+            t.diagnostic(`${args.join(' ') || 'defaults'}: ${JSON.stringify(usages)}`);
             for (let i = 1; i < usages.length; i++) {
                 const ok = usages[i].cache_read_input_tokens >= 0.99 * prompt(usages[i - 1]);
                 assert.equal(ok, reuses, `${args.join(' ') || 'defaults'}: ${JSON.stringify(usages)}`);
