@@ -308,11 +308,17 @@ void request_policy::place_moved_notes(std::vector<common_chat_msg>& messages, c
     if (!any_move || messages.empty()) return;
     // The keys are of the messages as the rules left them, before any note: the same in every turn.
     const std::vector<XXH128_hash_t> keys = conversation_keys(tenant, messages);
+    bool target_known = false;
     for (size_t i = 0; i < messages.size(); ++i) {
-        if (static_cast<int>(i) == spans.note_message) continue;  // gets this request's note
-        if (auto note = notes_->find(keys[i])) append_note(messages[i], *note);
+        if (auto note = notes_->find(keys[i])) {
+            append_note(messages[i], *note);
+            // The message this request's note would go to already had one: the request repeats or continues an
+            // earlier one (a retry, a cut answer continued). It keeps the note it was computed with, so it reads
+            // the same as then.
+            target_known = target_known || static_cast<int>(i) == spans.note_message;
+        }
     }
-    if (spans.note_message < 0) return;
+    if (spans.note_message < 0 || target_known) return;
     append_note(messages[spans.note_message], spans.note);
     if (remember) notes_->remember(keys[spans.note_message], spans.note);
 }

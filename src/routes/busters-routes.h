@@ -5,8 +5,8 @@
 #pragma once
 
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -621,6 +621,12 @@ TEST(Policy, MovedNoteComesBackWithItsMessageInLaterTurns) {
     EXPECT_EQ(three.messages[3].content, two.messages[3].content);
     EXPECT_EQ(three.messages[5].content, "Last.\n\n[moved from the system prompt: 2026-12-06 11:44:40]");
 
+    // The same request again (a retry, or a cut answer continued) reads as it did the first time.
+    chat_request retry = chat({system("2026-12-06 11:45:10"), message("user", "Do it."), message("assistant", "Done."),
+                               message("user", "Next."), message("assistant", "Ok."), message("user", "Last.")});
+    p.apply(retry, {.tenant = "alice"});
+    EXPECT_EQ(retry.messages[5].content, three.messages[5].content);
+
     // Another tenant's conversation with the same words does not get alice's clock; nor does an edited history.
     chat_request other = chat({system("2026-12-06 11:50:00"), message("user", "Do it."), message("assistant", "Done."),
                                message("user", "Next.")});
