@@ -262,10 +262,11 @@ const std::vector<builtin_span>& builtin_spans() {
             "cc_turn_index, cc_prev_req, ...): the line keeps those two and drops the rest, whatever fields it has",
             // As Claude Code 2.1.x writes it: "x-anthropic-billing-header: cc_version=2.1.332.a1b;
             // cc_entrypoint=sdk-cli;", in first-party mode followed by "cch=5f2e1; cc_prompt_id=<uuid>;
-            // cc_turn_origin=sdk; cc_prompt_index=0; cc_turn_index=3;" and more. The whole rest of the line goes:
-            // a field a later version adds cannot part two prompts again.
+            // cc_turn_origin=sdk; cc_prompt_index=0; cc_turn_index=3;" and more. Every "key=value;" field after the
+            // entry point goes, whatever its key: a field a later version adds cannot part two prompts again. Text
+            // after the fields stays (a client may join the system blocks without a line break).
             R"(x-anthropic-billing-header: ?(?:cc_version=([0-9]+\.[0-9]+\.[0-9]+)[^;\n]*;)?)"
-            R"((?: ?cc_entrypoint=([^;\n]*);)?[^\n]*)",
+            R"((?: ?cc_entrypoint=([^;\n]*);)?(?: ?[A-Za-z][A-Za-z0-9_.-]*=[^;\n]*;)*)",
             span_action::replace,
             R"(x-anthropic-billing-header: cc_version=\1; cc_entrypoint=\2;)",
             role_system,

@@ -396,6 +396,12 @@ TEST(SpanBuiltins, ClaudeCodeFirstPartyBillingHeaderWithEveryVolatileField) {
                   normalized + "\nYou are Claude Code.")
             << line;
     }
+    // System blocks joined without a line break (a proxy's upstream may get them so): the fields go, the text stays.
+    EXPECT_EQ(rewrite("claude-code-billing",
+                      "x-anthropic-billing-header: cc_version=2.1.332.e07; cc_entrypoint=cli; cch=00d1f; "
+                      "cc_turn_index=2;You are a careful agent. Use key=value; pairs."),
+              "x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=cli;You are a careful agent. Use "
+              "key=value; pairs.");
     // A header in a shape it does not know still becomes one constant line.
     EXPECT_EQ(rewrite("claude-code-billing", "x-anthropic-billing-header: cch=5f2e1; cc_x=1;"),
               rewrite("claude-code-billing", "x-anthropic-billing-header: cch=77777; cc_x=2;"));
