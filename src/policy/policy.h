@@ -184,8 +184,8 @@ public:
 private:
     // Appends this request's moved-span note (spans.note) to its message, and the remembered notes of earlier turns
     // to the history messages they were appended to; `remember` keeps this request's note for the next turns.
-    void place_moved_notes(std::vector<common_chat_msg>& messages, const span_report& spans,
-                           const std::string& tenant, bool remember) const;
+    void place_moved_notes(std::vector<common_chat_msg>& messages, const span_report& spans, const std::string& tenant,
+                           bool remember) const;
 
     policy_config config_;  // as loaded; its spans are the initial rule set
     std::string served_model_;
