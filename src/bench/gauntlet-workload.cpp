@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -420,7 +421,7 @@ killer_set killer_set::parse(const std::string& list, double ping_every_s) {
     killer_set k;
     k.ping_every_s = ping_every_s;
     if (list == "all") return k;
-    k = killer_set{false, false, 0, false, false, false, false, false};
+    k = killer_set{false, false, 0, false, false, false, false, false, false};
     if (list == "none") return k;
     std::istringstream in(list);
     for (std::string item; std::getline(in, item, ',');) {
@@ -440,10 +441,12 @@ killer_set killer_set::parse(const std::string& list, double ping_every_s) {
             k.restart = true;
         } else if (item == "reasoning") {
             k.strip_reasoning = true;
+        } else if (item == "clock") {
+            k.clock = true;
         } else {
             throw std::invalid_argument("unknown cache killer '" + item +
                                         "' (all, none, or a list of cch, request-id, ping, model, num-ctx, cancel, "
-                                        "restart, reasoning)");
+                                        "restart, reasoning, clock)");
         }
     }
     return k;
@@ -462,8 +465,19 @@ std::string killer_set::describe() const {
     add(cancel, "cancel");
     add(restart, "restart");
     add(strip_reasoning, "reasoning");
+    add(clock, "clock");
     return out.empty() ? "none" : out;
 }
+
+namespace {
+// The clock killer's time for the n-th request: 2026-12-06 11:42:17 and 7 s more per request (within one day).
+std::string clock_time(size_t n) {
+    const size_t seconds = (11 * 3600 + 42 * 60 + 17 + n * 7) % 86400;
+    char out[32];
+    std::snprintf(out, sizeof out, "2026-12-06 %02zu:%02zu:%02zu", seconds / 3600, seconds / 60 % 60, seconds % 60);
+    return out;
+}
+}  // namespace
 
 std::string synthetic_tool_result(size_t chars, uint64_t seed) {
     picker pick(seed);
@@ -516,6 +530,9 @@ std::vector<workload_line> generate_workload(const generator_options& o) {
                         pick.hex(5) + ";\n";
                 }
                 if (o.killers.request_id) line.injected_system_prefix += "request-id: " + pick.uuid() + "\n";
+                if (o.killers.clock) {
+                    line.injected_system_prefix += "Current time: " + clock_time(lines.size()) + "\n";
+                }
                 const std::string model = o.killers.model_change && turn % 2 == 1 ? other_model : base_model;
                 json body = {{"model", model}, {"max_tokens", o.answer_tokens}, {"stream", true}};
                 if (o.api == wire_api::anthropic) {

@@ -63,8 +63,9 @@ struct killer_set {
     bool cancel = true;           // one stream per agent cancelled mid-answer, then continued with the partial text
     bool restart = true;          // the target restarts once, half-way through agent 1's turns
     bool strip_reasoning = true;  // earlier answers' reasoning is dropped when sent back
+    bool clock = true;            // "Current time: <date-time>" in the system prompt, a few seconds later per request
 
-    // "all", "none", or a comma list of cch,request-id,ping,model,num-ctx,cancel,restart,reasoning.
+    // "all", "none", or a comma list of cch,request-id,ping,model,num-ctx,cancel,restart,reasoning,clock.
     // Throws std::invalid_argument naming an unknown entry.
     static killer_set parse(const std::string& list, double ping_every_s);
     std::string describe() const;  // the comma list of those on

@@ -18,6 +18,7 @@
 #include "base/command-exit.h"
 #include "base/request-error.h"
 #include "chat/chat-renderer.h"
+#include "commands/listen-options.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "llama-cpp.h"
@@ -41,7 +42,8 @@ struct doctor_options {
     std::string a, b;
     std::string model;  // empty: the demo model
     std::string chat_template_file;
-    std::string policy_file;  // empty: the bodies as sent
+    std::string policy_file;  // empty: the policy `serve` runs without --policy (the built-in defaults)
+    bool no_policy = false;   // the bodies as sent
     std::string alias;        // the served model's name, as `serve --alias` (default: the file name)
     bool json = false;
 };
@@ -58,7 +60,7 @@ std::string read_text(const std::string& path) {
 struct rendered_body {
     std::string file;
     api::dialect_request request;
-    std::vector<std::string> policy_fired;  // what the policy file did to this body before rendering
+    std::vector<std::string> policy_fired;  // what the policy did to this body before rendering
     std::string prompt;
     std::vector<llama_token> tokens;
 };
@@ -252,10 +254,11 @@ int run_doctor(const doctor_options& o) {
     const chat_renderer renderer(model.get(), template_override);
     const llama_vocab* vocab = llama_model_get_vocab(model.get());
 
+    // The policy `serve` would run with the same flags: the file, the built-in defaults without one, or none.
     std::optional<policy::request_policy> policy;
-    if (!o.policy_file.empty()) {
+    if (!o.no_policy) {
         const std::string served = o.alias.empty() ? std::filesystem::path(model_path).stem().string() : o.alias;
-        policy.emplace(policy::load_policy_file(o.policy_file, served), served);
+        policy.emplace(select_policy(o.policy_file, false, served), served);
     }
     const policy::request_policy* applied = policy ? &*policy : nullptr;
     const rendered_body a = render_body(o.a, renderer, vocab, applied);
@@ -282,9 +285,11 @@ void add_doctor_command(CLI::App& app) {
                     "GGUF model whose tokenizer and chat template render the bodies (only those are loaded; "
                     "default: the demo model)");
     cmd->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template to use instead of the model's");
-    cmd->add_option("--policy", o->policy_file,
-                    "Apply this policy file (as `serve --policy`) to both bodies before rendering: does it remove the "
-                    "divergence?");
+    CLI::Option* policy_option =
+        cmd->add_option("--policy", o->policy_file,
+                        "Apply this policy file (as `serve --policy`) to both bodies before rendering: does it remove "
+                        "the divergence? Without it, the built-in defaults `serve` runs without --policy apply");
+    add_no_policy_flag(*cmd, policy_option, o->no_policy);
     cmd->add_option("--alias", o->alias, "The served model's name for the policy's aliases (default: the file name)");
     cmd->add_flag("--json", o->json, "Print JSON");
     cmd->footer(

@@ -24,6 +24,16 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     refuse_chat_that_cannot_fit(model_, chat_);
     rendered_ = model_.renderer->render(chat_);
     set_prompt(model_, *gen_, std::move(rendered_.prompt));  // kept in gen_->prompt_text from here on
+    // Before the engine has it: in auto detect mode a random id's rule may rewrite this very request (see
+    // adopt_cache_buster_rule), which is then rendered again.
+    if (front_.busters) {
+        buster_ = front_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, gen_->prompt_text,
+                                          chat_.messages, policy::locate_tokens(model_.llm->vocab(), gen_->prompt));
+        if (buster_ && adopt_cache_buster_rule(front_, *buster_, chat_.messages)) {
+            rendered_ = model_.renderer->render(chat_);
+            set_prompt(model_, *gen_, std::move(rendered_.prompt));
+        }
+    }
     set_cache_hint(model_, chat_, *gen_);
     gen_->sampling = to_sampling_params(chat_.sampling, model_.default_sampling);
     chat_renderer::apply_to_sampling(rendered_, gen_->sampling, model_.llm->vocab());
@@ -37,10 +47,6 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     relay_.emplace(*gen_, w, front_, model_, id_);  // from here on, destroying this object cancels the generation
     parser_.emplace(model_.renderer->parser_params(rendered_, chat_));
     if (!chat_.parallel_tool_calls.value_or(true)) parser_->limit_tool_calls(1);
-    if (front_.busters) {
-        buster_ = front_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, gen_->prompt_text,
-                                          chat_.messages, policy::locate_tokens(model_.llm->vocab(), gen_->prompt));
-    }
 }
 
 chat_generation::~chat_generation() {
@@ -91,7 +97,7 @@ std::optional<generation_source::update> chat_generation::next() {
     u.stats = ev->stats;
     u.progress = std::move(ev->progress);
     if (ev->done && buster_ && ev->reason != finish_reason::error) {
-        confirm_cache_buster(front_, *std::exchange(buster_, std::nullopt), ev->stats, chat_.messages);
+        confirm_cache_buster(front_, *std::exchange(buster_, std::nullopt), ev->stats);
     }
     if (ev->done && ev->reason != finish_reason::error) {
         std::vector<common_chat_msg_diff> final_diffs;

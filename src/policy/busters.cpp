@@ -120,6 +120,8 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
     }
     r.message_index = message_index_at(messages, prompt, best->offset);
     if (r.message_index >= 0) r.role = messages[r.message_index].role;
+    // A word the user wrote differently is the user's own conversation, not a value the client made up.
+    if (best->kind == span_kind::prose && r.role == "user") return std::nullopt;
     r.previous_text = best->in_earlier(before);
     r.current_text = best->in_later(prompt);
     const size_t from = best->offset - std::min(best->offset, context_chars);

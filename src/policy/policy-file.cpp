@@ -390,8 +390,8 @@ tools = false
 
 [spans]
 claude-code-billing = true
-uuid = false
-timestamp = false
+uuid = "move"
+timestamp = "move"
 
 [detect]
 mode = "auto"

@@ -294,11 +294,33 @@ policy_outcome request_policy::apply(chat_request& chat, const request_origin& o
     }
     apply_options(options, chat, out.fired, out.unbound_biases);
 
-    const span_report spans = spans_.load()->apply(chat.messages);
+    const span_report spans = spans_.load()->apply(chat.messages, false);
     for (const auto& hit : spans.fired) {
         out.fired.push_back("span:" + hit.rule + "(" + span_action_name(hit.action) + ")");
     }
+    place_moved_notes(chat.messages, spans, origin.tenant, use == policy_use::generation);
     return out;
+}
+
+void request_policy::place_moved_notes(std::vector<common_chat_msg>& messages, const span_report& spans,
+                                       const std::string& tenant, bool remember) const {
+    const bool any_move = spans.note_message >= 0 || notes_->size() > 0;
+    if (!any_move || messages.empty()) return;
+    // The keys are of the messages as the rules left them, before any note: the same in every turn.
+    const std::vector<XXH128_hash_t> keys = conversation_keys(tenant, messages);
+    bool target_known = false;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        if (auto note = notes_->find(keys[i])) {
+            append_note(messages[i], *note);
+            // The message this request's note would go to already had one: the request repeats or continues an
+            // earlier one (a retry, a cut answer continued). It keeps the note it was computed with, so it reads
+            // the same as then.
+            target_known = target_known || static_cast<int>(i) == spans.note_message;
+        }
+    }
+    if (spans.note_message < 0 || target_known) return;
+    append_note(messages[spans.note_message], spans.note);
+    if (remember) notes_->remember(keys[spans.note_message], spans.note);
 }
 
 void request_policy::add_span_rule(span_rule rule) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "chat/chat-request.h"
+#include "policy/moved-notes.h"
 #include "policy/span-rules.h"
 
 namespace keepwarm::policy {
@@ -125,6 +126,7 @@ struct policy_config {
 struct request_origin {
     std::string client;                                           // client_name(req)
     const std::map<std::string, std::string>* headers = nullptr;  // lowercase names; null: none
+    std::string tenant;  // its API key's tenant: moved-span notes are remembered per tenant
 };
 
 // What the policy did to one request.
@@ -158,7 +160,10 @@ public:
     // Every token text a forced logit bias names, globally or per client (each once).
     std::vector<std::string> bias_texts() const;
 
-    // Rewrites `chat` in place and says what it did. Throws request_error 404 ("model_not_found") in strict mode for a
+    // Rewrites `chat` in place and says what it did. Text a `move` span rule takes out goes to the end of the last
+    // message that is not an assistant's; a message of an earlier request that got such a note gets the same note
+    // again when a later request of the conversation holds it as history (so the history renders as it was cached).
+    // Throws request_error 404 ("model_not_found") in strict mode for a
     // model name that is neither the served one nor an alias; nothing has been changed then.
     policy_outcome apply(chat_request& chat, const request_origin& origin,
                          policy_use use = policy_use::generation) const;
@@ -177,10 +182,18 @@ public:
     nlohmann::ordered_json to_json() const;
 
 private:
+    // Appends this request's moved-span note (spans.note) to its message, and the remembered notes of earlier turns
+    // to the history messages they were appended to; `remember` keeps this request's note for the next turns.
+    void place_moved_notes(std::vector<common_chat_msg>& messages, const span_report& spans, const std::string& tenant,
+                           bool remember) const;
+
     policy_config config_;  // as loaded; its spans are the initial rule set
     std::string served_model_;
     std::atomic<std::shared_ptr<const span_rule_set>> spans_;
     std::mutex spans_write_mu_;  // serializes add/remove (read, copy, swap)
+    // The notes `move` rules appended to earlier requests' last messages, given back to those messages when a later
+    // turn sends them as history (see moved-notes.h). Internally synchronized.
+    std::unique_ptr<moved_notes> notes_ = std::make_unique<moved_notes>();
 };
 
 // fnmatch(3) without flags: '*', '?', '[...]'.

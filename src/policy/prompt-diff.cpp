@@ -40,6 +40,14 @@ bool is_key_char(char c) {
     return is_alnum(c) || c == '_' || c == '-' || c == '.';
 }
 // Printable ASCII between a key and its value (": ", "=", "\"").
+bool is_space(char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+bool has_space(std::string_view s) {
+    return std::any_of(s.begin(), s.end(), is_space);
+}
+
 bool is_separator(char c) {
     return (c == '\t' || (c >= ' ' && c < 0x7f)) && !is_key_char(c);
 }
@@ -550,6 +558,12 @@ std::optional<volatile_span> find_volatile_span(std::string_view earlier, std::s
     if (const auto r = find_rejoin(earlier.substr(p), later.substr(p), options.max_span_chars);
         r && worth_it(r->earlier_skip, r->later_skip, agreed)) {
         const classified c = classify(earlier, later, p, r->earlier_skip, r->later_skip);
+        // A volatile value is one token-like run (an id, a number, a word); prose that differs by words, with
+        // spaces or lines between them, is another conversation going its own way (two users' questions), even where
+        // the text after it agrees again.
+        if (c.kind == span_kind::prose && (has_space(earlier.substr(c.bounds.start, c.bounds.end_a - c.bounds.start)) ||
+                                           has_space(later.substr(c.bounds.start, c.bounds.end_b - c.bounds.start))))
+            return std::nullopt;
         span.kind = c.kind;
         span.offset = c.bounds.start;
         span.earlier_length = c.bounds.end_a - c.bounds.start;

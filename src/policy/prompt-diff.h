@@ -53,7 +53,8 @@ struct volatile_span {
 
 // The span that keeps `later` from reusing `earlier`'s prefix, when their first difference is short (or a block of
 // reordered lines) and they agree again afterwards for long (see diff_options). nullopt when one extends the other,
-// or when they do not agree again soon enough for long enough (different prompts, an edit near the end).
+// when they do not agree again soon enough for long enough (different prompts, an edit near the end), or when the
+// difference is prose of more than one word (a different conversation: another question, not a volatile value).
 std::optional<volatile_span> find_volatile_span(std::string_view earlier, std::string_view later,
                                                 const diff_options& options = {});
 

@@ -208,7 +208,15 @@ void span_rule_set::apply_to_text(std::string& text, unsigned role, std::vector<
     }
 }
 
-span_report span_rule_set::apply(std::vector<common_chat_msg>& messages) const {
+void append_note(common_chat_msg& msg, const std::string& note) {
+    if (!msg.content_parts.empty()) {
+        msg.content_parts.back().text += note;
+    } else {
+        msg.content += note;
+    }
+}
+
+span_report span_rule_set::apply(std::vector<common_chat_msg>& messages, bool place_note) const {
     span_report report;
     if (rules_.empty()) return report;
     std::vector<int> matches(rules_.size());
@@ -236,16 +244,12 @@ span_report span_rule_set::apply(std::vector<common_chat_msg>& messages) const {
     auto target = std::find_if(messages.rbegin(), messages.rend(),
                                [](const common_chat_msg& m) { return role_bit(m.role) != role_assistant; });
     if (target == messages.rend()) return report;  // only assistant messages: nowhere safe to put the note
-    std::string note;
     for (const moved_span& span : moved_spans) {
-        note += std::string(note.empty() ? "\n\n" : "\n") + "[moved from the " + role_label(span.role) + ": " +
-                span.text + "]";
+        report.note += std::string(report.note.empty() ? "\n\n" : "\n") + "[moved from the " + role_label(span.role) +
+                       ": " + span.text + "]";
     }
-    if (!target->content_parts.empty()) {
-        target->content_parts.back().text += note;
-    } else {
-        target->content += note;
-    }
+    report.note_message = static_cast<int>(messages.rend() - target) - 1;
+    if (place_note) append_note(*target, report.note);
     return report;
 }
 
@@ -253,12 +257,16 @@ const std::vector<builtin_span>& builtin_spans() {
     static const std::vector<builtin_span> spans = {
         {
             "claude-code-billing",
-            "Claude Code's attribution line at the start of its system prompt: the 3-hex suffix of cc_version "
-            "changes with the conversation and cch=<5 hex> with every request; both are removed",
-            // As Claude Code 2.1.x writes it: "x-anthropic-billing-header: cc_version=2.1.197.a1b;
-            // cc_entrypoint=cli; cch=5f2e1;" (cc_workload=...; and cc_is_subagent=true; may follow and are kept).
-            R"(x-anthropic-billing-header: cc_version=([0-9]+\.[0-9]+\.[0-9]+)(?:\.[0-9A-Za-z]+)?; )"
-            R"(cc_entrypoint=([^;\n]*);(?: cch=[0-9A-Za-z]+;)?)",
+            "Claude Code's attribution line at the start of its system prompt: every field but the version and the "
+            "entry point changes with the conversation or the request (cc_version's 3-hex suffix, cch, cc_prompt_id, "
+            "cc_turn_index, cc_prev_req, ...): the line keeps those two and drops the rest, whatever fields it has",
+            // As Claude Code 2.1.x writes it: "x-anthropic-billing-header: cc_version=2.1.332.a1b;
+            // cc_entrypoint=sdk-cli;", in first-party mode followed by "cch=5f2e1; cc_prompt_id=<uuid>;
+            // cc_turn_origin=sdk; cc_prompt_index=0; cc_turn_index=3;" and more. Every "key=value;" field after the
+            // entry point goes, whatever its key: a field a later version adds cannot part two prompts again. Text
+            // after the fields stays (a client may join the system blocks without a line break).
+            R"(x-anthropic-billing-header: ?(?:cc_version=([0-9]+\.[0-9]+\.[0-9]+)[^;\n]*;)?)"
+            R"((?: ?cc_entrypoint=([^;\n]*);)?(?: ?[A-Za-z][A-Za-z0-9_.-]*=[^;\n]*;)*)",
             span_action::replace,
             R"(x-anthropic-billing-header: cc_version=\1; cc_entrypoint=\2;)",
             role_system,

@@ -83,7 +83,14 @@ struct span_report {
         int matches;
     };
     std::vector<entry> fired;  // in rule order
+    // The lines of the moved matches ("\n\n[moved from the system prompt: TEXT]"), and the message they go to (the
+    // last one that is not an assistant's); empty / -1 when nothing was moved or there is no such message.
+    std::string note;
+    int note_message = -1;
 };
+
+// Appends a moved-span note to the message's text (its last text part, or its content).
+void append_note(common_chat_msg& msg, const std::string& note);
 
 struct span_prefilter;
 
@@ -99,8 +106,9 @@ public:
 
     // Applies the rules to the content, content parts and reasoning of every message whose role they read. Matches
     // of `move` rules are appended, one line each, to the last message that is not an assistant's (a trailing
-    // assistant message is being continued, and a note there would become part of the reply).
-    span_report apply(std::vector<common_chat_msg>& messages) const;
+    // assistant message is being continued, and a note there would become part of the reply); with `place_note`
+    // false the note is only returned in the report (request_policy places it, with the notes of earlier turns).
+    span_report apply(std::vector<common_chat_msg>& messages, bool place_note = true) const;
 
     // One text as a message of role `role_bit` would have it rewritten; moved spans are collected in `moved`.
     void apply_to_text(std::string& text, unsigned role_bit, std::vector<std::string>& moved,

@@ -28,9 +28,13 @@ upstream_generation::upstream_generation(frontend_context& ctx, upstream_pool& p
     unbound_biases_ = std::move(outcome.unbound_biases);
     client_biases_ = chat_.sampling.logit_bias;
     prompt_text_ = canonical_prompt_text(chat_);
-    if (ctx_.busters)
+    if (ctx_.busters) {
         buster_ =
             ctx_.busters->inspect({client_name(req), id_, chat_.api, req.tenant}, prompt_text_, chat_.messages, {});
+        // Auto mode may rewrite this request with the span's new rule before it is sent (see busters-routes.h).
+        if (buster_ && adopt_cache_buster_rule(ctx_, *buster_, chat_.messages))
+            prompt_text_ = canonical_prompt_text(chat_);
+    }
     connect(req);
     body_.emplace(*conn_);
 }
@@ -291,7 +295,7 @@ void upstream_generation::confirm_buster(const generation_stats& st) {
         report.token_offset = st.reused_tokens > 0 ? st.reused_tokens : estimate;
         report.token_offset_estimated = true;
     }
-    confirm_cache_buster(ctx_, std::move(report), st, chat_.messages);
+    confirm_cache_buster(ctx_, std::move(report), st);
 }
 
 void upstream_generation::log_end(const update& u) const {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,17 @@ void register_busters_routes(http::http_server& server, frontend_context& ctx);
 nlohmann::ordered_json busters_json(const policy::cache_buster_detector* detector, policy::detect_mode mode,
                                     const std::string& tenant);
 
+// A request the detector flagged (`report`, from inspect), before it is computed: in auto detect mode, when the span
+// is a random id whose suggested rule rewrites it in its message, puts that rule in force (at most the policy's
+// max_auto_rules; not again when a rule of its name is in force) and applies it to `messages` (the request's, as the
+// policy left them), so that this request is computed and cached with the constant the following ones will have
+// too: one miss, then hits. Returns the rule (the report's adopted_rule names it) when it rewrote `messages`: the
+// caller renders them again.
+std::optional<policy::span_rule> adopt_cache_buster_rule(frontend_context& ctx, policy::cache_buster_report& report,
+                                                         std::vector<common_chat_msg>& messages);
+
 // A generation that the detector flagged ended (not in error): keeps the report if the cache really stopped at the
-// span, and in auto detect mode puts the span's rule in force for the requests that follow (at most the policy's
-// max_auto_rules; a rule of that name already in force is not added again). `messages` are the request's, as the
-// policy left them. Needs ctx.busters (the detector that flagged it).
-void confirm_cache_buster(frontend_context& ctx, policy::cache_buster_report report, const generation_stats& stats,
-                          const std::vector<common_chat_msg>& messages);
+// span. Needs ctx.busters (the detector that flagged it).
+void confirm_cache_buster(frontend_context& ctx, policy::cache_buster_report report, const generation_stats& stats);
 
 }  // namespace keepwarm

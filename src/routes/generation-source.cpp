@@ -13,7 +13,8 @@ policy::policy_outcome apply_request_policy(const policy::request_policy& policy
                                             chat_request& chat, const std::string& id, http::header_list& headers,
                                             policy::policy_use use) {
     const std::string client = client_name(req);
-    policy::policy_outcome outcome = policy.apply(chat, {.client = client, .headers = &req.headers}, use);
+    policy::policy_outcome outcome =
+        policy.apply(chat, {.client = client, .headers = &req.headers, .tenant = req.tenant}, use);
     if (!outcome.fired.empty()) {
         const std::string rules = outcome.header_value();
         headers.emplace_back("x-keepwarm-policy", rules);

@@ -156,7 +156,6 @@ test('Claude Code resumes a session: both turns print the answer, the second reu
         assert.equal(JSON.stringify(two.main.body.tools), JSON.stringify(one.main.body.tools));
 
         // keepwarm computed the first turn's prompt once: the second read it from the cache.
-        const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
         assert.ok(one.usage.cache_read_input_tokens < prompt(one.usage) / 2, JSON.stringify(one.usage));
         assert.ok(prompt(two.usage) > prompt(one.usage), JSON.stringify([one.usage, two.usage]));
         assert.ok(two.usage.cache_read_input_tokens >= prompt(one.usage) - 16,
@@ -227,12 +226,93 @@ test('Claude Code completes a tool round trip: tool_use out, tool_result back wi
     }
 });
 
+// Claude Code's first-party mode (_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL=1, as against Anthropic's own API) writes a
+// billing header with a per-request nonce, prompt id and turn counters (cch, cc_prompt_id, cc_turn_index, ...) at the
+// very start of the system prompt. keepwarm's built-in policy keeps every one of them out of the prompt, so each turn
+// reuses all of the previous turn's prompt (before, 33 of ~11,640 tokens).
+const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
+const firstPartyEnv = { _CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL: '1' };
+
+test('Claude Code in first-party mode: each of three turns reuses at least 99% of the previous prompt', async (t) => {
+    const server = await startServer(['-c', '16384', '--parallel', '1', '--api-key', 'cc-test-key']);
+    const capture = await startCapture(server.url);
+    const session = randomUUID();
+    const turn = async (question, args) => {
+        const from = capture.requests.length;
+        const run = await runClaude(capture.url, 'cc-test-key', question,
+                                    ['--model', 'tiny', '--tools', 'Read', ...args], firstPartyEnv);
+        assert.equal(run.code, 0, `claude exited ${run.code}\nstdout: ${run.stdout}\nstderr: ${run.stderr}`);
+        const main = capture.requests.slice(from)
+            .filter((r) => r.path.startsWith('/v1/messages') && r.body?.tools?.length).at(-1);
+        assert.ok(main, JSON.stringify(capture.requests.slice(from).map((r) => `${r.method} ${r.path}`)));
+        assert.equal(main.response?.status, 200, main.response?.body);
+        assert.match(main.body.system[0].text, /^x-anthropic-billing-header: cc_version=.*; cch=[0-9a-f]{5}; cc_prompt_id=/);
+        return { main, usage: streamedUsage(main.response.body) };
+    };
+    try {
+        const turns = [await turn('Say hello', ['--session-id', session])];
+        turns.push(await turn('Say it again', ['--resume', session]));
+        turns.push(await turn('And once more', ['--resume', session]));
+        t.diagnostic(`usage per turn: ${JSON.stringify(turns.map((x) => x.usage))}`);
+        // The header really changed from turn to turn (the nonce, the prompt id, the turn index) ...
+        assert.notEqual(turns[1].main.body.system[0].text, turns[0].main.body.system[0].text);
+        for (let i = 1; i < turns.length; i++) {
+            const previous = prompt(turns[i - 1].usage), now = turns[i].usage;
+            // ... and yet the cache gave back the previous turn's prompt.
+            assert.ok(now.cache_read_input_tokens >= 0.99 * previous,
+                      `turn ${i + 1} reused ${now.cache_read_input_tokens} of the previous ${previous}: ` +
+                      JSON.stringify(turns.map((t) => t.usage)));
+        }
+    } finally {
+        await capture.close();
+        await server.stop();
+    }
+});
+
+// The same on the captured first-party turns (tests/fixtures/claude-code/first-party-turn-*.json, see the README):
+// with the built-in defaults each turn reuses the previous prompt; without a policy it reuses only what comes before
+// the nonce.
+async function replayTurns(server, names) {
+    const usages = [];
+    for (const name of names) {
+        const f = JSON.parse(readFileSync(path.join(fixturesDir, name), 'utf8'));
+        const res = await fetch(`${server.url}${f.path}`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', 'anthropic-version': f.headers['anthropic-version'] },
+            body: JSON.stringify({ ...f.body, max_tokens: 4 }),
+            signal: AbortSignal.timeout(600_000),
+        });
+        const body = await res.text();
+        assert.equal(res.status, 200, `${name}: ${body}`);
+        usages.push(streamedUsage(body));
+    }
+    return usages;
+}
+
+test('captured first-party turns reuse the previous prompt with the defaults, not without a policy', async (t) => {
+    const names = ['first-party-turn-1.json', 'first-party-turn-2.json', 'first-party-turn-3.json'];
+    for (const [args, reuses] of [[[], true], [['--no-policy'], false]]) {
+        const server = await startServer(['-c', '16384', '--parallel', '1', ...args]);
+        try {
+            const usages = await replayTurns(server, names);
+            t.diagnostic(`${args.join(' ') || 'defaults'}: ${JSON.stringify(usages)}`);
+            for (let i = 1; i < usages.length; i++) {
+                const ok = usages[i].cache_read_input_tokens >= 0.99 * prompt(usages[i - 1]);
+                assert.equal(ok, reuses, `${args.join(' ') || 'defaults'}: ${JSON.stringify(usages)}`);
+            }
+        } finally {
+            await server.stop();
+        }
+    }
+});
+
 // Each fixture is one request as Claude Code 2.1.197 sent it (see the README beside them): the title request, the
 // main turn with its 25 tools (about 21K tokens), and the turn it sends after a max_tokens stop.
 test('captured Claude Code requests are served', async () => {
     const fixtures = readdirSync(fixturesDir).filter((f) => f.endsWith('.json'))
         .map((f) => ({ name: f, ...JSON.parse(readFileSync(path.join(fixturesDir, f), 'utf8')) }));
-    const replayed = fixtures.filter((f) => f.method === 'POST' && f.path.startsWith('/v1/messages'));
+    const replayed = fixtures.filter((f) => f.method === 'POST' && f.path.startsWith('/v1/messages') &&
+                                     !f.name.startsWith('first-party-'));  // replayed as turns above
     assert.ok(replayed.length >= 3, fixtures.map((f) => f.name).join(', '));
     const server = await startServer(['-c', '32768', '--parallel', '1']);
     try {

@@ -19,7 +19,8 @@ async function doctor(a, b, ...args) {
 }
 
 test('a per-request cch nonce: divergence, cost, a hex id and a replace rule', async () => {
-    const text = await doctor('openai-a.json', 'openai-b-new-cch.json');
+    // --no-policy: the bodies as sent (the built-in defaults would remove the nonce, see below).
+    const text = await doctor('openai-a.json', 'openai-b-new-cch.json', '--no-policy');
     assert.equal(text.code, 1, text.stderr);
     assert.match(text.stdout, /first divergence: char \d+, token \d+, message 0 \(system\)/);
     assert.match(text.stdout, /cch=" \+ "5f2e1" \+ ";/);
@@ -27,11 +28,12 @@ test('a per-request cch nonce: divergence, cost, a hex id and a replace rule', a
     assert.match(text.stdout, /span: hex id/);
     assert.match(text.stdout, /pattern = 'cch=\[0-9a-f\]\{5\}'/);
 
-    const { code, stdout } = await doctor('openai-a.json', 'openai-b-new-cch.json', '--json');
+    const { code, stdout } = await doctor('openai-a.json', 'openai-b-new-cch.json', '--json', '--no-policy');
     assert.equal(code, 1);
     const report = JSON.parse(stdout);
     assert.equal(report.result, 'diverged');
     assert.equal(report.a.api, 'openai chat');
+    assert.deepEqual(report.b.policy, []);
     const d = report.divergence;
     assert.equal(d.message_index, 0);
     assert.equal(d.role, 'system');
@@ -48,6 +50,20 @@ test('a per-request cch nonce: divergence, cost, a hex id and a replace rule', a
     assert.equal(report.rule.action, 'replace');
     assert.equal(report.rule.replacement, 'cch=00000');
     assert.match(report.rule.toml, /\[\[spans\.rule\]\]/);
+});
+
+// Without --policy, doctor runs the policy `serve` runs without one (the built-in defaults, selected by the same
+// code): the billing header's nonce is normalized, so B reuses all of A, as it would from the server's cache.
+test('without --policy the built-in defaults apply, as in serve', async () => {
+    const { code, stdout, stderr } = await doctor('openai-a.json', 'openai-b-new-cch.json', '--json');
+    assert.equal(code, 0, stderr + stdout);
+    const report = JSON.parse(stdout);
+    assert.ok(['identical', 'extends'].includes(report.result), stdout);
+    assert.equal(report.reused_tokens, report.a.tokens, 'B reuses every token of A');
+    assert.ok(report.b.policy.includes('span:claude-code-billing(replace)'), JSON.stringify(report.b.policy));
+    const both = await doctor('openai-a.json', 'openai-b-new-cch.json', '--no-policy', '--policy', 'x.toml');
+    assert.notEqual(both.code, 0, 'give a policy or --no-policy, not both');
+    assert.match(both.stderr, /excludes/);
 });
 
 test('identical bodies and a body that extends the other exit 0', async () => {

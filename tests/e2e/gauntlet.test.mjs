@@ -111,6 +111,44 @@ test('a written workload replays against a running server given by --target', as
     }
 });
 
+// The uuid and clock killers against keepwarm's built-in defaults (no --policy): the request id and the time are moved
+// after the cached prefix and their notes come back in the history, so the server computes about what a perfect
+// cache would; without a policy each request recomputes from the start of the system prompt.
+for (const killer of ['request-id', 'clock']) {
+    test(`the ${killer} killer with the built-in defaults: computed / ideal at most 1.2`, async () => {
+        const model = await testModel('tiny');
+        const dir = tempDir('gauntlet');
+        const file = path.join(dir, 'workload.jsonl');
+        const generated = await keepwarm(['bench', 'gauntlet', '--system-tokens', '2048', '--tools', '4', '--agents',
+                                          '2', '--turns', '3', '--tool-rounds', '1', '--answer-tokens', '8',
+                                          '--tool-result-tokens', '100', '--api', 'openai', '--killers', killer,
+                                          '--generate', file]);
+        assert.equal(generated.code, 0, generated.stderr);
+        const lines = readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+        const injected = killer === 'clock' ? /^Current time: 2026-12-06 [0-9:]{8}\n$/ : /^request-id: [0-9a-f-]{36}\n$/;
+        for (const line of lines) assert.match(line.injected.system_prefix, injected);
+        assert.notEqual(lines[0].injected.system_prefix, lines[1].injected.system_prefix);
+
+        const ratios = {};
+        for (const [name, args] of [['defaults', []], ['none', ['--no-policy']]]) {
+            const server = await startServer(['--parallel', '1', '-c', '8192', ...args]);
+            try {
+                const json = path.join(dir, `${name}.json`);
+                const r = await keepwarm(['bench', 'gauntlet', '--workload', file, '-m', model, '--target',
+                                          `kw=${server.url},api=openai`, '--json', json], 300_000);
+                assert.equal(r.code, 0, r.stderr);
+                const [summary] = JSON.parse(readFileSync(json, 'utf8')).targets;
+                assert.equal(summary.failures, 0, JSON.stringify(summary));
+                ratios[name] = summary.computed_over_ideal;
+            } finally {
+                await server.stop();
+            }
+        }
+        assert.ok(ratios.defaults <= 1.2, JSON.stringify(ratios));
+        assert.ok(ratios.none > 1.5, JSON.stringify(ratios));
+    });
+}
+
 test('bad workloads, targets and options get a clear error', async () => {
     const dir = tempDir('gauntlet');
     const file = path.join(dir, 'bad.jsonl');

@@ -282,9 +282,10 @@ test('GET /v1/policy returns the effective policy', async () => {
     assert.equal(builtIn.body.source, 'built-in defaults');
     assert.equal(builtIn.body.ping.enabled, true);
     assert.deepEqual(builtIn.body.ping.match, [{ max_tokens_at_most: 1, prompt_chars_at_most: 32, tools: false }]);
-    assert.deepEqual(builtIn.body.spans.map((s) => s.name), ['claude-code-billing']);
+    assert.deepEqual(builtIn.body.spans.map((s) => [s.name, s.action]),
+                     [['claude-code-billing', 'replace'], ['uuid', 'move'], ['timestamp', 'move']]);
     assert.equal(builtIn.body.detect.mode, 'auto');
-    assert.match(defaults.output(), /policy: built-in defaults \(model any, 0 aliases; 0 client rules; pings absorbed; spans: claude-code-billing; cache-buster detection auto\)/);
+    assert.match(defaults.output(), /policy: built-in defaults \(model any, 0 aliases; 0 client rules; pings absorbed; spans: claude-code-billing, uuid, timestamp; cache-buster detection auto\)/);
     const none = await curl(`${plain.url}/v1/policy`);
     assert.equal(none.body.source, null);
     assert.deepEqual(none.body.spans, []);

@@ -4,7 +4,7 @@
 // reuse from responses; a bad keys file stops start-up naming its line and never printing a key.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -70,7 +70,8 @@ test('tenant B sending A\'s system prompt through another API reuses nothing; A 
 
 test('B\'s cache-buster report shows none of A\'s clients or text; A sees its own', async () => {
     const headersA = { authorization: `Bearer ${keyA}`, 'x-keepwarm-client': 'alice-agent' };
-    const [first, second] = [randomUUID(), randomUUID()];
+    // Hex ids: the built-in defaults move uuids out of the system prompt, so they never reach the detector.
+    const [first, second] = [randomBytes(16).toString('hex'), randomBytes(16).toString('hex')];
     for (const id of [first, second]) {
         const res = await curl(`${server.url}/v1/chat/completions`, {
             method: 'POST',
@@ -109,7 +110,7 @@ test('the log holds no prompt text by default: a divergence says where, not what
     assert.ok(!log.includes('112233'));
     assert.ok(!log.includes(keyA) && !log.includes(keyB), 'no key in the log');
     assert.ok(!log.includes('where the cache has'));
-    assert.match(log, /cache buster from client alice-agent at token \d+: uuid \(char \d+/);
+    assert.match(log, /cache buster from client alice-agent at token \d+: hex id \(char \d+/);
     assert.match(log, /tenants: 2 isolated \(2 keys\)/);
 });
 

@@ -232,6 +232,48 @@ TEST(PromptDiff, ProseEditIsProseNotARandomId) {
     EXPECT_EQ(m.str(0), "Be thorough in every answer.");
 }
 
+// Two sessions of one client that differ at the user's own question, with the same long text after it (Claude Code
+// sends reminders and a system message after the first question): another conversation, not a volatile span.
+TEST(PromptDiff, DifferentQuestionsAreADifferentConversationNotASpan) {
+    const std::string system = head + body + "<|im_end|>\n<|im_start|>user\n";
+    const std::string after = "<|im_end|>\n<|im_start|>system\n" + filler(8000, 11) + "<|im_end|>\n";
+    const std::string a = system + "Say hello" + after, b = system + "List the files here" + after;
+    EXPECT_FALSE(find_volatile_span(a, b));
+    const std::string c = system + "Fix the failing test in src/app.cpp, then run it" + after;
+    EXPECT_FALSE(find_volatile_span(a, c));
+    // A short token-like run in the same place is still one: an id, a number.
+    const std::string d = system + "ticket 4f2e91" + after, e = system + "ticket 9c07a3" + after;
+    const auto span = find_volatile_span(d, e);
+    ASSERT_TRUE(span);
+    EXPECT_EQ(span->kind, span_kind::hex_id);
+}
+
+TEST(CacheBusterDetector, AOneWordQuestionOfTheUserIsNotReported) {
+    cache_buster_detector detector;
+    std::vector<common_chat_msg> messages(3);
+    messages[0].role = "system";
+    messages[0].content = body;
+    messages[1].role = "user";
+    messages[2].role = "system";
+    messages[2].content = filler(8000, 11);
+    const auto render = [&] {
+        return head + messages[0].content + "<|im_end|>\n<|im_start|>user\n" + messages[1].content +
+               "<|im_end|>\n<|im_start|>system\n" + messages[2].content + "<|im_end|>\n";
+    };
+    messages[1].content = "hello";
+    EXPECT_FALSE(detector.inspect({"claude-cli", "1", "anthropic"}, render(), messages, {}));
+    messages[1].content = "thanks";
+    EXPECT_FALSE(detector.inspect({"claude-cli", "2", "anthropic"}, render(), messages, {}));
+    // The same word in the system prompt is the client's: reported.
+    messages[0].content = "Be concise.\n" + body;
+    detector.inspect({"claude-cli", "3", "anthropic"}, render(), messages, {});
+    messages[0].content = "Be thorough.\n" + body;
+    const auto report = detector.inspect({"claude-cli", "4", "anthropic"}, render(), messages, {});
+    ASSERT_TRUE(report);
+    EXPECT_EQ(report->kind, span_kind::prose);
+    EXPECT_EQ(report->role, "system");
+}
+
 TEST(PromptDiff, ReorderedToolListIsOneBlock) {
     std::vector<std::string> tools;  // one line each, as Qwen's template writes them
     for (const char* name : {"read_file", "write_file", "list_dir", "run_tests", "search", "edit_file"}) {

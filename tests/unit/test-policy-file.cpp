@@ -171,7 +171,7 @@ TEST(PolicyFile, EmptyFileTurnsOnTheDefaults) {
     EXPECT_EQ(c.detect.mode, detect_mode::automatic);  // as without a file
 }
 
-TEST(PolicyFile, TheBuiltInDefaultsAbsorbPingsKeepTheBillingNonceOutAndAdoptRulesForRandomIds) {
+TEST(PolicyFile, TheBuiltInDefaultsAbsorbPingsKeepNoncesIdsAndClocksOutAndAdoptRulesForRandomIds) {
     const policy_config c = builtin_policy("qwen3");
     EXPECT_EQ(c.source, builtin_policy_source);
     EXPECT_EQ(c.model.mode, model_mode::any);
@@ -181,8 +181,16 @@ TEST(PolicyFile, TheBuiltInDefaultsAbsorbPingsKeepTheBillingNonceOutAndAdoptRule
     EXPECT_EQ(c.ping.matchers[0].max_tokens_at_most, expected.max_tokens_at_most);
     EXPECT_EQ(c.ping.matchers[0].prompt_chars_at_most, expected.prompt_chars_at_most);
     EXPECT_EQ(c.ping.matchers[0].tools, expected.tools);
-    ASSERT_EQ(c.spans.size(), 1u);  // nothing else changes what the model reads
+    // The billing header's volatile fields are replaced (the model has no use for them); uuids and date-times are
+    // moved after the cached prefix, where the model still reads them.
+    ASSERT_EQ(c.spans.size(), 3u);
     EXPECT_EQ(c.spans[0].name(), "claude-code-billing");
+    EXPECT_EQ(c.spans[0].action(), span_action::replace);
+    EXPECT_EQ(c.spans[1].name(), "uuid");
+    EXPECT_EQ(c.spans[1].action(), span_action::move);
+    EXPECT_EQ(c.spans[2].name(), "timestamp");
+    EXPECT_EQ(c.spans[2].action(), span_action::move);
+    for (const span_rule& rule : c.spans) EXPECT_EQ(rule.roles(), unsigned(role_system)) << rule.name();
     EXPECT_EQ(c.detect.mode, detect_mode::automatic);
     EXPECT_FALSE(c.options.max_tokens_cap);
     EXPECT_TRUE(c.clients.empty());

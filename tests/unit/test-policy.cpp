@@ -365,13 +365,46 @@ TEST(SpanBuiltins, ClaudeCodeBillingHeader) {
               billing_normalized);
     EXPECT_EQ(rewrite("claude-code-billing", "x-anthropic-billing-header: cc_version=2.1.197.fff; cc_entrypoint=cli;"),
               billing_normalized);
+    // Every field after the entry point goes, known or not, up to the end of the line; the next line stays.
     EXPECT_EQ(rewrite("claude-code-billing",
                       "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=sdk-ts;"
                       " cch=12345; cc_workload=cron; cc_is_subagent=true;\nYou are Claude Code."),
-              "x-anthropic-billing-header: cc_version=2.1.197; cc_entrypoint=sdk-ts; cc_workload=cron; "
-              "cc_is_subagent=true;\nYou are Claude Code.");
+              "x-anthropic-billing-header: cc_version=2.1.197; cc_entrypoint=sdk-ts;\nYou are Claude Code.");
     const std::string prose = "Mention the x-anthropic-billing-header only when asked.";
     EXPECT_EQ(rewrite("claude-code-billing", prose), prose);
+}
+
+// Claude Code 2.1.332 in first-party mode (_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL=1), as in
+// tests/fixtures/claude-code/first-party-turn-*.json: the cch nonce, a prompt id and turn counters change per request;
+// its binary knows more fields (cc_prev_req, cc_prev_msg, ...) and a later version may add any. Every turn of every
+// conversation of one installation and entry point gets the same line.
+TEST(SpanBuiltins, ClaudeCodeFirstPartyBillingHeaderWithEveryVolatileField) {
+    const std::string normalized = "x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=sdk-cli;";
+    for (const std::string line : {
+             "x-anthropic-billing-header: cc_version=2.1.332.3e1; cc_entrypoint=sdk-cli; cch=9c0a7; "
+             "cc_prompt_id=6fa459ea-ee8a-3ca4-894e-db77e160355e; cc_turn_origin=sdk; cc_prompt_index=0; "
+             "cc_turn_index=0;",
+             "x-anthropic-billing-header: cc_version=2.1.332.e07; cc_entrypoint=sdk-cli; cch=00d1f; "
+             "cc_prompt_id=123e4567-e89b-12d3-a456-426614174000; cc_turn_origin=sdk; cc_prompt_index=0; "
+             "cc_turn_index=2; cc_prev_req=req_011CVx; cc_prev_msg=msg_01Ab; cc_prev_prompt_index=0; "
+             "cc_dispatch_entrypoint=sdk-cli;",
+             "x-anthropic-billing-header: cc_version=2.1.332.a1b; cc_entrypoint=sdk-cli; cc_future_field=7f3e;",
+             "x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=sdk-cli;",
+         }) {
+        EXPECT_EQ(rewrite("claude-code-billing", line), normalized) << line;
+        EXPECT_EQ(rewrite("claude-code-billing", line + "\nYou are Claude Code."),
+                  normalized + "\nYou are Claude Code.")
+            << line;
+    }
+    // System blocks joined without a line break (a proxy's upstream may get them so): the fields go, the text stays.
+    EXPECT_EQ(rewrite("claude-code-billing",
+                      "x-anthropic-billing-header: cc_version=2.1.332.e07; cc_entrypoint=cli; cch=00d1f; "
+                      "cc_turn_index=2;You are a careful agent. Use key=value; pairs."),
+              "x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=cli;You are a careful agent. Use "
+              "key=value; pairs.");
+    // A header in a shape it does not know still becomes one constant line.
+    EXPECT_EQ(rewrite("claude-code-billing", "x-anthropic-billing-header: cch=5f2e1; cc_x=1;"),
+              rewrite("claude-code-billing", "x-anthropic-billing-header: cch=77777; cc_x=2;"));
 }
 
 TEST(SpanBuiltins, Uuids) {
@@ -515,7 +548,8 @@ TEST(SpanRules, HostileInputStaysLinear) {
     for (int i = 0; i < 25000; i++) hex += "aaaaaaaa-";
     const std::string billing_almost = [] {
         std::string s;
-        for (int i = 0; i < 5000; i++) s += "x-anthropic-billing-header: cc_version=1.2.3.";
+        // Almost the header (it has no ": " after its name), over and over.
+        for (int i = 0; i < 5000; i++) s += "x-anthropic-billing-header cc_version=1.2.3.";
         return s;
     }();
 
@@ -563,6 +597,73 @@ TEST(Policy, SpansFireInTheOutcome) {
                               message("user", "Do it.")});
     p.apply(next, {});
     EXPECT_EQ(next.messages[0].content, c.messages[0].content);
+}
+
+// A clock moved out of the system prompt goes to the end of the last message; in the next turn that message is
+// history, and gets the same note back, so the history renders as the previous prompt did (and the cache holds it,
+// with the answer after it): only the new note is new.
+TEST(Policy, MovedNoteComesBackWithItsMessageInLaterTurns) {
+    request_policy p = policy_from("");
+    const auto system = [](const std::string& time) {
+        return message("system", "You are terse. Current time: " + time);
+    };
+    chat_request one = chat({system("2026-12-06 11:42:17"), message("user", "Do it.")});
+    p.apply(one, {.tenant = "alice"});
+    EXPECT_EQ(one.messages[0].content, "You are terse. Current time: ");
+    const std::string note1 = "\n\n[moved from the system prompt: 2026-12-06 11:42:17]";
+    EXPECT_EQ(one.messages[1].content, "Do it." + note1);
+
+    chat_request two = chat({system("2026-12-06 11:43:02"), message("user", "Do it."), message("assistant", "Done."),
+                             message("user", "Next.")});
+    p.apply(two, {.tenant = "alice"});
+    EXPECT_EQ(two.messages[0].content, one.messages[0].content);
+    EXPECT_EQ(two.messages[1].content, one.messages[1].content);  // the first turn's note, as it was cached
+    EXPECT_EQ(two.messages[3].content, "Next.\n\n[moved from the system prompt: 2026-12-06 11:43:02]");
+
+    chat_request three = chat({system("2026-12-06 11:44:40"), message("user", "Do it."), message("assistant", "Done."),
+                               message("user", "Next."), message("assistant", "Ok."), message("user", "Last.")});
+    p.apply(three, {.tenant = "alice"});
+    EXPECT_EQ(three.messages[1].content, one.messages[1].content);
+    EXPECT_EQ(three.messages[3].content, two.messages[3].content);
+    EXPECT_EQ(three.messages[5].content, "Last.\n\n[moved from the system prompt: 2026-12-06 11:44:40]");
+
+    // The same request again (a retry, or a cut answer continued) reads as it did the first time.
+    chat_request retry = chat({system("2026-12-06 11:45:10"), message("user", "Do it."), message("assistant", "Done."),
+                               message("user", "Next."), message("assistant", "Ok."), message("user", "Last.")});
+    p.apply(retry, {.tenant = "alice"});
+    EXPECT_EQ(retry.messages[5].content, three.messages[5].content);
+
+    // Another tenant's conversation with the same words does not get alice's clock; nor does an edited history.
+    chat_request other = chat({system("2026-12-06 11:50:00"), message("user", "Do it."), message("assistant", "Done."),
+                               message("user", "Next.")});
+    p.apply(other, {.tenant = "bob"});
+    EXPECT_EQ(other.messages[1].content, "Do it.");
+    chat_request edited = chat({message("system", "You are brief. Current time: 2026-12-06 11:51:00"),
+                                message("user", "Do it."), message("assistant", "Done."), message("user", "Next.")});
+    p.apply(edited, {.tenant = "alice"});
+    EXPECT_EQ(edited.messages[1].content, "Do it.");
+}
+
+TEST(MovedNotes, BoundedOldestFirst) {
+    moved_notes notes(2, 1000);
+    const std::vector<common_chat_msg> msgs = {message("user", "a"), message("user", "b"), message("user", "c")};
+    const auto keys = conversation_keys("", msgs);
+    ASSERT_EQ(keys.size(), 3u);
+    EXPECT_FALSE(XXH128_isEqual(keys[0], keys[1]));
+    EXPECT_FALSE(XXH128_isEqual(keys[0], conversation_keys("t", msgs)[0]));
+    notes.remember(keys[0], "x");
+    notes.remember(keys[1], "y");
+    notes.remember(keys[2], "z");
+    EXPECT_EQ(notes.size(), 2u);
+    EXPECT_FALSE(notes.find(keys[0]));
+    EXPECT_EQ(notes.find(keys[2]), "z");
+    notes.remember(keys[1], std::string(2000, 'n'));  // larger than the whole budget: not kept, the old one stays
+    EXPECT_EQ(notes.find(keys[1]), "y");
+    moved_notes small(100, 10);
+    small.remember(keys[0], "12345678");
+    small.remember(keys[1], "12345678");  // over the bytes: the oldest goes
+    EXPECT_FALSE(small.find(keys[0]));
+    EXPECT_TRUE(small.find(keys[1]));
 }
 
 TEST(Policy, HeaderValueIsPrintableAndBounded) {
