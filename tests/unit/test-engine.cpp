@@ -260,11 +260,11 @@ TEST(engine_limits, the_default_generation_limit_applies_when_a_request_sets_non
 // Issue 14, item 3: one request's costly grammar held the engine thread, and so every other request, for minutes.
 TEST(engine_limits, a_token_that_takes_too_long_to_sample_ends_its_request_and_the_others_go_on) {
     // The limit is far above a plain token's sampling even under the sanitizers on a busy machine (it counts wall
-    // time, a preempted thread's too), and far below a 4,000-value grammar's pass over the 152K vocabulary on a fast
-    // machine (600 values take a second or more on two cores in a release build).
-    auto e = limited_engine([](engine_options& o) { o.sample_ms_limit = 1000; });
+    // time, a preempted thread's too; 150 ms was not), and below a 1,000-value grammar's pass over the 152K vocabulary
+    // on a fast machine (600 values take seconds on two cores in a release build).
+    auto e = limited_engine([](engine_options& o) { o.sample_ms_limit = 500; });
     auto slow = plain_request(*e, "Pick a value", 8);
-    slow->sampling.grammar = enum_grammar(4000);
+    slow->sampling.grammar = enum_grammar(1000);
     auto plain = plain_request(*e, "Tell me a story", 8);
     e->submit(slow);
     e->submit(plain);
