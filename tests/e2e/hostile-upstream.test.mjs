@@ -109,8 +109,14 @@ async function startProxy(dialect, extra = []) {
 const proxies = {};
 before(async () => {
     await new Promise((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+    // The OpenAI proxy's 1 s timeouts are what the hung and silent upstreams below trip. The other two serve only
+    // hostile streams, where a timeout is never the answer: a minute, so that on a loaded machine a line without end
+    // reaches its length limit before the first-byte timeout (it did not within 1 s).
     const timeouts = ['--first-byte-timeout', '1', '--upstream-idle-timeout', '1'];
-    for (const dialect of ['openai', 'anthropic', 'ollama']) proxies[dialect] = await startProxy(dialect, timeouts);
+    const generous = ['--first-byte-timeout', '60', '--upstream-idle-timeout', '60'];
+    for (const dialect of ['openai', 'anthropic', 'ollama']) {
+        proxies[dialect] = await startProxy(dialect, dialect === 'openai' ? timeouts : generous);
+    }
 });
 after(async () => {
     for (const res of hung) res.destroy();
