@@ -68,13 +68,13 @@ test('every fenced request example in README.md is marked, run here, and bounds 
 });
 
 let server;
-let small; // a slot of 128 tokens: an answer the agents' 8,192-token bounds allow ends there on the demo model
+let small; // a slot of 64 tokens: an answer the agents' 8,192-token bounds allow ends there on the demo model
 let keyed;
 const started = [];
 before(async () => {
     server = await startServer(['-c', '4096', '--parallel', '2']);
     started.push(server);
-    small = await startServer(['-c', '128', '--parallel', '1']);
+    small = await startServer(['-c', '64', '--parallel', '1']);
     started.push(small);
 });
 after(async () => {
@@ -141,7 +141,8 @@ async function exported(code, url) {
 test('README claude-code: Claude Code, set up as written, sends each answer its max_tokens and is answered', async () => {
     const { code } = snippet('claude-code');
     const key = code.match(/--api-key (\S+)/)[1];
-    keyed = await startServer(['-c', '16384', '--parallel', '1', '--api-key', key]);
+    // --max-sample-ms: the steering grammar below took over the default second per token on a loaded machine.
+    keyed = await startServer(['-c', '16384', '--parallel', '1', '--api-key', key, '--max-sample-ms', '600000']);
     started.push(keyed);
     // A random-weight model never ends its turn, and Claude Code takes a max_tokens stop for an error: as in
     // claude-code.test.mjs, its own CLAUDE_CODE_EXTRA_BODY asks for a one-value JSON answer and no thinking, and
@@ -157,13 +158,14 @@ test('README claude-code: Claude Code, set up as written, sends each answer its 
     const claudeLine = code.split('\n').find((l) => /^claude\b/.test(l)).replace(/#.*/, '').trim().split(/\s+/);
     const claude = path.join(here, 'node_modules/@anthropic-ai/claude-code/bin/claude.exe');
     const run = await new Promise((resolve) => {
-        execFile(claude, [...claudeLine.slice(1), '--tools', 'Read', '-p', 'Say hi'], {
+        const child = execFile(claude, [...claudeLine.slice(1), '--tools', 'Read', '-p', 'Say hi'], {
             cwd: home,
             timeout: 600_000,
             env: { ...env, HOME: home, DISABLE_TELEMETRY: '1', DISABLE_AUTOUPDATER: '1', DISABLE_ERROR_REPORTING: '1',
                 CLAUDE_CODE_EXTRA_BODY: JSON.stringify({ thinking: { type: 'disabled' },
                     output_config: { format: { type: 'json_schema', schema } } }) },
         }, (error, stdout, stderr) => resolve({ code: error ? (error.code ?? error.signal) : 0, stdout, stderr }));
+        child.stdin.end();  // print mode waits for a stdin that is not a terminal
     });
     assert.equal(run.code, 0, `claude exited ${run.code}\nstdout: ${run.stdout}\nstderr: ${run.stderr}`);
     const messages = capture.requests.filter((r) => r.path.startsWith('/v1/messages') && !r.path.includes('count'));
