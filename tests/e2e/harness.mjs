@@ -130,7 +130,8 @@ export async function metrics(url) {
     return values;
 }
 
-export async function waitFor(predicate, { timeoutMs = 10_000, intervalMs = 50 } = {}) {
+// A hang guard, not a timing claim: it polls until the predicate holds, for a minute by default (a loaded machine).
+export async function waitFor(predicate, { timeoutMs = 60_000, intervalMs = 50 } = {}) {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
         const value = await predicate();

@@ -87,7 +87,8 @@ test('300 idle sockets from one address lock out neither other addresses nor /he
         const asked = Date.now();
         const health = await request(`${server.url}/health`, { localAddress: '127.0.0.2' });
         assert.equal(health.status, 200, JSON.stringify(health.body));
-        assert.ok(Date.now() - asked < 2000, `/health took ${Date.now() - asked} ms`);
+        // Not after the idle sockets' 60 s header timeout: a generous bound for a loaded machine.
+        assert.ok(Date.now() - asked < 30_000, `/health took ${Date.now() - asked} ms`);
         assert.equal(health.body.status, 'ok');
         const other = await chat(server.url, { localAddress: '127.0.0.2' });
         assert.equal(other.status, 200, JSON.stringify(other.body));
@@ -99,8 +100,12 @@ test('300 idle sockets from one address lock out neither other addresses nor /he
         const over = await chat(server.url, { localAddress: '127.0.0.1' });
         assert.equal(over.status, 503);
         assert.match(over.body.error.message, /too many connections from 127\.0\.0\.1 \(limit 64 per address\)/);
-        const ownHealth = await request(`${server.url}/health`, { localAddress: '127.0.0.1' });
-        assert.equal(ownHealth.status, 200, JSON.stringify(ownHealth.body));
+        // Polled: on a loaded machine the server may take longer than 2.5 s to let the sockets over the limit go.
+        const ownHealth = await waitFor(async () => {
+            const res = await request(`${server.url}/health`, { localAddress: '127.0.0.1' });
+            return res.status === 200 && res;
+        });
+        assert.ok(ownHealth, '/health is answered for the flooding address');
     } finally {
         for (const s of sockets) s.destroy();
     }
@@ -113,9 +118,10 @@ test('a socket that never sends a request loses its slot after --header-timeout'
     const sockets = await idleSockets(quick.url, 64, '127.0.0.1');
     try {
         const started = Date.now();
-        const allClosed = await waitFor(() => sockets.every((s) => s.closedByServer), { timeoutMs: 5000 });
+        const allClosed = await waitFor(() => sockets.every((s) => s.closedByServer));
         assert.ok(allClosed, `${sockets.filter((s) => !s.closedByServer).length} idle sockets still open`);
-        assert.ok(Date.now() - started < 3000, `closed after ${Date.now() - started} ms`);
+        // Held to --header-timeout 1, not to the default 10 s: room for a loaded machine, still short of the default.
+        assert.ok(Date.now() - started < 8000, `closed after ${Date.now() - started} ms`);
         const res = await chat(quick.url, { localAddress: '127.0.0.1' });
         assert.equal(res.status, 200, JSON.stringify(res.body));
     } finally {

@@ -29,7 +29,7 @@ test('--log-format json: access lines with method, path, status, client, duratio
     assert.equal(missing.status, 404);
 
     let lines = [];
-    for (let i = 0; i < 50 && !lines.some((l) => l.path === '/no/such/path'); ++i) {
+    for (let i = 0; i < 600 && !lines.some((l) => l.path === '/no/such/path'); ++i) { // a hang guard: 60 s
         await new Promise((resolve) => setTimeout(resolve, 100));
         lines = jsonLines(server);
     }

@@ -462,7 +462,7 @@ TEST(disk_store, writer_killed_mid_way_leaves_only_verifiable_entries) {
         store.flush();
         ::_exit(0);
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);  // a hang guard
     // Kill while a write is in progress (a temp file exists), once there is something to verify. One listing gives
     // both counts, so they agree.
     for (;;) {

@@ -33,7 +33,7 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto io_timeout = 5s;
+constexpr auto io_timeout = 60s;  // a hang guard: nothing waits for it unless something is broken
 
 struct response {
     int status = 0;
@@ -727,8 +727,8 @@ TEST(HttpServer, ClientGoneDetectedAfterClientCloses) {
     auto closed_at = steady::now();
     auto fut = observed.get_future();
     ASSERT_EQ(fut.wait_for(io_timeout), std::future_status::ready);
-    EXPECT_TRUE(fut.get());
-    EXPECT_LT(steady::now() - closed_at, 1s);
+    EXPECT_TRUE(fut.get());  // seen before the handler's budget (io_timeout) ran out
+    EXPECT_LT(steady::now() - closed_at, io_timeout);
     EXPECT_FALSE(gone_before.get_future().get());
 }
 
@@ -806,7 +806,6 @@ TEST(HttpServer, ConcurrentSlowRequests) {
     });
     s.start();
 
-    auto t0 = steady::now();
     std::vector<std::thread> threads;
     std::atomic<int> ok{0};
     for (int i = 0; i < count; ++i) {
@@ -816,10 +815,8 @@ TEST(HttpServer, ConcurrentSlowRequests) {
         });
     }
     for (auto& t : threads) t.join();
-    auto elapsed = steady::now() - t0;
     EXPECT_EQ(ok, count);
-    EXPECT_EQ(saw_all, count);
-    EXPECT_LT(elapsed, 200ms * count / 2);  // sequential would take at least 8 x 200 ms
+    EXPECT_EQ(saw_all, count);  // every handler saw all of them running at once: no timing needed
 }
 
 TEST(HttpServer, StopClosesIdleKeepAliveAndStreamingConnections) {
@@ -831,7 +828,7 @@ TEST(HttpServer, StopClosesIdleKeepAliveAndStreamingConnections) {
         w.begin_stream(200, "text/event-stream");
         w.write_chunk("data: x\n\n");
         streaming.set_value();
-        auto deadline = steady::now() + 10s;
+        auto deadline = steady::now() + 2 * io_timeout;
         while (!w.client_gone() && steady::now() < deadline) std::this_thread::sleep_for(5ms);
         handler_done = true;
     });
@@ -846,7 +843,7 @@ TEST(HttpServer, StopClosesIdleKeepAliveAndStreamingConnections) {
 
     auto t0 = steady::now();
     s->stop();
-    EXPECT_LT(steady::now() - t0, 2s);
+    EXPECT_LT(steady::now() - t0, io_timeout);  // not the handler's own deadline (twice that)
     EXPECT_TRUE(handler_done);
     EXPECT_TRUE(idle.closed_by_server());
     EXPECT_TRUE(stream.closed_by_server());
@@ -1042,21 +1039,25 @@ TEST(HttpServer, AConnectionRunningARequestIsNeverTakenToMakeRoom) {
     o.max_connections_per_address = 0;
     http_server s(o);
     std::atomic<bool> slow_started{false};
+    std::atomic<bool> newcomer_served{false};
     s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
-    s.add_route("GET", "/slow", [&slow_started](const request&, response_writer& w) {
+    // Runs until the newcomer is served (a hang guard of io_timeout), however long that takes on a busy machine.
+    s.add_route("GET", "/slow", [&slow_started, &newcomer_served](const request&, response_writer& w) {
         slow_started = true;
-        std::this_thread::sleep_for(1500ms);
+        const auto deadline = steady::now() + io_timeout;
+        while (!newcomer_served && steady::now() < deadline) std::this_thread::sleep_for(10ms);
         reply_text(w, "done");
     });
     s.start();
     client busy(s.port(), "127.0.0.2");
     ASSERT_TRUE(busy.send(make_request("GET", "/slow")));
     auto idle = hold_connections(s.port(), 1, "127.0.0.2");
-    for (int i = 0; i < 250 && !slow_started; ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 6000 && !slow_started; ++i) std::this_thread::sleep_for(10ms);
     ASSERT_TRUE(slow_started);
 
     auto newcomer = hold_once_served(s.port(), "127.0.0.3");
     EXPECT_EQ(count_closed(idle), 1);  // the idle one went
+    newcomer_served = true;
     std::optional<response> r;
     r = busy.read_response();  // the busy one finishes its request
     ASSERT_TRUE(r);
@@ -1124,6 +1125,7 @@ TEST(HttpServer, IdleSocketsFromOneAddressDoNotLockOthersOut) {
     server_options o = local_options();
     o.max_connections = 8;
     o.max_connections_per_address = 4;
+    o.header_timeout = 2 * io_timeout;  // so a newcomer that waited for the idle sockets to go would wait that long
     http_server s(o);
     s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
     s.add_route("GET", "/health", [](const request&, response_writer& w) { reply_text(w, "up"); });
@@ -1141,7 +1143,7 @@ TEST(HttpServer, IdleSocketsFromOneAddressDoNotLockOthersOut) {
     r = roundtrip(s.port(), make_request("GET", "/health"), "127.0.0.2");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
-    EXPECT_LT(steady::now() - t0, 1s);
+    EXPECT_LT(steady::now() - t0, io_timeout);  // not after the idle sockets' header timeout
 
     // Past the threads that wait for an over-limit request (8 per address), a socket is answered and closed at once.
     auto refused = idle.back()->read_response();
@@ -1156,7 +1158,7 @@ TEST(HttpServer, IdleSocketsFromOneAddressDoNotLockOthersOut) {
 TEST(HttpServer, FirstRequestHasAShorterDeadlineThanKeepAlive) {
     server_options o = local_options();
     o.header_timeout = 300ms;
-    o.idle_timeout = 10s;
+    o.idle_timeout = 2 * io_timeout;  // a first request held to it would not be closed within closed_by_server's wait
     http_server s(o);
     s.add_route("GET", "/n", [](const request&, response_writer& w) { reply_text(w, "ok"); });
     s.start();
@@ -1172,9 +1174,9 @@ TEST(HttpServer, FirstRequestHasAShorterDeadlineThanKeepAlive) {
 
     auto t0 = steady::now();
     EXPECT_TRUE(silent.closed_by_server());
-    EXPECT_LT(steady::now() - t0, 2s);
+    EXPECT_LT(steady::now() - t0, io_timeout);
     EXPECT_TRUE(trickle.closed_by_server());
-    EXPECT_LT(steady::now() - t0, 2s);
+    EXPECT_LT(steady::now() - t0, io_timeout);
 
     // Idle keep-alive is held to idle_timeout, not header_timeout.
     std::this_thread::sleep_for(700ms);

@@ -169,8 +169,8 @@ TEST_F(local_generation_test, a_client_that_left_cancels_the_generation_and_is_c
     do {
         u = gen.next();
     } while (u && !u->done);
-    EXPECT_FALSE(u) << "the relay noticed the client and stopped";
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    EXPECT_FALSE(u) << "the relay noticed the client and stopped";  // else its 200 tokens would end it
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);       // a hang guard
     EXPECT_EQ(front.http.disconnects.load(), 1u);
 }
 

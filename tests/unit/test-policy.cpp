@@ -571,7 +571,8 @@ TEST(SpanRules, HostileInputStaysLinear) {
         EXPECT_EQ(messages[0].content, *input);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(seconds, 5.0) << "2 MB of hostile text through " << rules.size() << " rules";
+    // A hang guard far above linear work under the sanitizers on a busy machine; backtracking would take years.
+    EXPECT_LT(seconds, 60.0) << "2 MB of hostile text through " << rules.size() << " rules";
 }
 
 // --- the policy as a whole ---

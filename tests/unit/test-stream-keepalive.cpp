@@ -19,32 +19,42 @@ keepalive_writer pinging(test_support::fake_writer& client, std::chrono::millise
 
 }  // namespace
 
+// Every wait here holds on a busy machine: a check that nothing is due comes well inside its interval, one that
+// something is due polls for it.
 TEST(stream_keepalive, a_quiet_stream_gets_a_keepalive_per_interval) {
     test_support::fake_writer client;
-    keepalive_writer w = pinging(client, 30ms);
-    std::this_thread::sleep_for(40ms);
+    keepalive_writer w = pinging(client, 1s);
+    std::this_thread::sleep_for(1100ms);
     EXPECT_FALSE(w.client_gone());
     EXPECT_EQ(client.body, "");  // nothing before the stream begins (a whole answer has no room for one)
 
     ASSERT_TRUE(w.begin_stream(200, "text/event-stream"));
     EXPECT_FALSE(w.client_gone());
-    EXPECT_EQ(client.body, "");  // not due yet
-    std::this_thread::sleep_for(40ms);
-    EXPECT_FALSE(w.client_gone());
+    EXPECT_EQ(client.body, "");                              // not due yet
+    for (int i = 0; i < 6000 && client.body.empty(); ++i) {  // a hang guard: 60 s
+        std::this_thread::sleep_for(10ms);
+        EXPECT_FALSE(w.client_gone());
+    }
     EXPECT_EQ(client.body, ": ka\n\n");
     EXPECT_FALSE(w.client_gone());  // the keep-alive was a write: the next one is an interval away
     EXPECT_EQ(w.keepalives_written(), 1);
 
-    std::this_thread::sleep_for(20ms);
-    ASSERT_TRUE(w.write_chunk("data: x\n\n"));  // a real write restarts the interval
-    std::this_thread::sleep_for(20ms);
-    EXPECT_FALSE(w.client_gone());
-    EXPECT_EQ(client.body, ": ka\n\ndata: x\n\n");
-
     w.end_stream();
-    std::this_thread::sleep_for(40ms);
+    std::this_thread::sleep_for(1100ms);
     EXPECT_FALSE(w.client_gone());
     EXPECT_EQ(w.keepalives_written(), 1);  // nothing after the end
+}
+
+TEST(stream_keepalive, a_real_write_restarts_the_interval) {
+    test_support::fake_writer client;
+    keepalive_writer w = pinging(client, 3s);
+    ASSERT_TRUE(w.begin_stream(200, "text/event-stream"));
+    std::this_thread::sleep_for(1500ms);
+    ASSERT_TRUE(w.write_chunk("data: x\n\n"));
+    std::this_thread::sleep_for(1700ms);  // past the interval since the stream began, half of it since the write
+    EXPECT_FALSE(w.client_gone());
+    EXPECT_EQ(client.body, "data: x\n\n");
+    EXPECT_EQ(w.keepalives_written(), 0);
 }
 
 TEST(stream_keepalive, zero_means_never) {

@@ -57,10 +57,10 @@ protected:
             while (w.write_chunk("data: tick\n\n") && !w.client_gone()) std::this_thread::sleep_for(10ms);
             endless_stopped = true;
         });
-        // The head at once, then nothing for up to three seconds (a long prefill), unless the client leaves.
+        // The head at once, then nothing for up to a minute (a long prefill), unless the client leaves.
         server->add_route("GET", "/silent", [](const http::request&, http::response_writer& w) {
             w.begin_stream(200, "text/event-stream");
-            for (int i = 0; i < 150 && !w.client_gone(); ++i) std::this_thread::sleep_for(20ms);
+            for (int i = 0; i < 3000 && !w.client_gone(); ++i) std::this_thread::sleep_for(20ms);
             w.end_stream();
         });
         server->start();
@@ -145,7 +145,7 @@ TEST_F(UpstreamBody, ABodyArrivesWholeAndInOrderWithItsEnd) {
     const auto sent = clock_type::now();
     ASSERT_EQ(conn.send("GET", "/stream").status, 200);
     proxy::upstream_body_reader reader(conn);
-    std::optional<proxy::upstream_body_reader::piece> first = reader.next(5s);
+    std::optional<proxy::upstream_body_reader::piece> first = reader.next(60s);
     ASSERT_TRUE(first);
     EXPECT_EQ(first->bytes, "data: 0\n\n");
     EXPECT_GE(first->read_at, sent);
@@ -168,7 +168,7 @@ TEST_F(UpstreamBody, NextWaitsNoLongerThanItIsTold) {
     EXPECT_FALSE(reader.next(100ms));
     const auto waited = clock_type::now() - start;
     EXPECT_GE(waited, 100ms);
-    EXPECT_LT(waited, 2s);
+    EXPECT_LT(waited, 30s);  // not the upstream's minute
 }
 
 TEST_F(UpstreamBody, AConsumerThatStopsReadingStopsTheUpstreamAndLosesNoByte) {
@@ -220,14 +220,14 @@ TEST_F(UpstreamBody, FinishWithoutDrainCancelsABodyThatGoesOn) {
     conn->send("GET", "/endless");
     {
         proxy::upstream_body_reader reader(*conn);
-        ASSERT_TRUE(reader.next(5s));
+        ASSERT_TRUE(reader.next(60s));
         const auto start = clock_type::now();
         EXPECT_FALSE(reader.finish(false));
-        EXPECT_LT(clock_type::now() - start, 1s);
+        EXPECT_LT(clock_type::now() - start, 30s);  // a hang guard: the body never ends
         EXPECT_FALSE(conn->reusable());
     }
     conn.reset();  // what the proxy does with a connection it cannot reuse: the upstream sees its client go
-    for (int i = 0; i < 250 && !endless_stopped; ++i) std::this_thread::sleep_for(20ms);
+    for (int i = 0; i < 3000 && !endless_stopped; ++i) std::this_thread::sleep_for(20ms);
     EXPECT_TRUE(endless_stopped) << "the upstream still writes to a connection the proxy gave up";
 }
 
@@ -237,7 +237,7 @@ TEST_F(UpstreamBody, FinishCancelsAnUpstreamThatSaysNothing) {
     proxy::upstream_body_reader reader(conn);
     const auto start = clock_type::now();
     EXPECT_FALSE(reader.finish(false));
-    EXPECT_LT(clock_type::now() - start, 1s);  // not the upstream's three seconds
+    EXPECT_LT(clock_type::now() - start, 30s);  // not the upstream's minute
 }
 
 TEST_F(UpstreamBody, FinishWithDrainReadsTheEndSoTheConnectionCarriesTheNextRequest) {
@@ -246,7 +246,7 @@ TEST_F(UpstreamBody, FinishWithDrainReadsTheEndSoTheConnectionCarriesTheNextRequ
     proxy::upstream_body_reader reader(conn);
     std::string bytes;
     while (bytes.find("data: 2") == std::string::npos) {
-        std::optional<proxy::upstream_body_reader::piece> p = reader.next(5s);
+        std::optional<proxy::upstream_body_reader::piece> p = reader.next(60s);
         ASSERT_TRUE(p && !p->end && p->error.empty());
         bytes += p->bytes;
     }
@@ -261,12 +261,12 @@ TEST_F(UpstreamBody, FinishWithDrainGivesUpOnABodyThatGoesOn) {
     http::client_connection conn(origin);
     conn.send("GET", "/endless");
     proxy::upstream_body_reader reader(conn);
-    ASSERT_TRUE(reader.next(5s));
+    ASSERT_TRUE(reader.next(60s));
     const auto start = clock_type::now();
     EXPECT_FALSE(reader.finish(true));
     const auto took = clock_type::now() - start;
     EXPECT_GE(took, 200ms);  // it waited for the end a while
-    EXPECT_LT(took, 2s);
+    EXPECT_LT(took, 30s);    // and gave up: the body never ends
     EXPECT_FALSE(conn.reusable());
 }
 
@@ -276,8 +276,8 @@ TEST_F(UpstreamBody, DestroyingTheReaderWithoutFinishStopsItsThread) {
     const auto start = clock_type::now();
     {
         proxy::upstream_body_reader reader(conn);
-        ASSERT_TRUE(reader.next(5s));
+        ASSERT_TRUE(reader.next(60s));
     }
-    EXPECT_LT(clock_type::now() - start, 2s);
+    EXPECT_LT(clock_type::now() - start, 30s);  // a hang guard: the body never ends
     EXPECT_FALSE(conn.reusable());
 }

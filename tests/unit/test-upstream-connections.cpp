@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,9 +118,11 @@ TEST_F(UpstreamConnections, ANewConnectionGetsThePoolsOptions) {
     // A read timeout shorter than the upstream's pause: the pool's options reach the connection it makes.
     http::server_options options;
     options.port = 0;
+    std::atomic<bool> timed_out{false};
     http::http_server silent(options);
-    silent.add_route("GET", "/slow", [](const http::request&, http::response_writer& w) {
-        std::this_thread::sleep_for(500ms);
+    // Answers only once the client has timed out (60 s at most), however late its timer fires on a busy machine.
+    silent.add_route("GET", "/slow", [&timed_out](const http::request&, http::response_writer& w) {
+        for (int i = 0; i < 6000 && !timed_out; ++i) std::this_thread::sleep_for(10ms);
         w.send(200, "text/plain", "late");
     });
     silent.start();
@@ -127,4 +130,5 @@ TEST_F(UpstreamConnections, ANewConnectionGetsThePoolsOptions) {
                                           4, {.read_timeout = 100ms});
     auto conn = slow_pool.take(0);
     EXPECT_THROW(conn->send("GET", "/slow"), http::client_error);
+    timed_out = true;
 }

@@ -74,7 +74,7 @@ TEST(UpstreamHostileStreams, OpenAIToolCallIndexOfAHundredMillionAllocatesNothin
     const auto start = std::chrono::steady_clock::now();
     decoder.push(tool_delta("99999999"));
     expect_failed(decoder, "tool call index 99999999");
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);  // a hang guard; 100M tool calls would exhaust memory
     EXPECT_TRUE(decoder.message().tool_calls.empty());
 }
 
@@ -316,7 +316,8 @@ TEST(UpstreamHostileStreams, AnAnswerInManySmallPiecesTakesLinearTime) {
     };
     const auto large = time_in_pieces_of(65536);
     const auto pieces = time_in_pieces_of(2048);
-    EXPECT_LT(pieces, 3 * large + 200ms);
+    // Measured side by side; a wide margin for a busy machine, still a third of what the copies would take.
+    EXPECT_LT(pieces, 10 * large + 1s);
 }
 
 TEST(UpstreamHostileStreams, ErrorBodiesAndCountsFromAnUpstreamAreBounded) {
@@ -350,7 +351,8 @@ TEST(UpstreamHostileStreams, AnEventOfManyKeysParsesInLinearTime) {
     };
     const auto as_text = time_of("\"" + text + "\"");
     const auto as_keys = time_of("{" + keys + "}");
-    EXPECT_LT(as_keys, 20 * as_text + 1s);
+    // A wide margin for a busy machine or the sanitizers, still a fifth of the linear search's 27 s.
+    EXPECT_LT(as_keys, 100 * as_text + 5s);
 }
 
 TEST(UpstreamHostileStreams, OllamaToolArgumentsKeepTheOrderTheModelWroteThem) {

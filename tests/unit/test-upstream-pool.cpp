@@ -72,7 +72,7 @@ proxy::pool_options checking_every(std::chrono::milliseconds interval, std::vect
 }
 
 bool eventually(const auto& condition) {
-    for (int i = 0; i < 250; ++i) {
+    for (int i = 0; i < 3000; ++i) {  // a hang guard: 60 s
         if (condition()) return true;
         std::this_thread::sleep_for(20ms);
     }
