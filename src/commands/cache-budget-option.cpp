@@ -38,7 +38,8 @@ cache_budget parse_cache_budget(std::string_view text, const std::string& option
     while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
     if (text == "-1") return std::nullopt;
     size_t number_end = 0;
-    while (number_end < text.size() && ((text[number_end] >= '0' && text[number_end] <= '9') || text[number_end] == '.'))
+    while (number_end < text.size() &&
+           ((text[number_end] >= '0' && text[number_end] <= '9') || text[number_end] == '.'))
         ++number_end;
     const std::string_view number = text.substr(0, number_end);
     std::string_view unit = text.substr(number_end);
@@ -93,8 +94,9 @@ uint64_t half_of_free_disk(const std::filesystem::path& dir) {
         at = at.parent_path();
     }
     const std::filesystem::space_info space = std::filesystem::space(at.empty() ? "." : at, ec);
-    if (ec) throw std::runtime_error("--cache-disk -1: cannot tell the free space of '" + dir.string() + "': " +
-                                     ec.message());
+    if (ec)
+        throw std::runtime_error("--cache-disk -1: cannot tell the free space of '" + dir.string() +
+                                 "': " + ec.message());
     return space.available / 2;
 }
 

@@ -30,9 +30,8 @@ public:
         }
         groups.insert(groups.end(), order_.begin(), order_.end());
         for (const std::string& group : groups) {
-            const std::vector<const CLI::Option*> opts = app->get_options([&group](const CLI::Option* opt) {
-                return opt->get_group() == group && opt->nonpositional();
-            });
+            const std::vector<const CLI::Option*> opts = app->get_options(
+                [&group](const CLI::Option* opt) { return opt->get_group() == group && opt->nonpositional(); });
             if (!group.empty() && !opts.empty()) out << make_group(group, false, opts) << "\n";
         }
         out << make_subcommands(app, mode);

@@ -106,20 +106,15 @@ void add_mkmodel_command(CLI::App& app) {
                     "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
     cmd->add_option("-o,--output", o->output, "Output file (default: ./<model name>.gguf)");
     cmd->add_option("--arch", f.arch, "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net)");
-    cmd->add_option("--layers", f.n_layer, "Number of blocks")
-        ->check(whole_number_at_least(1, "blocks"));
-    cmd->add_option("--width", f.n_embd, "Embedding length")
-        ->check(whole_number_at_least(1, ""));
-    cmd->add_option("--heads", f.n_head, "Query heads")
-        ->check(whole_number_at_least(1, "heads"));
+    cmd->add_option("--layers", f.n_layer, "Number of blocks")->check(whole_number_at_least(1, "blocks"));
+    cmd->add_option("--width", f.n_embd, "Embedding length")->check(whole_number_at_least(1, ""));
+    cmd->add_option("--heads", f.n_head, "Query heads")->check(whole_number_at_least(1, "heads"));
     cmd->add_option("--kv-heads", f.n_head_kv, "KV heads (must divide --heads)")
         ->check(whole_number_at_least(1, "heads"));
     cmd->add_option("--head-dim", f.head_dim, "Head size (default: width / heads)")
         ->check(whole_number_at_least(0, "0: width / heads"));
-    cmd->add_option("--ff", f.n_ff, "Feed-forward length")
-        ->check(whole_number_at_least(1, ""));
-    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe)")
-        ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--ff", f.n_ff, "Feed-forward length")->check(whole_number_at_least(1, ""));
+    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe)")->check(whole_number_at_least(0, ""));
     cmd->add_option("--experts-used", f.n_expert_used, "Experts used per token (qwen3moe)")
         ->check(whole_number_at_least(0, ""));
     cmd->add_option("--expert-ff", f.n_ff_exp, "Feed-forward length of each expert (qwen3moe)")

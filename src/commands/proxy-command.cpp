@@ -8,15 +8,15 @@
 #include <chrono>
 #include <csignal>
 #include <iostream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/environment-options.h"
 #include "commands/listen-options.h"
-#include "commands/number-checks.h"
 #include "commands/llama-server-flags.h"
+#include "commands/number-checks.h"
 #include "config/key-file-mode.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
@@ -161,16 +161,16 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool n
 
     std::ostringstream banner;  // stdout: as it is, or one JSON line per line with --log-format json
     banner << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
-              << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
+           << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
     const json state = pool.cache_json();
     for (const auto& u : state["upstreams"]) {
         banner << "  " << u["url"].get<std::string>() << " (" << u["dialect"].get<std::string>() << ", model "
-                  << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
-                  << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
+               << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
+               << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
     }
     banner << "  policy: " << describe_policy(*ctx.policy) << "\n";
     banner << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
-              << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
+           << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
     const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
     log::announce("proxy", banner.str());
     log::announce("proxy", "listening on " + url, {{"url", url}});
@@ -205,7 +205,8 @@ void add_proxy_command(CLI::App& app) {
     option("--alias", cmd->add_option("--alias", opts->settings.model_alias, "Model name reported to clients"))
         ->capture_default_str();
     option("--host", cmd->add_option("--host", h.host, "Address to listen on"))->capture_default_str();
-    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))->capture_default_str()
+    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))
+        ->capture_default_str()
         ->check(whole_number(0, 65535, ""));
     option("--api-key", cmd->add_option("--api-key", h.api_key,
                                         "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, "

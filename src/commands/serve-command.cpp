@@ -56,14 +56,14 @@ struct serve_options {
     std::vector<std::string> model_aliases;  // the first is the name reported; the others map to it
     common_params_sampling sampling;         // what requests that leave a sampling field unset get (--temp, ...)
     std::string chat_template_file;
-    std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
+    std::string cache_dir;                         // empty: <keepwarm cache>/prefix-cache
     cache_budget cache_ram = uint64_t{4} << 30;    // --cache-ram; nullopt: -1, half of the machine's memory
     cache_budget cache_disk = uint64_t{16} << 30;  // --cache-disk; nullopt: -1, half of the disk's free space
     std::string policy_file;
     bool no_policy = false;
-    std::string settings_file;              // --config
+    std::string settings_file;                  // --config
     std::vector<std::string> from_environment;  // the variables applied (LLAMA_ARG_*, ...), named in the banner
-    std::optional<written_policy> written;  // its [policy] table
+    std::optional<written_policy> written;      // its [policy] table
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
@@ -197,18 +197,18 @@ int run_serve(serve_options opts) {
     const auto& eo = model.llm->options();
     std::ostringstream banner;  // stdout: as it is, or one JSON line per line with --log-format json
     banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
-              << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
-              << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
-              << ", " << eo.threads << " threads\n"
-              << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
-              << (eo.cpu_moe_layers == 0  ? ""
-                  : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
-                                          : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
-                                                " blocks in host memory (--n-cpu-moe)")
-              << "\n"
-              << "  " << describe_cache_budgets(eo) << "\n"
-              << "  policy: " << describe_policy(*ctx.policy) << "\n"
-              << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
+           << "  context " << eo.context_size << " tokens, " << eo.slots << " slots of "
+           << model.llm->slot_context_size() << " tokens, KV cache " << opts.cache_type_k << "/" << opts.cache_type_v
+           << ", " << eo.threads << " threads\n"
+           << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
+           << (eo.cpu_moe_layers == 0  ? ""
+               : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
+                                       : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
+                                             " blocks in host memory (--n-cpu-moe)")
+           << "\n"
+           << "  " << describe_cache_budgets(eo) << "\n"
+           << "  policy: " << describe_policy(*ctx.policy) << "\n"
+           << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
     if (!opts.from_environment.empty()) {
         std::string names;
         for (const std::string& v : opts.from_environment) names += (names.empty() ? "" : ", ") + v;
@@ -219,7 +219,7 @@ int run_serve(serve_options opts) {
     }
     if (model.random_weights) {
         banner << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
-                  << "        Pass --model PATH.gguf to serve a real model.\n";
+               << "        Pass --model PATH.gguf to serve a real model.\n";
     }
     log::announce("serve", banner.str());
     log::announce("serve", "listening on " + url, {{"url", url}});
@@ -300,8 +300,7 @@ help_groups serve_help_groups() {
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
           "--idle-to-ram-at", "--no-cache-hints"}},
         {"Policy", {"--policy", "--no-policy"}},
-        {"Network",
-         {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
+        {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
         {"Security: keys, tenants, connection limits",
          {"--api-key", "--api-keys-file", "--api-key-file", "--shared-cache", "--log-prompts", "--no-reuse-report",
           "--max-connections", "--max-connections-per-address", "--max-body"}},
@@ -329,13 +328,15 @@ void add_serve_command(CLI::App& app) {
         ->delimiter(',');
     cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
     cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")
-        ->check(whole_number(0, 65535, ""))->capture_default_str();
+        ->check(whole_number(0, 65535, ""))
+        ->capture_default_str();
     cmd->add_option("--api-key", h.api_key,
                     "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, as llama-server "
                     "(env KEEPWARM_API_KEY or LLAMA_API_KEY)");
     add_tenancy_options(*cmd, opts->tenancy, "cache");
     add_log_options(*cmd);
-    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str()
+    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")
+        ->capture_default_str()
         ->check(whole_number_at_least(1, "bytes"));
     cmd->add_option_function<double>(
            "--idle-timeout",
@@ -385,8 +386,7 @@ void add_serve_command(CLI::App& app) {
                     "CPU, so a model larger than the GPU still runs on it")
         ->check(whole_number_at_least(0, "blocks"));
     cmd->add_flag_callback(
-        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; },
-        "MoE models: keep every block's expert weights in host memory");
+        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; }, "MoE models: keep every block's expert weights in host memory");
     cmd->add_option_function<std::string>(
            "--flash-attn",
            [&e](const std::string& v) {
@@ -537,8 +537,10 @@ void add_serve_command(CLI::App& app) {
             if (const auto unread = unread_variables(llama_server_environment(), env, "LLAMA_ARG_"); !unread.empty()) {
                 std::string names;
                 for (const std::string& v : unread) names += (names.empty() ? "" : ", ") + v;
-                log::warn("serve", "environment variables of llama-server options that keepwarm does not have, not "
-                          "read: {}", names);
+                log::warn("serve",
+                          "environment variables of llama-server options that keepwarm does not have, not "
+                          "read: {}",
+                          names);
             }
             if (!opts->settings_file.empty()) {
                 apply_options_file(*cmd, opts->settings_file, settings_file_rules(*opts, *cmd));

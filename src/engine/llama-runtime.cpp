@@ -36,7 +36,7 @@ void log_callback(ggml_log_level level, const char* text, void*) {
     last_shown = show;
     if (!show || text == nullptr) return;
     if (level != GGML_LOG_LEVEL_CONT && pending.empty()) {
-        line_level = level == GGML_LOG_LEVEL_ERROR ? log::level::error
+        line_level = level == GGML_LOG_LEVEL_ERROR  ? log::level::error
                      : level == GGML_LOG_LEVEL_WARN ? log::level::warn
                                                     : log::level::info;  // what --verbose asked to see
     }

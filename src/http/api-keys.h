@@ -53,7 +53,8 @@ std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
 std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool shared_cache);
 
 // What `serve` and `proxy` do with --api-key (a comma-separated list, as llama-server's: the first key stays in
-// `single_key`, the others join `keys` as the shared tenant's), --api-keys-file, --shared-cache and llama-server's --api-key-file
+// `single_key`, the others join `keys` as the shared tenant's), --api-keys-file, --shared-cache and llama-server's
+// --api-key-file
 // (`shared_keys_file`: a key per line, every key of the one shared tenant, as many as with --api-key): fills `keys`
 // from the file and returns the isolated tenants' names (none when every key shares the one tenant: a single key,
 // one tenant name, --shared-cache, or a key-per-line file). Throws std::invalid_argument naming the file's line, or

@@ -137,9 +137,9 @@ public:
     http_server(const http_server&) = delete;
     http_server& operator=(const http_server&) = delete;
 
-    // Register before start() (or before open() on a held server). Exact path match; a path with a route but another method answers 405. A path ending
-    // in "/*" (e.g. "/v1/models/*") takes every longer path under it that no exact route takes, the longest such
-    // prefix first; its handler reads the rest from request::path (see path_rest).
+    // Register before start() (or before open() on a held server). Exact path match; a path with a route but another
+    // method answers 405. A path ending in "/*" (e.g. "/v1/models/*") takes every longer path under it that no exact
+    // route takes, the longest such prefix first; its handler reads the rest from request::path (see path_rest).
     void add_route(const std::string& method, const std::string& path, handler h, route_options options = {});
     // Paths under `prefix` (e.g. "/api/") that no route takes are answered 404 with `format`, the error shape of the
     // API that lives there, rather than OpenAI's; so are errors found before a route is (a body over the limit, a

@@ -32,9 +32,8 @@ struct serve_like {
 };
 
 const std::vector<environment_binding> bindings = {
-    {"--model", "LLAMA_ARG_MODEL"},     {"--ctx-size", "LLAMA_ARG_CTX_SIZE"},
-    {"--no-mmap", "LLAMA_ARG_MMAP", true}, {"--no-mmap", "LLAMA_ARG_NO_MMAP"},
-    {"--alias", "LLAMA_ARG_ALIAS"},     {"--hf-repo", "LLAMA_ARG_HF_REPO"},
+    {"--model", "LLAMA_ARG_MODEL"},     {"--ctx-size", "LLAMA_ARG_CTX_SIZE"}, {"--no-mmap", "LLAMA_ARG_MMAP", true},
+    {"--no-mmap", "LLAMA_ARG_NO_MMAP"}, {"--alias", "LLAMA_ARG_ALIAS"},       {"--hf-repo", "LLAMA_ARG_HF_REPO"},
 };
 
 }  // namespace
