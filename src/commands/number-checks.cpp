@@ -35,7 +35,7 @@ CLI::Validator whole_number(int64_t min, int64_t max, const std::string& unit) {
     const bool bounded_above = max < (int64_t{1} << 30);
     const std::string rule = bounds(std::to_string(min), std::to_string(max), bounded_above, false, unit);
     return CLI::Validator(
-        [min, max, rule](std::string& text) -> std::string {
+        [min, max, rule, bounded_above](std::string& text) -> std::string {
             int64_t value = 0;
             const auto r = std::from_chars(text.data(), text.data() + text.size(), value);
             if (r.ec == std::errc::result_out_of_range) {
@@ -45,7 +45,9 @@ CLI::Validator whole_number(int64_t min, int64_t max, const std::string& unit) {
                 return "must be a whole number " + rule + ", not '" + text + "'";
             }
             if (value < min) return "must be " + rule + ", not " + text;
-            if (value > max) return "must be at most " + std::to_string(max) + ", not " + text;
+            if (value > max) {
+                return "must be " + (bounded_above ? rule : "at most " + std::to_string(max)) + ", not " + text;
+            }
             return std::string();
         },
         "");
