@@ -3,10 +3,12 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "bench/depth-bench.h"
+#include "commands/command-line-help.h"
 #include "commands/doctor-command.h"
 #include "commands/llama-server-flags.h"
 #include "commands/model-commands.h"
@@ -25,12 +27,22 @@ int main(int argc, char** argv) {
     keepwarm::add_doctor_command(app);
     keepwarm::add_proxy_command(app);
 
+    std::vector<std::string> args;
     try {
         // llama-server's command lines work here too: its -ngl, -fa, ... (CLI11 only knows -x and --xx).
-        std::vector<std::string> args = keepwarm::expand_llama_server_flags({argv + 1, argv + argc});
-        std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
-        app.parse(args);
+        args = keepwarm::expand_llama_server_flags({argv + 1, argv + argc});
+        std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse order
+        app.parse(reversed);
     } catch (const CLI::ParseError& e) {
+        // A mistyped command or option: say which, and the nearest one, rather than "not expected".
+        const bool unexpected = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr ||
+                                dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
+        if (unexpected) {
+            if (const auto message = keepwarm::unknown_word_message(app, args)) {
+                std::cerr << *message << std::endl;
+                return e.get_exit_code();
+            }
+        }
         return app.exit(e);
     }
     return 0;

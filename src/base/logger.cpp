@@ -172,6 +172,27 @@ void write(level l, std::string_view component, std::string_view message, std::i
     }
 }
 
+void announce(std::string_view component, std::string_view text, std::initializer_list<field> fields) {
+    std::string out;
+    if (line_format.load(std::memory_order_relaxed) == format::json) {
+        const std::initializer_list<field> none = {};
+        while (!text.empty()) {
+            const size_t end = text.find('\n');
+            std::string_view line = text.substr(0, end);
+            text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+            const size_t start = line.find_first_not_of(' ');
+            line = start == std::string_view::npos ? std::string_view() : line.substr(start);
+            if (!line.empty()) out += json_line(level::info, component, line, text.empty() ? fields : none);
+        }
+    } else {
+        out = text;
+        if (out.empty() || out.back() != '\n') out += '\n';
+    }
+    std::lock_guard lock(output_mutex);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+}
+
 namespace detail {
 
 std::string substitute(std::string_view text, const std::string* args, size_t count) {

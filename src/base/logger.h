@@ -78,6 +78,12 @@ struct fixed {
     int decimals;
 };
 
+// What a command tells its user on stdout (serve's start-up banner, "listening on URL"): `text` as it is, followed by
+// a newline, with the text format; one JSON line per line of `text` with the json format (time, level info,
+// `component`, msg: the line without its indentation, and `fields` on the last line), so that everything the process
+// writes can be read by one log collector. Written whatever the level.
+void announce(std::string_view component, std::string_view text, std::initializer_list<field> fields = {});
+
 // Sends every line (with its '\n') to `sink` instead of stderr, for tests; an empty function restores stderr.
 void set_sink(std::function<void(std::string_view line)> sink);
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/logger.h"
+#include "commands/number-checks.h"
 #include "config/key-file-mode.h"
 #include "http/api-keys.h"
 #include "policy/policy-file.h"
@@ -49,7 +50,7 @@ CLI::Option* add_stream_keepalive_option(CLI::App& cmd, std::chrono::millisecond
             [&interval](double seconds) { interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
             "A stream with nothing to send for this many seconds (a long prompt being computed) gets its API's "
             "keep-alive: an SSE comment, an Anthropic ping, an Ollama line with empty content (default 10; 0: never)")
-        ->check(CLI::Range(0.0, 3600.0));
+        ->check(real_number(0, 3600, "seconds; 0: never"));
 }
 
 void add_log_options(CLI::App& cmd) {

@@ -20,6 +20,7 @@ const std::map<std::string, std::string>& single_dash_names() {
         {"-hfr", "--hf-repo"},           {"-hff", "--hf-file"},        {"-hft", "--hf-token"},
         {"-hfd", "--hf-repo-draft"},     {"-hfrd", "--hf-repo-draft"}, {"-mu", "--model-url"},
         {"-dr", "--docker-repo"},        {"-ncmoe", "--n-cpu-moe"},    {"-cmoe", "--cpu-moe"},
+        {"-cram", "--cache-ram"},
     };
     return names;
 }
@@ -55,6 +56,14 @@ void add_refused(CLI::App& serve, const std::string& names, bool takes_value, st
 
 }  // namespace
 
+std::vector<std::string> llama_server_single_dash_names(const std::string& long_name) {
+    std::vector<std::string> names;
+    for (const auto& [single, name] : single_dash_names()) {
+        if (name == long_name) names.push_back(single);
+    }
+    return names;
+}
+
 std::vector<std::string> expand_llama_server_flags(const std::vector<std::string>& args) {
     std::vector<std::string> out;
     out.reserve(args.size());
@@ -78,8 +87,73 @@ std::vector<std::string> expand_llama_server_flags(const std::vector<std::string
     return out;
 }
 
+const std::vector<environment_binding>& api_key_environment() {
+    static const std::vector<environment_binding> bindings = {
+        {"--api-key", "KEEPWARM_API_KEY"},
+        {"--api-key", "LLAMA_API_KEY"},
+    };
+    return bindings;
+}
+
+const std::vector<environment_binding>& llama_server_environment() {
+    static const std::vector<environment_binding> bindings = [] {
+        std::vector<environment_binding> b = api_key_environment();
+        const std::vector<environment_binding> llama = {
+            // Model and engine.
+            {"--model", "LLAMA_ARG_MODEL"},
+            {"--alias", "LLAMA_ARG_ALIAS"},
+            {"--ctx-size", "LLAMA_ARG_CTX_SIZE"},
+            {"--parallel", "LLAMA_ARG_N_PARALLEL"},
+            {"--batch-size", "LLAMA_ARG_BATCH"},
+            {"--ubatch-size", "LLAMA_ARG_UBATCH"},
+            {"--threads", "LLAMA_ARG_THREADS"},
+            {"--gpu-layers", "LLAMA_ARG_N_GPU_LAYERS"},
+            {"--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE"},
+            {"--cpu-moe", "LLAMA_ARG_CPU_MOE"},
+            {"--flash-attn", "LLAMA_ARG_FLASH_ATTN"},
+            {"--mlock", "LLAMA_ARG_MLOCK"},
+            {"--no-mmap", "LLAMA_ARG_MMAP", /*inverted=*/true},
+            {"--no-mmap", "LLAMA_ARG_NO_MMAP"},
+            {"--load-mode", "LLAMA_ARG_LOAD_MODE"},
+            {"--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"},
+            {"--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"},
+            {"--cache-ram", "LLAMA_ARG_CACHE_RAM"},
+            {"--n-predict", "LLAMA_ARG_N_PREDICT"},
+            {"--top-k", "LLAMA_ARG_TOP_K"},
+            {"--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE"},
+            // Network and keys.
+            {"--host", "LLAMA_ARG_HOST"},
+            {"--port", "LLAMA_ARG_PORT"},
+            {"--api-key-file", "LLAMA_ARG_API_KEY_FILE"},
+            // What keepwarm does anyway: accepted, or refused when they ask for the opposite.
+            {"--jinja", "LLAMA_ARG_JINJA"},
+            {"--no-jinja", "LLAMA_ARG_JINJA", /*inverted=*/true},
+            {"--no-jinja", "LLAMA_ARG_NO_JINJA"},
+            {"--cont-batching", "LLAMA_ARG_CONT_BATCHING"},
+            {"--no-cont-batching", "LLAMA_ARG_CONT_BATCHING", /*inverted=*/true},
+            {"--no-cont-batching", "LLAMA_ARG_NO_CONT_BATCHING"},
+            {"--no-webui", "LLAMA_ARG_UI", /*inverted=*/true},
+            {"--no-webui", "LLAMA_ARG_NO_UI"},
+            {"--metrics", "LLAMA_ARG_ENDPOINT_METRICS"},
+            {"--slots", "LLAMA_ARG_ENDPOINT_SLOTS"},
+            {"--reasoning-format", "LLAMA_ARG_THINK"},
+            // Refused, with the flag's own message. (HF_TOKEN, -hft's variable, is set for many other tools: not read.)
+            {"--hf-repo", "LLAMA_ARG_HF_REPO"},
+            {"--hf-file", "LLAMA_ARG_HF_FILE"},
+            {"--hf-repo-draft", "LLAMA_ARG_SPEC_DRAFT_HF_REPO"},
+            {"--model-url", "LLAMA_ARG_MODEL_URL"},
+            {"--docker-repo", "LLAMA_ARG_DOCKER_REPO"},
+            {"--timeout", "LLAMA_ARG_TIMEOUT"},
+            {"--threads-http", "LLAMA_ARG_THREADS_HTTP"},
+        };
+        b.insert(b.end(), llama.begin(), llama.end());
+        return b;
+    }();
+    return bindings;
+}
+
 void add_llama_server_flags(CLI::App& serve) {
-    const std::string group = "llama-server flags that keepwarm follows anyway";
+    const std::string group = llama_server_flags_group;
     serve.add_flag("--jinja")
         ->description("Chat templates are always the model's Jinja template (or --chat-template-file)")
         ->group(group);

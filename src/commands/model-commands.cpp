@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/command-exit.h"
+#include "commands/number-checks.h"
 #include "model/model-builder.h"
 #include "model/model-inspect.h"
 
@@ -105,27 +106,38 @@ void add_mkmodel_command(CLI::App& app) {
                     "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
     cmd->add_option("-o,--output", o->output, "Output file (default: ./<model name>.gguf)");
     cmd->add_option("--arch", f.arch, "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net)");
-    cmd->add_option("--layers", f.n_layer, "Number of blocks");
-    cmd->add_option("--width", f.n_embd, "Embedding length");
-    cmd->add_option("--heads", f.n_head, "Query heads");
-    cmd->add_option("--kv-heads", f.n_head_kv, "KV heads (must divide --heads)");
-    cmd->add_option("--head-dim", f.head_dim, "Head size (default: width / heads)");
-    cmd->add_option("--ff", f.n_ff, "Feed-forward length");
-    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe)");
-    cmd->add_option("--experts-used", f.n_expert_used, "Experts used per token (qwen3moe)");
-    cmd->add_option("--expert-ff", f.n_ff_exp, "Feed-forward length of each expert (qwen3moe)");
-    cmd->add_option("--ctx", f.n_ctx_train, "Trained context length written to the model");
-    cmd->add_option("--attn-interval", f.full_attention_interval, "Every Nth layer is full attention (qwen35)");
-    cmd->add_option("--ssm-state", f.ssm_state_size, "Delta-net head size (qwen35)");
-    cmd->add_option("--ssm-k-heads", f.ssm_group_count, "Delta-net key heads (qwen35)");
-    cmd->add_option("--ssm-v-heads", f.ssm_time_step_rank, "Delta-net value heads (qwen35)");
-    cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35)");
+    cmd->add_option("--layers", f.n_layer, "Number of blocks")->check(whole_number_at_least(1, "blocks"));
+    cmd->add_option("--width", f.n_embd, "Embedding length")->check(whole_number_at_least(1, ""));
+    cmd->add_option("--heads", f.n_head, "Query heads")->check(whole_number_at_least(1, "heads"));
+    cmd->add_option("--kv-heads", f.n_head_kv, "KV heads (must divide --heads)")
+        ->check(whole_number_at_least(1, "heads"));
+    cmd->add_option("--head-dim", f.head_dim, "Head size (default: width / heads)")
+        ->check(whole_number_at_least(0, "0: width / heads"));
+    cmd->add_option("--ff", f.n_ff, "Feed-forward length")->check(whole_number_at_least(1, ""));
+    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe)")->check(whole_number_at_least(0, ""));
+    cmd->add_option("--experts-used", f.n_expert_used, "Experts used per token (qwen3moe)")
+        ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--expert-ff", f.n_ff_exp, "Feed-forward length of each expert (qwen3moe)")
+        ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--ctx", f.n_ctx_train, "Trained context length written to the model")
+        ->check(whole_number_at_least(1, "tokens"));
+    cmd->add_option("--attn-interval", f.full_attention_interval, "Every Nth layer is full attention (qwen35)")
+        ->check(whole_number_at_least(0, "layers"));
+    cmd->add_option("--ssm-state", f.ssm_state_size, "Delta-net head size (qwen35)")
+        ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--ssm-k-heads", f.ssm_group_count, "Delta-net key heads (qwen35)")
+        ->check(whole_number_at_least(0, "heads"));
+    cmd->add_option("--ssm-v-heads", f.ssm_time_step_rank, "Delta-net value heads (qwen35)")
+        ->check(whole_number_at_least(0, "heads"));
+    cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35)")
+        ->check(whole_number_at_least(0, ""));
     cmd->add_option("--vocab", f.vocab,
                     "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, llama-bpe)");
     cmd->add_option("--template", f.chat_template,
                     "Chat template: models/templates/NAME.jinja of llama.cpp (e.g. Qwen-Qwen3-0.6B, Qwen3.5-4B)");
     cmd->add_option("--type", f.type, "Weight type: f32, f16, q8_0, q4_0");
-    cmd->add_option("--seed", f.seed, "Random seed (same seed and shape: identical file)");
+    cmd->add_option("--seed", f.seed, "Random seed (same seed and shape: identical file)")
+        ->check(whole_number_at_least(0, ""));
     cmd->add_option("--llama-source", f.llama_source_dir,
                     "llama.cpp source tree holding the vocab and template files (default: the one keepwarm was "
                     "built against, or $KEEPWARM_LLAMA_SOURCE_DIR)");
@@ -144,7 +156,8 @@ void add_inspect_command(CLI::App& app) {
                                        "state cost per token and per sequence");
     cmd->add_option("model", o->path, "GGUF model file")->required();
     cmd->add_option("--ctx", o->contexts, "Context length(s) to show memory for (default: the model's and 32768)")
-        ->delimiter(',');
+        ->delimiter(',')
+        ->check(whole_number_at_least(1, "tokens"));
     cmd->add_flag("--json", o->json, "Print JSON");
     cmd->callback([o] {
         try {

@@ -9,10 +9,14 @@
 #include <csignal>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/command-exit.h"
 #include "base/logger.h"
+#include "commands/environment-options.h"
 #include "commands/listen-options.h"
+#include "commands/llama-server-flags.h"
+#include "commands/number-checks.h"
 #include "config/key-file-mode.h"
 #include "http/http-server.h"
 #include "policy/policy-file.h"
@@ -155,22 +159,26 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool n
     register_busters_routes(server, ctx);
     server.start();
 
-    std::cout << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
-              << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
+    std::ostringstream banner;  // stdout: as it is, or one JSON line per line with --log-format json
+    banner << "keepwarm " << KEEPWARM_VERSION << ": proxy for " << pool.size() << " upstream(s), "
+           << pool.healthy_count() << " up, as model " << ctx.model_id << "\n";
     const json state = pool.cache_json();
     for (const auto& u : state["upstreams"]) {
-        std::cout << "  " << u["url"].get<std::string>() << " (" << u["dialect"].get<std::string>() << ", model "
-                  << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
-                  << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
+        banner << "  " << u["url"].get<std::string>() << " (" << u["dialect"].get<std::string>() << ", model "
+               << (u["model"].get<std::string>().empty() ? "unknown yet" : u["model"].get<std::string>()) << ", "
+               << (u["healthy"].get<bool>() ? "up" : "down") << ")\n";
     }
-    std::cout << "  policy: " << describe_policy(*ctx.policy) << "\n";
-    std::cout << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
-              << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
-    std::cout << "listening on http://" << opts.http.host << ":" << server.port() << std::endl;
+    banner << "  policy: " << describe_policy(*ctx.policy) << "\n";
+    banner << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants)
+           << (tenants.empty() ? "" : "; upstreams without a key of their own get the client's key") << "\n";
+    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    log::announce("proxy", banner.str());
+    log::announce("proxy", "listening on " + url, {{"url", url}});
 
     int sig = 0;
     sigwait(&signals, &sig);
-    std::cout << "keepwarm proxy: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    log::announce("proxy",
+                  std::string("keepwarm proxy: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
     server.stop();
     return 0;
 }
@@ -197,19 +205,22 @@ void add_proxy_command(CLI::App& app) {
     option("--alias", cmd->add_option("--alias", opts->settings.model_alias, "Model name reported to clients"))
         ->capture_default_str();
     option("--host", cmd->add_option("--host", h.host, "Address to listen on"))->capture_default_str();
-    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))->capture_default_str();
-    option("--api-key", cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'"))
-        ->envname("KEEPWARM_API_KEY");
+    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))
+        ->capture_default_str()
+        ->check(whole_number(0, 65535, ""));
+    option("--api-key", cmd->add_option("--api-key", h.api_key,
+                                        "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, "
+                                        "as llama-server (env KEEPWARM_API_KEY or LLAMA_API_KEY)"));
     option("--max-connections",
            cmd->add_option("--max-connections", h.max_connections,
                            "Open connections in all; more get 503 (GET /health is still answered)"))
         ->capture_default_str()
-        ->check(CLI::Range(1, 65536));
+        ->check(whole_number(1, 65536, "connections"));
     option("--max-connections-per-address",
            cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
                            "Open connections from one client address (IPv6: one /64); 0: no per-address limit"))
         ->capture_default_str()
-        ->check(CLI::Range(0, 65536));
+        ->check(whole_number(0, 65536, "connections; 0: no limit"));
     const auto seconds_option = [&](const std::string& name, std::chrono::milliseconds& target,
                                     const std::string& help) {
         return option(name, cmd->add_option_function<double>(
@@ -218,7 +229,7 @@ void add_proxy_command(CLI::App& app) {
                                     target = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
                                 },
                                 help))
-            ->check(CLI::PositiveNumber);
+            ->check(positive_real("seconds"));
     };
     option("--stream-keepalive", add_stream_keepalive_option(*cmd, h.stream_keepalive));
     seconds_option("--header-timeout", h.header_timeout,
@@ -242,16 +253,16 @@ void add_proxy_command(CLI::App& app) {
     option("--route-block",
            cmd->add_option("--route-block", r.block_chars, "Characters of normalized prompt per routing block"))
         ->capture_default_str()
-        ->check(CLI::Range(16, 1 << 20));
+        ->check(whole_number(16, 1 << 20, "characters"));
     option("--route-min-blocks", cmd->add_option("--route-min-blocks", r.min_match_blocks,
                                                  "Blocks a prefix must match to pull a request to an upstream"))
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_at_least(1, "blocks"));
     option("--rebalance-margin",
            cmd->add_option("--rebalance-margin", r.rebalance_margin,
                            "In-flight requests by which a matching upstream may exceed the least loaded one"))
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number_at_least(0, "requests"));
     option("--health-interval", cmd->add_option_function<double>(
                                     "--health-interval",
                                     [opts](double seconds) {
@@ -259,13 +270,13 @@ void add_proxy_command(CLI::App& app) {
                                             std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
                                     },
                                     "Seconds between health checks of each upstream (default 1)"))
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("seconds"));
     option("--health-failures",
            cmd->add_option("--health-failures", opts->settings.pool.health_failures,
                            "Health checks in a row that must fail before an upstream that answered is out of routing "
                            "(one never seen up is out at its first)"))
         ->capture_default_str()
-        ->check(CLI::Range(1, 1000));
+        ->check(whole_number(1, 1000, "checks"));
     const auto timeout = [&](const std::string& name, std::chrono::milliseconds proxy::pool_options::*field,
                              const std::string& help) {
         option(name, cmd->add_option_function<double>(
@@ -276,7 +287,7 @@ void add_proxy_command(CLI::App& app) {
                                           std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
                          },
                          help))
-            ->check(CLI::Range(0.001, 86400.0));
+            ->check(real_number(0.001, 86400, "seconds"));
     };
     timeout(
         "--first-byte-timeout", &proxy::pool_options::first_byte_timeout,
@@ -288,8 +299,11 @@ void add_proxy_command(CLI::App& app) {
     timeout("--answer-timeout", &proxy::pool_options::answer_timeout,
             "Seconds a request answered whole (not streamed) may wait for all of its answer before it gets a 504 "
             "(default 1800)");
-    cmd->callback([opts] {
-        run_command("proxy", [&] { return run_proxy(merged_settings(*opts), opts->tenancy, opts->no_policy); });
+    cmd->callback([opts, cmd] {
+        run_command("proxy", [&] {
+            apply_environment(*cmd, api_key_environment(), process_environment());
+            return run_proxy(merged_settings(*opts), opts->tenancy, opts->no_policy);
+        });
     });
 }
 

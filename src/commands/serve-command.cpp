@@ -12,14 +12,19 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "cache/block-key.h"
 #include "cache/cache-dir-lock.h"
+#include "commands/cache-budget-option.h"
+#include "commands/command-line-help.h"
+#include "commands/environment-options.h"
 #include "commands/listen-options.h"
 #include "commands/llama-server-flags.h"
+#include "commands/number-checks.h"
 #include "commands/options-file.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
@@ -54,11 +59,14 @@ struct serve_options {
     std::vector<std::string> model_aliases;  // the first is the name reported; the others map to it
     common_params_sampling sampling;         // what requests that leave a sampling field unset get (--temp, ...)
     std::string chat_template_file;
-    std::string cache_dir;  // empty: <keepwarm cache>/prefix-cache
+    std::string cache_dir;                         // empty: <keepwarm cache>/prefix-cache
+    cache_budget cache_ram = uint64_t{4} << 30;    // --cache-ram; nullopt: -1, half of the machine's memory
+    cache_budget cache_disk = uint64_t{16} << 30;  // --cache-disk; nullopt: -1, half of the disk's free space
     std::string policy_file;
     bool no_policy = false;
-    std::string settings_file;              // --config
-    std::optional<written_policy> written;  // its [policy] table
+    std::string settings_file;                  // --config
+    std::vector<std::string> from_environment;  // the variables applied (LLAMA_ARG_*, ...), named in the banner
+    std::optional<written_policy> written;      // its [policy] table
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
 };
@@ -102,6 +110,24 @@ context_choice size_default_context(const engine_options& e) {
         sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved));
 }
 
+// The RAM and disk tiers' sizes in bytes (llama-server's -1 resolved) and the disk tier's folder.
+void resolve_cache_budgets(serve_options& opts) {
+    const std::string disk_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
+    opts.engine.cache_ram_bytes = opts.cache_ram.value_or(half_of_physical_memory());
+    opts.engine.cache_disk_bytes = opts.cache_disk ? *opts.cache_disk : half_of_free_disk(disk_dir);
+    if (opts.engine.cache_disk_bytes > 0) opts.engine.cache_dir = disk_dir;
+}
+
+// The banner's line of cache budgets, tier by tier.
+std::string describe_cache_budgets(const engine_options& eo) {
+    return "cache: device " + std::to_string(eo.slots) + " slots + " + std::to_string(eo.cache_parked_sequences) +
+           " parked conversations; RAM tier " +
+           (eo.cache_ram_bytes > 0 ? format_bytes(eo.cache_ram_bytes) : std::string("off (--cache-ram 0)")) +
+           "; disk tier " +
+           (eo.cache_disk_bytes > 0 ? format_bytes(eo.cache_disk_bytes) + " in " + eo.cache_dir
+                                    : std::string("off (--cache-disk 0)"));
+}
+
 int run_serve(serve_options opts) {
     const sigset_t signals = block_stop_signals();
 
@@ -128,14 +154,22 @@ int run_serve(serve_options opts) {
     ctx.busters = make_busters_detector(ctx);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
+    resolve_cache_budgets(opts);
     if (opts.engine.cache_disk_bytes > 0) {
-        opts.engine.cache_dir = opts.cache_dir.empty() ? (cache_dir() / "prefix-cache").string() : opts.cache_dir;
         // Before the model loads, so a second server on the directory stops at once, naming the first.
         dir_lock.emplace(opts.engine.cache_dir, "keepwarm serve");
         // The Responses API's stored responses survive a restart beside the disk tier (a folder it does not read).
         ctx.responses = std::make_unique<response_store>(
             response_store::options{.dir = std::filesystem::path(opts.engine.cache_dir) / "responses"});
     }
+
+    // The port before the model, which can take minutes to load: a port in use stops start-up at once, and a monitor
+    // sees the server loading (llama-server's 503 "Loading model" on every route) rather than a refused connection.
+    http::http_server server(opts.http);
+    server.hold(503, R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})");
+    server.start();
+    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    log::info("serve", "bound {}; loading the model (requests get 503 Loading model until it is loaded)", url);
 
     std::optional<context_choice> auto_context;
     if (opts.engine.context_size == 0) {
@@ -172,7 +206,6 @@ int run_serve(serve_options opts) {
         }
     }
 
-    http::http_server server(opts.http);
     register_local_status_routes(server, ctx, model);
     const generation_opener open = local_generation(ctx, model);
     const raw_generation_opener open_raw = local_raw_generation(ctx, model);
@@ -184,34 +217,43 @@ int run_serve(serve_options opts) {
     register_tokenizer_routes(server, model);
     register_busters_routes(server, ctx);
     model.llm->start();
-    server.start();
-    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    server.open();
     if (dir_lock) dir_lock->describe("keepwarm serve on " + url);
 
     const auto& eo = model.llm->options();
-    std::cout << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
-              << "  context " << eo.context_size << " tokens, " << eo.slots
-              << (eo.slots == 1 ? " slot of " : " slots of ") << model.llm->slot_context_size() << " tokens"
-              << (auto_context ? " (" + auto_context->why + ")" : std::string()) << ", KV cache " << opts.cache_type_k
-              << "/" << opts.cache_type_v << ", " << eo.threads << " threads\n"
-              << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
-              << (eo.cpu_moe_layers == 0  ? ""
-                  : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
-                                          : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
-                                                " blocks in host memory (--n-cpu-moe)")
-              << "\n"
-              << "  policy: " << describe_policy(*ctx.policy) << "\n"
-              << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
-    if (!opts.settings_file.empty()) std::cout << "  settings: " << opts.settings_file << " (the command line wins)\n";
-    if (model.random_weights) {
-        std::cout << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
-                  << "        Pass --model PATH.gguf to serve a real model.\n";
+    std::ostringstream banner;  // stdout: as it is, or one JSON line per line with --log-format json
+    banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << ctx.model_id << " (" << model.model_path << ")\n"
+           << "  context " << eo.context_size << " tokens, " << eo.slots << (eo.slots == 1 ? " slot of " : " slots of ")
+           << model.llm->slot_context_size() << " tokens"
+           << (auto_context ? " (" + auto_context->why + ")" : std::string()) << ", KV cache " << opts.cache_type_k
+           << "/" << opts.cache_type_v << ", " << eo.threads << " threads\n"
+           << "  compute: " << describe_compute(eo.gpu_layers, llama_model_n_layer(model.llm->model()))
+           << (eo.cpu_moe_layers == 0  ? ""
+               : eo.cpu_moe_layers < 0 ? "; expert weights of every block in host memory (--cpu-moe)"
+                                       : "; expert weights of the first " + std::to_string(eo.cpu_moe_layers) +
+                                             " blocks in host memory (--n-cpu-moe)")
+           << "\n"
+           << "  " << describe_cache_budgets(eo) << "\n"
+           << "  policy: " << describe_policy(*ctx.policy) << "\n"
+           << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
+    if (!opts.from_environment.empty()) {
+        std::string names;
+        for (const std::string& v : opts.from_environment) names += (names.empty() ? "" : ", ") + v;
+        banner << "  environment: " << names << " (the command line wins over them)\n";
     }
-    std::cout << "listening on " << url << std::endl;
+    if (!opts.settings_file.empty()) {
+        banner << "  settings: " << opts.settings_file << " (the command line and the environment win)\n";
+    }
+    if (model.random_weights) {
+        banner << "  NOTE: this model was generated with random weights for testing: its output is noise.\n"
+               << "        Pass --model PATH.gguf to serve a real model.\n";
+    }
+    log::announce("serve", banner.str());
+    log::announce("serve", "listening on " + url, {{"url", url}});
 
     int sig = 0;
     sigwait(&signals, &sig);
-    std::cout << "keepwarm: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down" << std::endl;
+    log::announce("serve", std::string("keepwarm: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
     // A clean stop waits for the engine's current step, which one request's grammar can hold for long: past the
     // limit, the process exits anyway (the disk tier's files are written whole or not at all).
     std::thread([seconds = opts.shutdown_seconds] {
@@ -272,6 +314,32 @@ options_file_rules settings_file_rules(serve_options& opts, CLI::App& cmd) {
     return rules;
 }
 
+// `serve --help`'s groups, in their order; every option of serve but --help is in one.
+help_groups serve_help_groups() {
+    return {
+        {"Model",
+         {"--model", "--alias", "--chat-template-file", "--gpu-layers", "--n-cpu-moe", "--cpu-moe", "--flash-attn",
+          "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode"}},
+        {"Context & slots",
+         {"--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--cache-type-k", "--cache-type-v",
+          "--max-step-ms", "--pad-to-tile"}},
+        {"Cache",
+         {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
+          "--idle-to-ram-at", "--no-cache-hints"}},
+        {"Policy", {"--policy", "--no-policy"}},
+        {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
+        {"Security: keys, tenants, connection limits",
+         {"--api-key", "--api-keys-file", "--api-key-file", "--shared-cache", "--log-prompts", "--no-reuse-report",
+          "--max-connections", "--max-connections-per-address", "--max-body"}},
+        {"Sampling defaults (of requests that set none)", {"--temp", "--top-k", "--top-p", "--min-p", "--n-predict"}},
+        {"Limits",
+         {"--max-sample-ms", "--max-grammar-bytes", "--max-grammar-alternatives", "--stall-timeout", "--max-queue",
+          "--shutdown-timeout"}},
+        {"Settings & log", {"--config", "--verbose", "--log-level", "--log-format", "--log-slow-steps"}},
+        {llama_server_flags_group, {}},
+    };
+}
+
 }  // namespace
 
 void add_serve_command(CLI::App& app) {
@@ -286,30 +354,36 @@ void add_serve_command(CLI::App& app) {
                     "aliases of the first")
         ->delimiter(',');
     cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
-    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")->capture_default_str();
-    cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY'")->envname("KEEPWARM_API_KEY");
+    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")
+        ->check(whole_number(0, 65535, ""))
+        ->capture_default_str();
+    cmd->add_option("--api-key", h.api_key,
+                    "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, as llama-server "
+                    "(env KEEPWARM_API_KEY or LLAMA_API_KEY)");
     add_tenancy_options(*cmd, opts->tenancy, "cache");
     add_log_options(*cmd);
-    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")->capture_default_str();
+    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")
+        ->capture_default_str()
+        ->check(whole_number_at_least(1, "bytes"));
     cmd->add_option_function<double>(
            "--idle-timeout",
            [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
            "Close connections that send no request for this many seconds (default 120)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("seconds"));
     add_stream_keepalive_option(*cmd, h.stream_keepalive);
     cmd->add_option("--max-connections", h.max_connections,
                     "Open connections in all; more get 503 (GET /health is still answered)")
         ->capture_default_str()
-        ->check(CLI::Range(1, 65536));
+        ->check(whole_number(1, 65536, "connections"));
     cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
                     "Open connections from one client address (IPv6: one /64); 0: no per-address limit")
         ->capture_default_str()
-        ->check(CLI::Range(0, 65536));
+        ->check(whole_number(0, 65536, "connections; 0: no limit"));
     cmd->add_option_function<double>(
            "--header-timeout",
            [&h](double seconds) { h.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
            "Seconds a request head may take, counted from a new connection's opening (default 10)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("seconds"));
     cmd->add_option("--cors-origin", h.cors_origins,
                     "Web origin whose pages may call the API from a browser, e.g. https://app.example.com "
                     "(repeatable; * allows every origin; default: none)")
@@ -320,28 +394,30 @@ void add_serve_command(CLI::App& app) {
                     "slot, at most 131072, as far as free memory holds it, never under 32768 where it fits; the "
                     "banner says what was chosen)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number_at_least(0, "tokens; 0: sized from the model and the free memory"));
     cmd->add_option("--parallel", e.slots, "Slots: requests decoded together")
         ->capture_default_str()
-        ->check(CLI::Range(1, 256));
+        ->check(whole_number(1, 256, "slots"));
     cmd->add_option("-b,--batch-size", e.batch_size, "Tokens per decode call")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_at_least(1, "tokens"));
     cmd->add_option("--ubatch-size", e.ubatch_size, "Physical batch size")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)");
-    cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)");
+        ->check(whole_number_at_least(1, "tokens"));
+    cmd->add_option("-t,--threads", e.threads, "Threads for decoding (default: physical cores)")
+        ->check(whole_number_at_least(0, "threads; 0: one per physical core"));
+    cmd->add_option("--threads-batch", e.threads_batch, "Threads for prompt processing (default: --threads)")
+        ->check(whole_number_at_least(0, "threads; 0: as --threads"));
     cmd->add_option("--gpu-layers,--n-gpu-layers", e.gpu_layers, "Layers to offload to a GPU (-1, all or auto: all)")
         ->transform(CLI::Transformer({{"all", "-1"}, {"auto", "-1"}}))
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(whole_number_at_least(-1, "layers; -1: all"));
     cmd->add_option("--n-cpu-moe", e.cpu_moe_layers,
-                    "-ncmoe: MoE models: keep the expert weights of the first N blocks in host memory, computed by the "
+                    "MoE models: keep the expert weights of the first N blocks in host memory, computed by the "
                     "CPU, so a model larger than the GPU still runs on it")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number_at_least(0, "blocks"));
     cmd->add_flag_callback(
-        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; },
-        "-cmoe: MoE models: keep every block's expert weights in host memory");
+        "--cpu-moe", [&e] { e.cpu_moe_layers = -1; }, "MoE models: keep every block's expert weights in host memory");
     cmd->add_option_function<std::string>(
            "--flash-attn",
            [&e](const std::string& v) {
@@ -349,11 +425,20 @@ void add_serve_command(CLI::App& app) {
                               : v == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                            : LLAMA_FLASH_ATTN_TYPE_AUTO;
            },
-           "-fa: flash attention; auto turns it on where the backend has it")
+           "Flash attention; auto turns it on where the backend has it")
         ->expected(0, 1)
         ->default_str("on")  // what the flag alone means (llama-server's former -fa)
         ->option_text("on|off|auto (default auto; alone: on)")
-        ->check(CLI::IsMember({"on", "off", "auto"}));
+        ->transform(CLI::CheckedTransformer(std::map<std::string, std::string>{{"on", "on"},
+                                                                               {"enabled", "on"},
+                                                                               {"true", "on"},
+                                                                               {"1", "on"},
+                                                                               {"off", "off"},
+                                                                               {"disabled", "off"},
+                                                                               {"false", "off"},
+                                                                               {"0", "off"},
+                                                                               {"auto", "auto"},
+                                                                               {"-1", "auto"}}));
     // Callbacks run in this order: --mlock wins over --no-mmap, --load-mode over both.
     cmd->add_flag_callback(
         "--no-mmap", [&e] { e.load_mode = LLAMA_LOAD_MODE_NONE; },
@@ -363,7 +448,7 @@ void add_serve_command(CLI::App& app) {
         "Read the model into memory and lock it there (never swapped out)");
     cmd->add_option_function<std::string>(
            "--load-mode", [&e](const std::string& v) { e.load_mode = llama_load_mode_from_str(v.c_str()); },
-           "-lm: how the model file is read: auto (map it), none, mmap, mlock, mmap+mlock, dio")
+           "How the model file is read: auto (map it), none, mmap, mlock, mmap+mlock, dio")
         ->check(CLI::IsMember({"auto", "none", "mmap", "mlock", "mmap+mlock", "dio"}));
     cmd->add_option("--cache-type-k", opts->cache_type_k, "KV cache type for K: f16, q8_0, q4_0, bf16, f32")
         ->capture_default_str();
@@ -372,32 +457,29 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--chat-template-file", opts->chat_template_file,
                     "Jinja chat template to use instead of the model's")
         ->check(CLI::ExistingFile);
-    cmd->add_option("--cache-ram", e.cache_ram_bytes,
-                    "Host RAM for cached KV blocks and checkpoints, e.g. 8GiB (0: no RAM tier)")
-        ->transform(CLI::AsSizeValue(false))
-        ->capture_default_str();
-    cmd->add_option("--cache-disk", e.cache_disk_bytes, "Disk space for cached KV blocks, e.g. 64GiB (0: no disk tier)")
-        ->transform(CLI::AsSizeValue(false))
-        ->capture_default_str();
+    add_cache_budget_option(*cmd, "--cache-ram", opts->cache_ram,
+                            "Host RAM for cached KV blocks and checkpoints (default 4 GiB)");
+    add_cache_budget_option(*cmd, "--cache-disk", opts->cache_disk,
+                            "Disk space for cached KV blocks, in --cache-dir (default 16 GiB)");
     cmd->add_option("--cache-dir", opts->cache_dir,
                     "Folder of the disk tier (default: $KEEPWARM_CACHE_DIR or ~/.cache/keepwarm, + /prefix-cache)");
     cmd->add_option("--cache-parked", e.cache_parked_sequences,
                     "Idle conversations kept on the device, sharing cells, besides the slots")
-        ->check(CLI::Range(0, 240))
+        ->check(whole_number(0, 240, "conversations"))
         ->capture_default_str();
     cmd->add_option("--cache-block", e.cache_block_tokens, "Tokens per RAM/disk block")
-        ->check(CLI::Range(16, 65536))
+        ->check(whole_number(16, 65536, "tokens"))
         ->capture_default_str();
     cmd->add_option("--checkpoint-every", e.checkpoint_interval,
                     "Hybrid models: tokens of a prompt between recurrent-state checkpoints, the most a restore "
                     "recomputes (0: --cache-block on a CPU, --batch-size on a GPU)")
-        ->check(CLI::Range(0, 1 << 20))
+        ->check(whole_number(0, 1 << 20, "tokens"))
         ->capture_default_str();
     cmd->add_option("--idle-to-ram-at", e.idle_to_ram_tokens,
                     "A prompt computing at least this many tokens, or an answer reaching this many, moves the idle "
                     "conversations on the device to RAM, out of its attention's way; they come back from RAM on "
                     "their next turn (0: never)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(whole_number_at_least(0, "tokens; 0: never"))
         ->capture_default_str();
     cmd->add_flag("!--no-cache-hints", e.cache_hints,
                   "Ignore clients' cache hints (Anthropic cache_control, OpenAI prompt_cache_key); by default a "
@@ -417,16 +499,16 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("-n,--n-predict,--predict", e.default_max_tokens,
                     "Tokens generated for a request that sets no limit (-1: until end of generation or full context)")
         ->capture_default_str()
-        ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
+        ->check(whole_number(-1, std::numeric_limits<int>::max(), "tokens; -1: no limit"));
     cmd->add_option("--max-sample-ms", e.sample_ms_limit,
                     "A request whose one token takes longer than this to sample (a costly grammar) ends with an error")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("ms"));
     cmd->add_option("--max-step-ms", e.step_ms_target,
                     "While a request generates, other requests' prompts go in chunks sized so that one step takes "
                     "about this long: its tokens keep streaming during a long prefill (0: one --ubatch-size per step)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(real_number(0, 60000, "ms"));
     const std::map<std::string, engine_options::tile_padding> paddings{
         {"auto", engine_options::tile_padding::automatic},
         {"on", engine_options::tile_padding::on},
@@ -441,48 +523,61 @@ void add_serve_command(CLI::App& app) {
                     "Log each step that holds a generating request this many ms, with what it spent its time on "
                     "(decode, restores, making way, sampling) (0: never)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(real_number(0, 86400000, "ms; 0: never"));
     cmd->add_option("--max-grammar-bytes", e.grammar_max_bytes,
                     "Largest grammar a response format or tools may make, in bytes")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_at_least(1, "bytes"));
     cmd->add_option("--max-grammar-alternatives", e.grammar_max_alternatives,
                     "Most alternatives one grammar rule may offer (e.g. an enum's values)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_at_least(1, "alternatives"));
     cmd->add_option("--stall-timeout", e.stall_seconds,
                     "/health answers 503 when the engine makes no progress within one step for this many seconds")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("seconds"));
     cmd->add_option("--max-queue", e.max_queue,
                     "Requests that may wait for a slot; one more gets a 503 with Retry-After at once (0: no limit)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number_at_least(0, "requests; 0: no limit"));
     cmd->add_option("--shutdown-timeout", opts->shutdown_seconds,
                     "After SIGINT/SIGTERM, exit within this many seconds even if a clean stop has not finished")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(positive_real("seconds"));
     auto& sampling = opts->sampling;
     cmd->add_option("--temp,--temperature", sampling.temp, "Temperature of requests that set none")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 2.0));
+        ->check(real_number(0, 2, ""));
     cmd->add_option("--top-k", sampling.top_k, "top_k of requests that set none (0: off)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number_at_least(0, "tokens; 0: off"));
     cmd->add_option("--top-p", sampling.top_p, "top_p of requests that set none (1: off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(real_number(0, 1, ""));
     cmd->add_option("--min-p", sampling.min_p, "min_p of requests that set none (0: off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(real_number(0, 1, ""));
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     add_llama_server_flags(*cmd);
     cmd->add_option("--config", opts->settings_file,
                     "Settings file (TOML): serve's long options without their dashes (ctx-size = 65536), a [policy] "
-                    "table, a [tenants] table of keys; the command line wins (README: Running it as a service)")
+                    "table, a [tenants] table of keys. The command line wins, then llama-server's environment "
+                    "variables (LLAMA_ARG_MODEL, LLAMA_ARG_CTX_SIZE, ...: README: Coming from llama-server), then "
+                    "this file (README: Running it as a service)")
         ->check(CLI::ExistingFile);
+    group_help(*cmd, serve_help_groups());
     cmd->callback([opts, cmd] {
         run_command("serve", [&] {
+            const environment env = process_environment();
+            opts->from_environment = apply_environment(*cmd, llama_server_environment(), env);
+            if (const auto unread = unread_variables(llama_server_environment(), env, "LLAMA_ARG_"); !unread.empty()) {
+                std::string names;
+                for (const std::string& v : unread) names += (names.empty() ? "" : ", ") + v;
+                log::warn("serve",
+                          "environment variables of llama-server options that keepwarm does not have, not "
+                          "read: {}",
+                          names);
+            }
             if (!opts->settings_file.empty()) {
                 apply_options_file(*cmd, opts->settings_file, settings_file_rules(*opts, *cmd));
                 if (opts->written && !opts->policy_file.empty() && cmd->get_option("--policy")->count() == 0) {

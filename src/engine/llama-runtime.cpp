@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "base/logger.h"
 #include "common.h"
 #include "ggml-backend.h"
 #include "llama.h"
@@ -22,14 +23,33 @@ namespace {
 std::atomic<bool> g_verbose{false};
 
 // Warnings and errors always; everything with --verbose. A continuation line (the dots of a progress bar, say)
-// follows the fate of the line it continues.
+// follows the fate of the line it continues. llama.cpp hands over pieces of lines: each thread's pieces are joined, and
+// each whole line goes to the process's log (base/logger.h) as one line of component "llama.cpp", so that with
+// --log-format json it is JSON like every other line.
 void log_callback(ggml_log_level level, const char* text, void*) {
     static thread_local bool last_shown = false;
+    static thread_local log::level line_level = log::level::info;
+    static thread_local std::string pending;  // the start of a line not yet ended
     const bool show = level == GGML_LOG_LEVEL_CONT ? last_shown
                                                    : (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT) ||
                                                          g_verbose.load(std::memory_order_relaxed);
     last_shown = show;
-    if (show) std::fputs(text, stderr);
+    if (!show || text == nullptr) return;
+    if (level != GGML_LOG_LEVEL_CONT && pending.empty()) {
+        line_level = level == GGML_LOG_LEVEL_ERROR  ? log::level::error
+                     : level == GGML_LOG_LEVEL_WARN ? log::level::warn
+                                                    : log::level::info;  // what --verbose asked to see
+    }
+    pending += text;
+    size_t end;
+    while ((end = pending.find('\n')) != std::string::npos) {
+        if (end > 0) log::write(line_level, "llama.cpp", std::string_view(pending).substr(0, end));
+        pending.erase(0, end + 1);
+    }
+    if (pending.size() > 64 * 1024) {  // a line that never ends is written in pieces
+        log::write(line_level, "llama.cpp", pending);
+        pending.clear();
+    }
 }
 }  // namespace
 

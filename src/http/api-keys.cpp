@@ -123,6 +123,20 @@ void check_api_key(std::string_view key, const std::string& where_given) {
     }
 }
 
+std::vector<std::string> split_api_key_list(std::string_view list) {
+    std::vector<std::string> keys;
+    while (true) {
+        const size_t comma = list.find(',');
+        std::string_view key = list.substr(0, comma);
+        while (!key.empty() && blank(key.front())) key.remove_prefix(1);
+        while (!key.empty() && blank(key.back())) key.remove_suffix(1);
+        if (!key.empty()) keys.emplace_back(key);
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return keys;
+}
+
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys) {
     std::vector<std::string> names;
     for (const auto& k : keys) {
@@ -151,11 +165,24 @@ std::vector<std::string> isolated_tenants(const std::vector<api_key_entry>& keys
 
 }  // namespace
 
-std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
+std::vector<std::string> configure_tenants(std::string& single_key, std::vector<api_key_entry>& keys,
                                            const std::string& keys_file, bool shared_cache,
                                            const std::string& shared_keys_file,
                                            const std::vector<api_key_entry>& listed_keys) {
-    check_api_key(single_key, "--api-key (or KEEPWARM_API_KEY, or the settings file's key)");
+    const std::string where = "--api-key (or KEEPWARM_API_KEY, LLAMA_API_KEY, or the settings file's key)";
+    std::vector<api_key_entry> more_keys;  // llama-server's --api-key KEY1,KEY2: the keys after the first
+    if (single_key.find(',') != std::string::npos) {
+        const std::vector<std::string> listed = split_api_key_list(single_key);
+        if (listed.empty()) throw std::invalid_argument(where + ": no key in the list");
+        std::set<std::string> seen;
+        for (const std::string& key : listed) {
+            check_api_key(key, where);
+            if (!seen.insert(key).second) throw std::invalid_argument(where + ": the same key is listed twice");
+            if (&key != &listed.front()) more_keys.push_back({key, ""});
+        }
+        single_key = listed.front();
+    }
+    check_api_key(single_key, where);
     if (!listed_keys.empty()) {
         if (!keys_file.empty() || !shared_keys_file.empty() || !single_key.empty()) {
             throw std::invalid_argument(
@@ -169,10 +196,12 @@ std::vector<std::string> configure_tenants(const std::string& single_key, std::v
         if (!keys_file.empty()) throw std::invalid_argument("give either --api-key-file or --api-keys-file");
         if (shared_cache) throw std::invalid_argument("--shared-cache goes with --api-keys-file, not --api-key-file");
         keys = load_api_keys_file(shared_keys_file, /*key_per_line=*/true);
+        keys.insert(keys.end(), more_keys.begin(), more_keys.end());
         return {};
     }
     if (keys_file.empty()) {
         if (shared_cache) throw std::invalid_argument("--shared-cache needs --api-keys-file");
+        keys = std::move(more_keys);
         return {};
     }
     if (!single_key.empty()) {
@@ -186,7 +215,9 @@ std::vector<std::string> configure_tenants(const std::string& single_key, std::v
 std::string describe_tenants(const std::string& single_key, const std::vector<api_key_entry>& keys,
                              const std::vector<std::string>& tenants) {
     if (keys.empty()) return single_key.empty() ? "none (no API key)" : "one (--api-key)";
-    if (tenants.empty()) return std::to_string(keys.size()) + " keys sharing one cache";
+    if (tenants.empty()) {
+        return std::to_string(keys.size() + (single_key.empty() ? 0 : 1)) + " keys sharing one cache";
+    }
     return std::to_string(tenants.size()) + " isolated (" + std::to_string(keys.size()) +
            " keys): each sees only its own cache and reports";
 }

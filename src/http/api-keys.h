@@ -41,6 +41,10 @@ std::vector<api_key_entry> load_api_keys_file(const std::string& path, bool key_
 // Throws std::invalid_argument naming `where` (if not empty) and what is wrong, never the key.
 void check_api_key(std::string_view key, const std::string& where);
 
+// llama-server's --api-key list: "KEY1,KEY2" is two keys (spaces around each are dropped, empty ones skipped), all
+// of the shared tenant. A single key comes back alone.
+std::vector<std::string> split_api_key_list(std::string_view list);
+
 // The distinct tenant names of `keys`, in first-seen order.
 std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
 
@@ -48,13 +52,15 @@ std::vector<std::string> tenant_names(const std::vector<api_key_entry>& keys);
 // then every key's tenant becomes the shared one (""), as with a single --api-key.
 std::vector<api_key_entry> assign_tenants(std::vector<api_key_entry> keys, bool shared_cache);
 
-// What `serve` and `proxy` do with --api-key, --api-keys-file, --shared-cache and llama-server's --api-key-file
+// What `serve` and `proxy` do with --api-key (a comma-separated list, as llama-server's: the first key stays in
+// `single_key`, the others join `keys` as the shared tenant's), --api-keys-file, --shared-cache and llama-server's
+// --api-key-file
 // (`shared_keys_file`: a key per line, every key of the one shared tenant, as many as with --api-key): fills `keys`
 // from the file and returns the isolated tenants' names (none when every key shares the one tenant: a single key,
 // one tenant name, --shared-cache, or a key-per-line file). Throws std::invalid_argument naming the file's line, or
 // for flags that do not go together.
 // `listed_keys`: keys given by a settings file's [tenants] table instead of a keys file (the same rules).
-std::vector<std::string> configure_tenants(const std::string& single_key, std::vector<api_key_entry>& keys,
+std::vector<std::string> configure_tenants(std::string& single_key, std::vector<api_key_entry>& keys,
                                            const std::string& keys_file, bool shared_cache,
                                            const std::string& shared_keys_file = "",
                                            const std::vector<api_key_entry>& listed_keys = {});

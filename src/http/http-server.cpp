@@ -293,11 +293,16 @@ struct http_server::impl {
     using method_routes = std::map<std::string, route>;
 
     server_options options;
-    // Registered before start(), read-only afterwards: path -> method -> route; the "/*" routes by their prefix (the
-    // path without '*'); the error shapes of paths under a prefix that no route takes.
+    // Registered before start(), or before open() on a held server, read-only afterwards: path -> method -> route;
+    // the "/*" routes by their prefix (the path without '*'); the error shapes of paths under a prefix that no route
+    // takes. Connection threads read them only once they see `held` false (acquire; open() stores it with release).
     std::map<std::string, method_routes> routes;
     std::map<std::string, method_routes> prefix_routes;
     std::map<std::string, error_formatter> prefix_error_formats;
+    // hold(): every request gets held_status and held_body until open(). Written before start(), then read-only.
+    std::atomic<bool> held{false};
+    int held_status = 503;
+    std::string held_body;
 
     net::io_context ioc;
     tcp::acceptor acceptor;
@@ -492,6 +497,7 @@ void http_server::impl::start() {
     if (ec) throw std::runtime_error("cannot listen on " + where + ": cannot resolve host: " + ec.message());
     std::string reason = "no address";
     bool bound = false;
+    bool address_in_use = false;
     for (const auto& entry : results) {
         error_code e;
         if (acceptor.is_open()) acceptor.close(e);
@@ -505,10 +511,15 @@ void http_server::impl::start() {
             break;
         }
         reason = e.message();
+        address_in_use = address_in_use || e == net::error::address_in_use;
     }
     if (!bound) {
         error_code ignored;
         acceptor.close(ignored);
+        if (address_in_use) {
+            throw std::runtime_error("cannot listen on " + where + ": port " + std::to_string(options.port) +
+                                     " is in use (another server runs there): stop it, or pick another with --port");
+        }
         throw std::runtime_error("cannot listen on " + where + ": " + reason);
     }
     ::fcntl(acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
@@ -836,6 +847,7 @@ const http_server::impl::method_routes* http_server::impl::routes_for_path(std::
 
 // The error shape of the API that `path` belongs to: its route's, else its prefix's, else OpenAI's.
 error_formatter http_server::impl::format_for_path(std::string_view path) const {
+    if (held.load(std::memory_order_acquire)) return openai_error_body;  // the routes may be being registered
     if (const method_routes* methods = routes_for_path(path); methods && !methods->empty()) {
         return methods->begin()->second.options.format_error;
     }
@@ -1041,6 +1053,10 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
         w.send(status, "application/json", body, extra);
     };
 
+    if (held.load(std::memory_order_acquire)) {  // not open yet (a model loading): no route may be read
+        w.send(held_status, "application/json", held_body, {{"Retry-After", "1"}});
+        return w.reusable();
+    }
     const method_routes* found = routes_for_path(req.path);
     if (!found) {
         send_error(format_for_path(req.path), 404, "invalid_request_error",
@@ -1172,6 +1188,17 @@ void http_server::add_route(const std::string& method, const std::string& path, 
 
 void http_server::set_error_format(const std::string& prefix, error_formatter format) {
     impl_->prefix_error_formats[prefix] = format ? std::move(format) : openai_error_body;
+}
+
+void http_server::hold(int status, std::string body) {
+    if (impl_->started) throw std::logic_error("http_server::hold() after start()");
+    impl_->held_status = status;
+    impl_->held_body = std::move(body);
+    impl_->held.store(true, std::memory_order_release);
+}
+
+void http_server::open() {
+    impl_->held.store(false, std::memory_order_release);
 }
 
 void http_server::start() {

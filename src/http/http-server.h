@@ -1,7 +1,10 @@
 // A small HTTP/1.1 server on Boost.Beast: routing, API-key auth, body limits, connection limits (in all and per client
 // address) and read deadlines, CORS, chunked streaming, and per-route error mapping. Each request gets an id (the
 // x-request-id response header) and, once answered, one access line in the log at info: method, path, status,
-// client, duration and id. Threading: one acceptor thread; one thread per connection runs its handlers.
+// client, duration and id. A server may listen before its routes are ready (hold(): a model still loading), answering
+// every request with one fixed error until open().
+// Threading: one acceptor thread; one thread per connection runs its handlers. Routes, error formats and hold() are
+// set by one thread before start(), or, on a held server, before open(); never after.
 #pragma once
 
 #include <chrono>
@@ -134,16 +137,25 @@ public:
     http_server(const http_server&) = delete;
     http_server& operator=(const http_server&) = delete;
 
-    // Register before start(). Exact path match; a path with a route but another method answers 405. A path ending
-    // in "/*" (e.g. "/v1/models/*") takes every longer path under it that no exact route takes, the longest such
-    // prefix first; its handler reads the rest from request::path (see path_rest).
+    // Register before start() (or before open() on a held server). Exact path match; a path with a route but another
+    // method answers 405. A path ending in "/*" (e.g. "/v1/models/*") takes every longer path under it that no exact
+    // route takes, the longest such prefix first; its handler reads the rest from request::path (see path_rest).
     void add_route(const std::string& method, const std::string& path, handler h, route_options options = {});
     // Paths under `prefix` (e.g. "/api/") that no route takes are answered 404 with `format`, the error shape of the
     // API that lives there, rather than OpenAI's; so are errors found before a route is (a body over the limit, a
     // connection over the limits). The longest matching prefix wins.
     void set_error_format(const std::string& prefix, error_formatter format);
 
-    // Binds and starts accepting. Throws std::runtime_error if the address cannot be bound.
+    // Before start(): until open(), every request (a GET of the health path too) is answered `status` with `body`
+    // (JSON, e.g. llama-server's 503 "Loading model") and Retry-After: 1, so the port can be bound and watched while
+    // the routes' backing (a model) loads. Routes and error formats may be added until open(), by the thread that
+    // calls open().
+    void hold(int status, std::string body);
+    // Ends hold(): from now on the routes answer. Nothing may be registered after this.
+    void open();
+
+    // Binds and starts accepting. Throws std::runtime_error if the address cannot be bound (naming the address, and
+    // saying so when the port is in use).
     void start();
     // Actual bound port (useful with port 0). Valid after start().
     uint16_t port() const;

@@ -32,7 +32,7 @@ export async function startProcess(args, { env = {}, timeoutMs = 120_000, execut
         const timer = setTimeout(() => reject(new Error(`${args[0]} did not start:\n${output}`)), timeoutMs);
         const onData = (chunk) => {
             output += chunk;
-            const m = output.match(/listening on (http:\/\/[^\s]+)/);
+            const m = output.match(/listening on (http:\/\/[^\s"]+)/);
             if (m) {
                 clearTimeout(timer);
                 resolve(m[1]);

@@ -6,16 +6,17 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { binary, curl, startServer, testModel, tempDir } from './harness.mjs';
+import { binary, curl, startProcess, startServer, testModel, tempDir } from './harness.mjs';
 
 const dir = tempDir('llama-flags');
 
-// Runs `keepwarm serve ARGS` to its end: { code, stdout, stderr }.
-async function serveExits(args) {
+// Runs `keepwarm serve ARGS` (with `env` over this process's environment) to its end: { code, stdout, stderr }.
+async function serveExits(args, env = {}) {
     const model = await testModel();
     return new Promise((resolve) => {
         execFile(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--cache-dir', dir, ...args],
-            { timeout: 60_000 }, (e, stdout, stderr) => resolve({ code: e ? e.code : 0, stdout, stderr }));
+            { timeout: 60_000, env: { ...process.env, ...env } },
+            (e, stdout, stderr) => resolve({ code: e ? e.code : 0, stdout, stderr }));
     });
 }
 
@@ -39,7 +40,7 @@ test('flags keepwarm cannot honour exit 2 naming what to use instead', async () 
         [['-nocb'], /--parallel 1/],
         [['--reasoning-format', 'none'], /reasoning_content/],
         [['-sm', 'row'], /'-sm' is not an option of keepwarm/],
-        [['-cram', '0'], /'-cram' is not an option/],
+        [['-ctxcp', '0'], /'-ctxcp' is not an option/],
     ];
     for (const [args, message] of cases) {
         const r = await serveExits(args);
@@ -95,4 +96,93 @@ test('--api-key-file takes llama-server\'s file: one key per line, all of one sh
     assert.notEqual(r.code, 0);
     assert.match(r.stderr, /tenant-style\.txt:1: one key per line, without spaces/);
     assert.ok(!r.stderr.includes('key-one-5f2a91c3'), r.stderr);
+});
+
+test('--cache-ram and --cache-disk read a bare number as MiB, as llama-server; units still work', async () => {
+    const budgets = async (server) => {
+        const cache = await curl(`${server.url}/v1/cache`);
+        assert.equal(cache.status, 200);
+        return [cache.body.tiers.ram.budget_bytes, cache.body.tiers.disk.budget_bytes];
+    };
+    const server = await startServer(['--cache-ram', '8192', '--cache-disk', '1.5GiB']);
+    servers.push(server);
+    assert.deepEqual(await budgets(server), [8 * 2 ** 30, 1.5 * 2 ** 30]);
+    assert.match(server.output(), /cache: device \d+ slots \+ \d+ parked conversations; RAM tier 8 GiB; disk tier 1\.5 GiB in /);
+    await server.stop();
+
+    // llama-server's -cram, and a settings file's bare number: MiB too.
+    const settings = path.join(dir, 'cache.toml');
+    writeFileSync(settings, 'cache-ram = 512\ncache-disk = "2GB"\n');
+    const again = await startServer(['-cram', '2048', '--config', settings]);
+    servers.push(again);
+    assert.deepEqual(await budgets(again), [2048 * 2 ** 20, 2 * 2 ** 30]);
+    await again.stop();
+    const fromFile = await startServer(['--config', settings, '--cache-disk', '0']);
+    servers.push(fromFile);
+    assert.deepEqual(await budgets(fromFile), [512 * 2 ** 20, 0]);
+    assert.match(fromFile.output(), /RAM tier 512 MiB; disk tier off/);
+
+    for (const [value, message] of [['8 parsecs', /unknown unit 'parsecs'/], ['lots', /expected a size/]]) {
+        const r = await serveExits(['--cache-ram', value]);
+        assert.notEqual(r.code, 0);
+        assert.match(r.stderr, message);
+    }
+});
+
+test('--api-key KEY1,KEY2 is two keys, as llama-server; LLAMA_API_KEY too; the list itself is no key', async () => {
+    const status = async (url, key) =>
+        (await curl(`${url}/v1/models`, { headers: key ? { Authorization: `Bearer ${key}` } : {} })).status;
+    const server = await startServer(['--api-key', 'key-one-5f2a91c3,key-two-77b0e4d1']);
+    servers.push(server);
+    assert.match(server.output(), /tenants: 2 keys sharing one cache/);
+    assert.equal(await status(server.url, 'key-one-5f2a91c3'), 200);
+    assert.equal(await status(server.url, 'key-two-77b0e4d1'), 200);
+    assert.equal(await status(server.url, 'key-one-5f2a91c3,key-two-77b0e4d1'), 401);
+    assert.equal(await status(server.url), 401);
+    await server.stop();
+
+    const fromEnv = await startServer([], { env: { LLAMA_API_KEY: 'key-three-0c1d2e3f,key-four-4a5b6c7d' } });
+    servers.push(fromEnv);
+    assert.equal(await status(fromEnv.url, 'key-three-0c1d2e3f'), 200);
+    assert.equal(await status(fromEnv.url, 'key-four-4a5b6c7d'), 200);
+    assert.equal(await status(fromEnv.url, 'key-three-0c1d2e3f,key-four-4a5b6c7d'), 401);
+    assert.doesNotMatch(fromEnv.output(), /key-three/, 'a key is never printed');
+    await fromEnv.stop();
+
+    const proxy = await startProcess(['proxy', '--upstream', 'http://127.0.0.1:9', '--port', '0', '--api-key',
+        'key-one-5f2a91c3,key-two-77b0e4d1']);
+    servers.push(proxy);
+    assert.equal(await status(proxy.url, 'key-one-5f2a91c3'), 200);
+    assert.equal(await status(proxy.url, 'key-two-77b0e4d1'), 200);
+    assert.equal(await status(proxy.url, 'key-one-5f2a91c3,key-two-77b0e4d1'), 401);
+});
+
+test('LLAMA_ARG_* variables set the options they name in llama-server; the command line wins over them', async () => {
+    const model = await testModel();
+    const env = { LLAMA_ARG_MODEL: model, LLAMA_ARG_CTX_SIZE: '1536', LLAMA_ARG_N_PARALLEL: '2',
+        LLAMA_ARG_FLASH_ATTN: 'off', LLAMA_ARG_SPLIT_MODE: 'row' };
+    const server = await startProcess(['serve', '--port', '0', '-t', '1', '--cache-dir', tempDir('env')], { env });
+    servers.push(server);
+    const models = await curl(`${server.url}/v1/models`);
+    assert.deepEqual(models.body.data.map((m) => m.id), ['tiny'], 'LLAMA_ARG_MODEL, not the demo model');
+    assert.match(server.output(), /context 1536 tokens, 2 slots/);
+    assert.match(server.output(), /environment: LLAMA_ARG_MODEL, LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_FLASH_ATTN/);
+    assert.match(server.output(), /not read: LLAMA_ARG_SPLIT_MODE/);
+    await server.stop();
+
+    const wins = await startProcess(['serve', '--port', '0', '-t', '1', '--cache-dir', tempDir('env'), '-c', '1024'],
+        { env });
+    servers.push(wins);
+    assert.match(wins.output(), /context 1024 tokens, 2 slots/);
+    await wins.stop();
+
+    const refused = await new Promise((resolve) => {
+        execFile(binary, ['serve', '--port', '0', '-m', model], { env: { ...process.env, LLAMA_ARG_HF_REPO: 'a/b' } },
+            (e, stdout, stderr) => resolve({ code: e ? e.code : 0, stderr }));
+    });
+    assert.equal(refused.code, 2, refused.stderr);
+    assert.match(refused.stderr, /LLAMA_ARG_HF_REPO \(environment\): -hf\/--hf-repo: keepwarm does not download models/);
+    const bad = await serveExits([], { LLAMA_ARG_CTX_SIZE: 'lots' });
+    assert.notEqual(bad.code, 0);
+    assert.match(bad.stderr, /LLAMA_ARG_CTX_SIZE \(environment\)/);
 });

@@ -2,7 +2,8 @@
 // request ends with an access line whose id the response carries in x-request-id, and --log-level filters.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer } from './harness.mjs';
+import { spawn } from 'node:child_process';
+import { binary, startServer, tempDir, testModel, waitFor } from './harness.mjs';
 
 const servers = [];
 after(async () => {
@@ -70,4 +71,44 @@ test('--log-level warn leaves out access and generation lines; a bad level is re
     assert.doesNotMatch(server.output(), /request_id=/);
 
     await assert.rejects(startServer(['--log-level', 'verbose']), /log-level/);
+});
+
+test('--log-format json: every line on stdout and stderr is JSON, llama.cpp\'s (-v) too, from start to SIGTERM', async () => {
+    const proc = spawn(binary, ['serve', '-m', await testModel(), '--port', '0', '-t', '1', '--cache-dir',
+        tempDir('json-log'), '--log-format', 'json', '-v'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    proc.stdout.on('data', (chunk) => { stdout += chunk; });
+    proc.stderr.on('data', (chunk) => { stderr += chunk; });
+    const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(code ?? signal)));
+    try {
+        await waitFor(() => /listening on/.test(stdout) || proc.exitCode !== null, { timeoutMs: 120_000 });
+        const listening = stdout.split('\n').find((line) => line.includes('listening on'));
+        assert.ok(listening, `no listening line:\n${stdout}\n${stderr}`);
+        const url = JSON.parse(listening).url;
+        assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+        const response = await fetch(`${url}/v1/chat/completions`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 }),
+        });
+        assert.equal(response.status, 200);
+        await response.text();
+    } finally {
+        proc.kill('SIGTERM');
+    }
+    assert.equal(await exited, 0, stderr);
+    const parse = (stream, text) => text.split('\n').filter((line) => line.trim() !== '').map((line) => {
+        try {
+            return JSON.parse(line);
+        } catch {
+            assert.fail(`a ${stream} line is not JSON: ${line}`);
+        }
+    });
+    const out = parse('stdout', stdout);
+    const err = parse('stderr', stderr);
+    assert.ok(out.some((l) => /^context \d+ tokens/.test(l.msg)), 'the banner, a record per line');
+    assert.ok(out.some((l) => /shutting down/.test(l.msg)));
+    assert.ok(err.some((l) => l.component === 'llama.cpp'), 'llama.cpp\'s messages go through the log');
+    assert.ok(err.some((l) => l.component === 'http' && l.status === 200));
 });

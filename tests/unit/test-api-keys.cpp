@@ -25,6 +25,12 @@ std::string error_of(const std::string& text) {
 
 }  // namespace
 
+// configure_tenants with a key given as a literal (it rewrites the key it is given when it is a list).
+template <class... Rest>
+std::vector<std::string> configure(std::string single_key, std::vector<api_key_entry>& keys, Rest&&... rest) {
+    return configure_tenants(single_key, keys, std::forward<Rest>(rest)...);
+}
+
 TEST(api_keys, parses_tenants_keys_comments_and_blank_lines) {
     const auto keys = parse_api_keys(
         "# team keys\n"
@@ -94,12 +100,12 @@ TEST(api_keys, configure_tenants_reads_the_file_and_refuses_mixed_flags) {
     const auto file = dir / ("keepwarm-keys-" + std::to_string(::getpid()) + ".txt");
     std::ofstream(file) << "a key-a-0123\nb key-b-0123\n";
     std::vector<api_key_entry> keys;
-    EXPECT_EQ(configure_tenants("", keys, file.string(), false), (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(configure("", keys, file.string(), false), (std::vector<std::string>{"a", "b"}));
     EXPECT_EQ(keys.size(), 2u);
-    EXPECT_TRUE(configure_tenants("", keys, file.string(), true).empty());
-    EXPECT_THROW(configure_tenants("single-key", keys, file.string(), false), std::invalid_argument);
-    EXPECT_THROW(configure_tenants("", keys, "", true), std::invalid_argument);
-    EXPECT_THROW(configure_tenants("", keys, (dir / "no-such-keys-file").string(), false), std::invalid_argument);
+    EXPECT_TRUE(configure("", keys, file.string(), true).empty());
+    EXPECT_THROW(configure("single-key", keys, file.string(), false), std::invalid_argument);
+    EXPECT_THROW(configure("", keys, "", true), std::invalid_argument);
+    EXPECT_THROW(configure("", keys, (dir / "no-such-keys-file").string(), false), std::invalid_argument);
     std::filesystem::remove(file);
 }
 
@@ -131,13 +137,13 @@ TEST(api_keys, configure_tenants_takes_a_key_per_line_file_as_one_shared_tenant)
     const auto file = dir / ("keepwarm-shared-keys-" + std::to_string(::getpid()) + ".txt");
     std::ofstream(file) << "key-a-0123\nkey-b-0123\n";
     std::vector<api_key_entry> keys;
-    EXPECT_TRUE(configure_tenants("", keys, "", false, file.string()).empty());
+    EXPECT_TRUE(configure("", keys, "", false, file.string()).empty());
     EXPECT_EQ(keys.size(), 2u);
     keys.clear();
-    EXPECT_TRUE(configure_tenants("single-key", keys, "", false, file.string()).empty()) << "beside --api-key";
+    EXPECT_TRUE(configure("single-key", keys, "", false, file.string()).empty()) << "beside --api-key";
     EXPECT_EQ(keys.size(), 2u);
-    EXPECT_THROW(configure_tenants("", keys, file.string(), false, file.string()), std::invalid_argument);
-    EXPECT_THROW(configure_tenants("", keys, "", true, file.string()), std::invalid_argument);
+    EXPECT_THROW(configure("", keys, file.string(), false, file.string()), std::invalid_argument);
+    EXPECT_THROW(configure("", keys, "", true, file.string()), std::invalid_argument);
     std::filesystem::remove(file);
 }
 
@@ -146,7 +152,7 @@ TEST(api_keys, a_single_key_with_outer_whitespace_or_a_control_character_stops_t
     const auto error = [](const std::string& key) {
         std::vector<api_key_entry> keys;
         try {
-            configure_tenants(key, keys, "", false);
+            configure(key, keys, "", false);
         } catch (const std::invalid_argument& e) {
             return std::string(e.what());
         }
@@ -169,4 +175,22 @@ TEST(api_keys, a_single_key_with_outer_whitespace_or_a_control_character_stops_t
     EXPECT_EQ(error("a key with inner spaces"), "");  // a client sends it as it is
     EXPECT_NO_THROW(check_api_key("sk-secret-1", "where"));
     EXPECT_THROW(check_api_key(" sk", "where"), std::invalid_argument);
+}
+
+// llama-server's --api-key KEY1,KEY2: two keys of one shared cache; the list itself is no key.
+TEST(api_keys, a_comma_separated_api_key_is_several_keys_of_the_shared_tenant) {
+    EXPECT_EQ(split_api_key_list("key-a-0123, key-b-4567,,"), (std::vector<std::string>{"key-a-0123", "key-b-4567"}));
+    EXPECT_EQ(split_api_key_list("key-a-0123"), (std::vector<std::string>{"key-a-0123"}));
+    std::string single = "key-a-0123,key-b-4567";
+    std::vector<api_key_entry> keys;
+    EXPECT_TRUE(configure_tenants(single, keys, "", false).empty());
+    EXPECT_EQ(single, "key-a-0123");
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_EQ(keys[0].key, "key-b-4567");
+    EXPECT_EQ(keys[0].tenant, "");
+    EXPECT_EQ(describe_tenants(single, keys, {}), "2 keys sharing one cache");
+    std::string twice = "key-a-0123,key-a-0123";
+    EXPECT_THROW(configure_tenants(twice, keys, "", false), std::invalid_argument);
+    std::string none = ",,";
+    EXPECT_THROW(configure_tenants(none, keys, "", false), std::invalid_argument);
 }

@@ -234,12 +234,45 @@ TEST(HttpServer, BindsFreePortAndReportsBindFailure) {
         FAIL() << "binding a port in use should throw";
     } catch (const std::runtime_error& e) {
         EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(a.port())), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("is in use"), std::string::npos) << e.what();
     }
 
     server_options bad = local_options();
     bad.host = "256.1.2.3";
     http_server c(bad);
     EXPECT_THROW(c.start(), std::runtime_error);
+}
+
+// A server that listens while its model loads: every request gets the held answer (the health path too, with a
+// key required or not), routes registered meanwhile answer only after open().
+TEST(HttpServer, AHeldServerAnswersItsHoldUntilOpened) {
+    server_options o = local_options();
+    o.api_key = "sk-held-0123";
+    http_server s(o);
+    const std::string loading = R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})";
+    s.hold(503, loading);
+    s.start();
+    for (const char* path : {"/health", "/v1/models", "/nowhere"}) {
+        auto r = roundtrip(s.port(), make_request("GET", path, ""));
+        ASSERT_TRUE(r) << path;
+        EXPECT_EQ(r->status, 503) << path;
+        EXPECT_EQ(r->body, loading) << path;
+        EXPECT_EQ(r->header("retry-after"), "1") << path;
+    }
+    s.add_route("GET", "/health", [](const request&, response_writer& w) { reply_text(w, "ok"); },
+                {.requires_auth = false});
+    s.add_route("GET", "/v1/models", [](const request&, response_writer& w) { reply_text(w, "models"); });
+    auto r = roundtrip(s.port(), make_request("GET", "/health", ""));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503) << "registered, not yet open";
+    s.open();
+    r = roundtrip(s.port(), make_request("GET", "/health", ""));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "ok");
+    r = roundtrip(s.port(), make_request("GET", "/v1/models", ""));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << "open: the key is asked for again";
 }
 
 TEST(HttpServer, RoutingAndRequestFields) {
