@@ -23,7 +23,10 @@ struct serve_like {
         app.add_option("-m,--model", model);
         app.add_flag("--no-mmap", no_mmap);
         app.add_option("-a,--alias", aliases)->delimiter(',');
-        app.add_flag_function("--hf-repo", [](int64_t) { throw CLI::ParseError("--hf-repo: refused", 2); });
+        // As serve refuses it (llama-server-flags.cpp add_refused): a value, optional, that stops start-up.
+        app.add_option_function<std::string>("--hf-repo",
+                                             [](const std::string&) { throw CLI::ParseError("--hf-repo: refused", 2); })
+            ->expected(0, 1);
     }
     void parse(std::vector<std::string> args) {
         std::reverse(args.begin(), args.end());
