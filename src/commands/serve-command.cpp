@@ -325,7 +325,7 @@ help_groups serve_help_groups() {
           "--max-step-ms", "--pad-to-tile"}},
         {"Cache",
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
-          "--idle-to-ram-at", "--no-cache-hints"}},
+          "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
         {"Security: keys, tenants, connection limits",
