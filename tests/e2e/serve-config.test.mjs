@@ -51,7 +51,7 @@ max_tokens_cap = 3
     const server = await startProcess(['serve', '--config', file, '--parallel', '2']);
     servers.push(server);
     const out = server.output();
-    assert.match(out, new RegExp(`settings: ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(the command line wins\\)`));
+    assert.match(out, new RegExp(`settings: ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(the command line and the environment win\\)`));
     assert.match(out, /serving team-model/);
     assert.match(out, /2 slots/, 'the command line\'s --parallel 2 wins over the file\'s 1');
     assert.match(out, /tenants: 2 isolated \(3 keys\)/);
