@@ -48,7 +48,7 @@ TEST(llama_server_flags, single_dash_words_become_long_options) {
 }
 
 TEST(llama_server_flags, an_unknown_single_dash_word_is_refused_not_split_into_letters) {
-    for (const std::string flag : {"-sm", "-ot", "-hfx", "-cram", "-kvu"}) {
+    for (const std::string flag : {"-sm", "-ot", "-hfx", "-ctxcp", "-kvu"}) {
         try {
             expand_llama_server_flags({"serve", flag, "x"});
             ADD_FAILURE() << flag << " was accepted";
