@@ -1,6 +1,7 @@
 // `keepwarm bench experts`' command line on a trace file (no model): the table on stdout, the JSON, SVG and trace
 // files it writes, its defaults, and each mistake reported as one line on stderr with exit status 1.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -34,8 +35,11 @@ expert_trace small_trace() {
     return trace;
 }
 
+// Per process: ctest runs this fixture's tests in parallel, and one's TearDown must not remove another's trace.
 std::string temp_path(const std::string& name) {
-    return (std::filesystem::temp_directory_path() / ("keepwarm-test-experts-command-" + name)).string();
+    return (std::filesystem::temp_directory_path() /
+            ("keepwarm-test-experts-command-" + std::to_string(::getpid()) + "-" + name))
+        .string();
 }
 
 std::string read_text(const std::string& path) {
