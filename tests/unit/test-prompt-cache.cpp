@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/llama-runtime.h"
 #include "generated-models.h"
+#include "test-prose.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -22,19 +23,7 @@ namespace {
 
 using tokens = std::vector<llama_token>;
 
-// Deterministic prose, different per seed.
-std::string words(int n, unsigned seed) {
-    static const char* vocab[] = {"cache", "prefix", "token", "agent", "model", "tool",  "request", "system",
-                                  "slot",  "turn",   "reuse", "block", "disk",  "state", "answer",  "context",
-                                  "the",   "of",     "and",   "to",    "in",    "with",  "for",     "a"};
-    std::mt19937 rng(seed);
-    std::string out;
-    for (int i = 0; i < n; ++i) {
-        out += vocab[rng() % std::size(vocab)];
-        out += (rng() % 11 == 0) ? ".\n" : " ";
-    }
-    return out;
-}
+using test_prose::words;
 
 std::string chatml(const std::string& system, const std::vector<std::string>& users) {
     std::string out = "<|im_start|>system\n" + system + "<|im_end|>\n";

@@ -8,11 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <random>
 
 #include "common.h"
 #include "engine/engine.h"
 #include "generated-models.h"
+#include "test-prose.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -22,18 +22,7 @@ namespace {
 
 using tokens = std::vector<llama_token>;
 
-std::string words(int n, unsigned seed) {
-    static const char* vocab[] = {"cache", "prefix", "token", "agent", "model", "tool",  "request", "system",
-                                  "slot",  "turn",   "reuse", "block", "disk",  "state", "answer",  "context",
-                                  "the",   "of",     "and",   "to",    "in",    "with",  "for",     "a"};
-    std::mt19937 rng(seed);
-    std::string out;
-    for (int i = 0; i < n; ++i) {
-        out += vocab[rng() % std::size(vocab)];
-        out += (rng() % 11 == 0) ? ".\n" : " ";
-    }
-    return out;
-}
+using test_prose::words;
 
 std::string chatml(const std::string& system, const std::vector<std::string>& users) {
     std::string out = "<|im_start|>system\n" + system + "<|im_end|>\n";
@@ -97,14 +86,8 @@ size_t first_difference(const result& a, const result& b) {
 
 // Same tokens and the same logits, byte for byte.
 bool identical(const result& a, const result& b) {
-    if (a.generated != b.generated || a.logits.size() != b.logits.size()) return false;
-    for (size_t i = 0; i < a.logits.size(); ++i) {
-        if (a.logits[i].size() != b.logits[i].size() ||
-            std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0) {
-            return false;
-        }
-    }
-    return true;
+    return a.generated == b.generated && a.logits.size() == b.logits.size() &&
+           first_difference(a, b) == a.logits.size();
 }
 
 std::string dense_model() {
