@@ -59,7 +59,7 @@ void expect_accepted_or_4xx(const char* parser, F&& parse) {
     }
 }
 
-// The body as routes/generation-relay.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
+// The body as backend/generation-source.cpp's parse_json_body reads it (bounded_json: linear time, bounded depth):
 // nullopt where the route answers 400 (not JSON, too deep, not an object). Any other exception would escape that
 // function as a 500, so it is a finding here.
 // bounded_json parses with simdjson and falls back to nlohmann's parser: it must accept what nlohmann's parser accepts

@@ -19,17 +19,20 @@ declare -A allowed=(
     [engine]="base cache"
     [model]="base engine cache"
     [chat]="base json engine cache"
-    [policy]="base json config chat engine cache"
+    [policy]="base json config chat"
     [api]="base json chat"
-    [routes]="base json config http cache engine model chat policy api"
-    [local]="base json config http cache engine model chat policy api routes"
-    [proxy]="base json config http cache engine model chat policy api routes"
+    # The contract between the routes and a backend (what a generation is, what it reports, what every frontend
+    # shares): nothing of the engine's, so neither the routes nor the proxy see it.
+    [backend]="base json config http chat policy api"
+    [routes]="base json config http chat policy api backend"
+    [local]="base json config http cache engine model chat policy api backend"
+    [proxy]="base json config http chat policy api backend"
     [bench]="base json config http cache engine model chat policy api"
-    [commands]="base json config http cache engine model chat policy api routes local proxy bench"
+    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench"
 )
 
 # folders whose names live in keepwarm itself; every other folder is keepwarm::FOLDER.
-core_folders="base json cache engine model chat routes local commands"
+core_folders="base json cache engine model chat backend routes local commands"
 
 status=0
 for dir in */; do

@@ -1,6 +1,6 @@
 // latency_histogram: the bucket counts of a Prometheus histogram, so that a scraper can take the difference of two
 // scrapes (a benchmark leaves out its warm-up that way) where a window of recent samples could not. Written out by
-// routes/metrics-text.h. Not thread-safe: the owner guards it.
+// base/metrics-text.h. Not thread-safe: the owner guards it.
 #pragma once
 
 #include <array>

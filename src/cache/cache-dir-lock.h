@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cache/file-io.h"
+#include "base/file-io.h"
 
 namespace keepwarm {
 

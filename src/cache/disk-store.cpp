@@ -17,8 +17,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "base/file-io.h"
 #include "base/logger.h"
-#include "cache/file-io.h"
 
 namespace keepwarm {
 

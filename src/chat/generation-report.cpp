@@ -5,16 +5,16 @@ namespace keepwarm {
 
 namespace {
 
-cache_detail cache_detail_of(const generation_stats& st) {
+cache_detail cache_detail_of(const generation_report& st) {
     return {
         .device = st.reused_device, .ram = st.reused_ram, .disk = st.reused_disk, .checkpoint_pos = st.checkpoint_pos};
 }
 
 }  // namespace
 
-generation_stats reported_stats(const generation_stats& st) {
+generation_report shown_report(const generation_report& st) {
     if (!st.reuse_hidden) return st;
-    generation_stats shown = st;
+    generation_report shown = st;
     shown.reused_tokens = shown.reused_device = shown.reused_ram = shown.reused_disk = 0;
     shown.checkpoint_pos = -1;
     shown.matched_tokens = 0;
@@ -23,16 +23,16 @@ generation_stats reported_stats(const generation_stats& st) {
     return shown;
 }
 
-usage_info usage_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
+usage_info usage_of(const generation_report& actual) {
+    const generation_report st = shown_report(actual);
     return {.prompt_tokens = st.prompt_tokens,
             .completion_tokens = st.generated_tokens,
             .cached_tokens = st.reused_tokens,
             .cache = cache_detail_of(st)};
 }
 
-timings_info timings_of(const generation_stats& actual) {
-    const generation_stats st = reported_stats(actual);
+timings_info timings_of(const generation_report& actual) {
+    const generation_report st = shown_report(actual);
     return {.prompt_n = st.computed_tokens,
             .cache_n = st.reused_tokens,
             .prompt_ms = st.prompt_ms,

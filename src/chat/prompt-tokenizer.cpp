@@ -13,7 +13,7 @@
 #include <optional>
 #include <tuple>
 
-#include "cache/file-io.h"
+#include "base/file-io.h"
 #include "common.h"
 #include "engine/text-stream.h"
 

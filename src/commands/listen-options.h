@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/frontend-context.h"
 #include "http/api-keys.h"
 #include "http/http-server.h"
 #include "policy/policy.h"
-#include "routes/frontend-context.h"
 
 namespace keepwarm {
 

@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backend/cache-busters.h"
+#include "backend/frontend-context.h"
+#include "backend/http-counters.h"
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "commands/environment-options.h"
@@ -26,11 +29,10 @@
 #include "proxy/upstream-pool.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
-#include "routes/frontend-context.h"
-#include "routes/http-counters.h"
 #include "routes/models-routes.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
+#include "routes/response-store.h"
 
 namespace keepwarm {
 
@@ -149,10 +151,11 @@ int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool n
     proxy::upstream_pool pool(std::move(opts.upstreams), pool_options);
     pool.start_health_checks();
 
+    response_store responses(response_store::options{});  // in memory: the proxy keeps no folder
     http::http_server server(opts.http);
     register_proxy_status_routes(server, ctx, pool);
     const generation_opener open = proxy::upstream_generations(ctx, pool);
-    register_openai_routes(server, ctx, open, proxy::upstream_completions(pool));
+    register_openai_routes(server, ctx, open, proxy::upstream_completions(pool), responses);
     register_anthropic_routes(server, ctx, open, proxy::upstream_token_counter(ctx, pool));
     register_ollama_routes(server, ctx, open, proxy::upstream_raw_generations(ctx), std::nullopt);
     register_ollama_proxy_model_routes(server, ctx.model_id);

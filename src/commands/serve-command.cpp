@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/cache-busters.h"
+#include "backend/frontend-context.h"
 #include "base/command-exit.h"
 #include "base/logger.h"
 #include "cache/block-key.h"
@@ -33,6 +35,7 @@
 #include "local/chat-generation.h"
 #include "local/local-model.h"
 #include "local/local-status-routes.h"
+#include "local/model-card.h"
 #include "local/prompt-index-keeper.h"
 #include "local/raw-generation.h"
 #include "local/tokenizer-routes.h"
@@ -42,10 +45,11 @@
 #include "policy/policy-file.h"
 #include "routes/anthropic-routes.h"
 #include "routes/busters-routes.h"
-#include "routes/frontend-context.h"
 #include "routes/llama-server-routes.h"
+#include "routes/models-routes.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
+#include "routes/response-store.h"
 
 namespace keepwarm {
 
@@ -155,13 +159,14 @@ int run_serve(serve_options opts) {
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     resolve_cache_budgets(opts);
+    response_store::options stored_responses;  // in memory, unless beside the disk tier
     if (opts.engine.cache_disk_bytes > 0) {
         // Before the model loads, so a second server on the directory stops at once, naming the first.
         dir_lock.emplace(opts.engine.cache_dir, "keepwarm serve");
         // The Responses API's stored responses survive a restart beside the disk tier (a folder it does not read).
-        ctx.responses = std::make_unique<response_store>(
-            response_store::options{.dir = std::filesystem::path(opts.engine.cache_dir) / "responses"});
+        stored_responses.dir = std::filesystem::path(opts.engine.cache_dir) / "responses";
     }
+    response_store responses(stored_responses);
 
     // The port before the model, which can take minutes to load: a port in use stops start-up at once, and a monitor
     // sees the server loading (llama-server's 503 "Loading model" on every route) rather than a refused connection.
@@ -207,9 +212,10 @@ int run_serve(serve_options opts) {
     }
 
     register_local_status_routes(server, ctx, model);
+    register_models_routes(server, ctx, local_model_meta(model));
     const generation_opener open = local_generation(ctx, model);
     const raw_generation_opener open_raw = local_raw_generation(ctx, model);
-    register_openai_routes(server, ctx, open, openai_completions(open_raw));
+    register_openai_routes(server, ctx, open, openai_completions(open_raw), responses);
     register_llama_server_routes(server, ctx, open_raw, model.renderer.get());
     register_anthropic_routes(server, ctx, open, local_token_counter(ctx, model));
     register_ollama_routes(server, ctx, open, open_raw, model.renderer->supports_thinking());

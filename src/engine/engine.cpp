@@ -55,20 +55,6 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
-const char* finish_reason_name(finish_reason reason) {
-    switch (reason) {
-        case finish_reason::stop:
-            return "stop";
-        case finish_reason::length:
-            return "length";
-        case finish_reason::cancelled:
-            return "cancelled";
-        case finish_reason::error:
-            return "error";
-    }
-    return "error";
-}
-
 void generation_stream::push(generation_event event) {
     {
         std::lock_guard lock(mu_);

@@ -12,16 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "base/finish-reason.h"
+#include "base/prompt-progress.h"
 #include "engine/token-sampler.h"
 #include "sampling.h"
 
 namespace keepwarm {
 
-enum class finish_reason { stop, length, cancelled, error };
-
-const char* finish_reason_name(finish_reason reason);  // "stop", "length", "cancelled", "error"
-
-// Per-request accounting, in tokens and milliseconds. Every response reports these.
+// The engine's per-request accounting, in tokens and milliseconds. local/ turns it into the neutral report every
+// response is written from (chat/generation-report.h).
 struct generation_stats {
     int prompt_tokens = 0;    // tokens in the prompt
     int reused_tokens = 0;    // prompt tokens whose KV was already cached and not recomputed
@@ -46,18 +45,6 @@ struct generation_stats {
     double sampling_max_ms = 0;  // the longest one token's sampling took
     int slot = -1;               // which slot served it
     std::string stop_sequence;   // the stop string that ended the generation (empty: none did)
-    // The operator turned reuse reports off (--no-reuse-report): responses say nothing was reused, so a client cannot
-    // read from them what the cache holds. The log and the cache-buster detector still see the real numbers.
-    bool reuse_hidden = false;
-};
-
-// How far a prompt's processing has come (llama-server's prompt_progress), for a request that asked
-// (generation_request::report_progress).
-struct prompt_progress {
-    int total = 0;       // tokens in the prompt
-    int cache = 0;       // of them, reused from the cache
-    int processed = 0;   // of them, in the KV so far (the reused ones included): reaches `total` when done
-    double time_ms = 0;  // since the request entered its slot
 };
 
 struct generation_event {

@@ -2,10 +2,10 @@
 #include "local/chat-generation.h"
 
 #include <utility>
+#include "backend/cache-busters.h"
+#include "backend/client-identity.h"
 #include "base/logger.h"
 #include "local/prompt-preparation.h"
-#include "routes/busters-routes.h"
-#include "routes/client-identity.h"
 
 namespace keepwarm {
 
@@ -94,10 +94,10 @@ std::optional<generation_source::update> chat_generation::next() {
     u.done = ev->done;
     u.reason = ev->reason;
     u.error = ev->error;
-    u.stats = ev->stats;
+    u.report = relay_->report(*ev);
     u.progress = std::move(ev->progress);
     if (ev->done && buster_ && ev->reason != finish_reason::error) {
-        confirm_cache_buster(front_, *std::exchange(buster_, std::nullopt), ev->stats);
+        confirm_cache_buster(front_, *std::exchange(buster_, std::nullopt), u.report);
     }
     if (ev->done && ev->reason != finish_reason::error) {
         std::vector<common_chat_msg_diff> final_diffs;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "chat/chat-output-parser.h"
 #include "chat/chat-renderer.h"
 #include "chat/chat-request.h"
@@ -17,9 +19,6 @@
 #include "http/http-server.h"
 #include "local/generation-relay.h"
 #include "local/local-model.h"
-#include "routes/anthropic-routes.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "base/logger.h"
+#include "local/engine-report.h"
 
 namespace keepwarm {
 
@@ -48,11 +49,12 @@ std::optional<generation_event> generation_relay::next() {
         log::info("generation", "{} client went away, generation cancelled", id_);
         return std::nullopt;
     }
-    if (ev->done) {
-        finish(*ev);
-        ev->stats.reuse_hidden = !front_.reuse_report;
-    }
+    if (ev->done) finish(*ev);
     return ev;
+}
+
+generation_report generation_relay::report(const generation_event& ev) const {
+    return report_of(ev.stats, !front_.reuse_report);
 }
 
 void generation_relay::finish(const generation_event& ev) {

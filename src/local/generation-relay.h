@@ -7,11 +7,12 @@
 #include <optional>
 #include <string>
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
+#include "chat/generation-report.h"
 #include "engine/generation.h"
 #include "http/http-server.h"
 #include "local/local-model.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
 
@@ -32,6 +33,9 @@ public:
     // Stops a generation that has not ended: tells the engine, waits (at most 2 s) for its final event, records it as
     // next() would, and returns it. nullopt when the generation had ended already, or no final event came in time.
     std::optional<generation_event> cancel();
+    // A final event's numbers as the neutral report the routes write (local/engine-report.h), with the tenants'
+    // reuse-report switch.
+    generation_report report(const generation_event& ev) const;
 
 private:
     void finish(const generation_event& ev);

@@ -1,6 +1,6 @@
 // What only `keepwarm serve` has: the loaded model's engine, its chat renderer and prompt tokenizers (one shared, one
 // per isolated tenant), and the model file. The frontend's side (policy, counters, model name) is
-// routes/frontend-context.h. Built once by the serve command; read-only afterwards (the engine and the prompt
+// backend/frontend-context.h. Built once by the serve command; read-only afterwards (the engine and the prompt
 // tokenizers are thread-safe themselves).
 #pragma once
 

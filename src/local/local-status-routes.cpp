@@ -11,7 +11,6 @@
 #include "build-info.h"
 #include "common.h"
 #include "local/server-status.h"
-#include "routes/models-routes.h"
 
 namespace keepwarm {
 
@@ -245,15 +244,6 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
         w.send(200, "application/json", front.policy->to_json().dump());
     });
 
-    const auto& eo = model.llm->options();
-    register_models_routes(server, front,
-                           {{"path", model.model_path},
-                            {"n_ctx", eo.context_size},
-                            {"n_ctx_slot", model.llm->slot_context_size()},
-                            {"n_ctx_train", llama_model_n_ctx_train(model.llm->model())},
-                            {"slots", eo.slots},
-                            {"random_weights", model.random_weights}});
-
     server.add_route("GET", "/slots", [&model](const http::request& req, http::response_writer& w) {
         const std::vector<slot_status> slots = model.llm->slots();
         // As llama-server: a load balancer can ask for a 503 when every slot is busy.
@@ -270,6 +260,16 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
     server.add_route("GET", "/props", [props](const http::request&, http::response_writer& w) {
         w.send(200, "application/json", props);
     });
+}
+
+nlohmann::ordered_json local_model_meta(const local_model& model) {
+    const auto& eo = model.llm->options();
+    return {{"path", model.model_path},
+            {"n_ctx", eo.context_size},
+            {"n_ctx_slot", model.llm->slot_context_size()},
+            {"n_ctx_train", llama_model_n_ctx_train(model.llm->model())},
+            {"slots", eo.slots},
+            {"random_weights", model.random_weights}};
 }
 
 }  // namespace keepwarm

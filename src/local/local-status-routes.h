@@ -1,19 +1,24 @@
-// Routes that report on `keepwarm serve` rather than run the model: /health, /metrics, /v1/models (and
-// /v1/models/{id}), /v1/policy, /v1/cache (the prefix cache: tiers, bytes, entries, hit/miss/eviction counts, and the
-// prompt index), and llama-server's /slots and /props.
+// Routes that report on `keepwarm serve` rather than run the model: /health, /metrics, /v1/policy, /v1/cache (the
+// prefix cache: tiers, bytes, entries, hit/miss/eviction counts, and the prompt index), and llama-server's /slots and
+// /props.
 #pragma once
 
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend/frontend-context.h"
 #include "http/http-server.h"
 #include "local/local-model.h"
-#include "routes/frontend-context.h"
 
 namespace keepwarm {
 
 void register_local_status_routes(http::http_server& server, frontend_context& front, local_model& model);
+
+// What /v1/models says of the local model besides its name (its "meta": path, context sizes, slots, whether its
+// weights are random), for routes/models-routes.h.
+nlohmann::ordered_json local_model_meta(const local_model& model);
 
 // What llama-server's throughput gauges (llamacpp:prompt_tokens_seconds, llamacpp:predicted_tokens_seconds) are
 // measured from: the totals at the previous scrape. Guarded by mu.

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "base/file-io.h"
 #include "base/logger.h"
-#include "cache/file-io.h"
 
 namespace keepwarm {
 

@@ -183,7 +183,7 @@ std::optional<generation_source::update> raw_generation::next() {
     u.done = ev->done;
     u.reason = ev->reason;
     u.error = ev->error;
-    u.stats = ev->stats;
+    u.report = relay_->report(*ev);
     u.progress = std::move(ev->progress);
     if (ev->done) u.generated = std::move(ev->generated);
     return u;

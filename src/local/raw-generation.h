@@ -9,12 +9,12 @@
 #include <optional>
 #include <string>
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "engine/generation.h"
 #include "http/http-server.h"
 #include "local/generation-relay.h"
 #include "local/local-model.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
 

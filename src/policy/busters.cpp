@@ -132,7 +132,7 @@ std::optional<cache_buster_report> cache_buster_detector::inspect(prompt_origin 
     return r;
 }
 
-bool cache_buster_detector::confirm(cache_buster_report r, const generation_stats& stats) {
+bool cache_buster_detector::confirm(cache_buster_report r, const generation_report& stats) {
     if (stats.prompt_tokens <= 0) return false;
     // The cache may reuse the first tokens of the span itself (digits are tokens of their own, say), or the tokenizer
     // may merge its first char with the text in front of it; reuse past the span's end means it cost nothing.

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "chat.h"
-#include "engine/generation.h"
+#include "chat/generation-report.h"
 #include "llama.h"
 #include "policy/prompt-diff.h"
 #include "policy/span-rules.h"
@@ -109,7 +109,7 @@ public:
 
     // The request ended: keeps and logs the report (one line) if the cache did not reuse past the span and tokens
     // after it were computed. Returns whether it did.
-    bool confirm(cache_buster_report report, const generation_stats& stats);
+    bool confirm(cache_buster_report report, const generation_report& stats);
 
     // A tenant's reports and counts: no tenant sees another's clients, ids or text.
     std::vector<cache_buster_report> reports(std::string_view tenant = {}) const;  // newest first

@@ -25,7 +25,7 @@ namespace keepwarm::policy {
 
 // Conditions on a request, as [[client]] and [[ping.match]] tables give them; all that are set must hold.
 struct request_matcher {
-    std::string client;                     // glob (fnmatch) over the client's name (see routes/client-identity.h)
+    std::string client;                     // glob (fnmatch) over the client's name (see backend/client-identity.h)
     std::string api;                        // "openai", "anthropic" or "ollama"
     std::string model;                      // glob over the model name the client asked for
     std::string header;                     // a header (lowercase name) the request must carry

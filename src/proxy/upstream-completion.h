@@ -7,10 +7,9 @@
 // Threading: route handlers, called by the HTTP thread of their connection.
 #pragma once
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "proxy/upstream-pool.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-route.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm::proxy {
 

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "backend/cache-busters.h"
+#include "backend/client-identity.h"
 #include "base/logger.h"
-#include "routes/busters-routes.h"
-#include "routes/client-identity.h"
 
 namespace keepwarm::proxy {
 
@@ -179,7 +179,7 @@ std::optional<generation_source::update> upstream_generation::next() {
                 throw request_error(504, why, "timeout_error");
             }
             update u{.done = true, .reason = finish_reason::error, .error = why};
-            u.stats = stats();
+            u.report = stats();
             log_end(u);
             leave_upstream();
             return u;
@@ -221,13 +221,13 @@ std::optional<generation_source::update> upstream_generation::next() {
         }
         if (!u.done && u.diffs.empty()) continue;
         if (u.done) {
-            u.stats = stats();
+            u.report = stats();
             // What the proxy added to this request's time to first token: receiving and forwarding it, and passing
             // the first delta on (the route writes it right after this returns).
             if (seen_delta_) {
                 pool_.record_overhead(ms_between(received_, sent_), ms_between(first_delta_read_, first_delta_));
             }
-            if (buster_ && u.reason != finish_reason::error) confirm_buster(u.stats);
+            if (buster_ && u.reason != finish_reason::error) confirm_buster(u.report);
             log_end(u);
             // Before the client gets its last chunk (and can send its next turn): the connection is back in the
             // pool and the upstream's load counts one request less.
@@ -268,9 +268,9 @@ std::string upstream_generation::overdue_message(answer_limit limit) const {
     return upstream + " did not finish its answer in " + http::seconds_text(o.answer_timeout) + " (--answer-timeout)";
 }
 
-generation_stats upstream_generation::stats() const {
+generation_report upstream_generation::stats() const {
     const upstream_usage& usage = decoder_->usage();
-    generation_stats st;
+    generation_report st;
     st.prompt_tokens = usage.prompt_tokens;
     st.reused_tokens = usage.cached_tokens;
     st.computed_tokens = usage.prompt_tokens - usage.cached_tokens;
@@ -284,7 +284,7 @@ generation_stats upstream_generation::stats() const {
     return st;
 }
 
-void upstream_generation::confirm_buster(const generation_stats& st) {
+void upstream_generation::confirm_buster(const generation_report& st) {
     policy::cache_buster_report report = *std::exchange(buster_, std::nullopt);
     // Without the upstream's tokenizer, the span's token is estimated from where it sits in the normalized text. An
     // upstream that reused clearly past that point kept its cache (a keepwarm upstream's own policy, say): no report.
@@ -299,7 +299,7 @@ void upstream_generation::confirm_buster(const generation_stats& st) {
 }
 
 void upstream_generation::log_end(const update& u) const {
-    const generation_stats& st = u.stats;
+    const generation_report& st = u.report;
     log::info(
         "proxy",
         "{} upstream {} ({}, {} blocks matched): prompt {} tokens (reused {}, computed {}), generated {} in {} ms, "

@@ -17,13 +17,12 @@
 #include <utility>
 #include <vector>
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "http/http-client.h"
 #include "proxy/upstream-body.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-pool.h"
-#include "routes/anthropic-routes.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm::proxy {
 
@@ -49,8 +48,8 @@ public:
 
 private:
     void connect(const http::request& req);
-    generation_stats stats() const;
-    void confirm_buster(const generation_stats& st);
+    generation_report stats() const;
+    void confirm_buster(const generation_report& st);
     // The policy's forced biases in this upstream's token ids, over the client's own; returns their fired names.
     std::vector<std::string> bind_biases(size_t upstream);
     void name_fired_rules(const std::vector<std::string>& rules);  // appended to x-keepwarm-policy and logged

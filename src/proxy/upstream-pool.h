@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "base/metrics-text.h"
 #include "http/http-client.h"
 #include "proxy/upstream-bias-tokens.h"
 #include "proxy/upstream-config.h"
@@ -32,7 +33,6 @@
 #include "proxy/upstream-health.h"
 #include "proxy/upstream-router.h"
 #include "proxy/upstream-stats.h"
-#include "routes/metrics-text.h"
 
 namespace keepwarm::proxy {
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "base/metrics-text.h"
 #include "proxy/upstream-connections.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-router.h"
-#include "routes/metrics-text.h"
 
 namespace keepwarm::proxy {
 

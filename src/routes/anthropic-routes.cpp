@@ -19,7 +19,7 @@ namespace anthropic = api::anthropic;
 
 // The client's stop sequence that ended the answer, or "": a stop the template adds (its end-of-turn text) is an
 // end_turn for Anthropic, not a stop_sequence.
-std::string client_stop_sequence(const generation_source& chat, const generation_stats& st) {
+std::string client_stop_sequence(const generation_source& chat, const generation_report& st) {
     const auto& asked = chat.request().stop;
     if (st.stop_sequence.empty() || std::find(asked.begin(), asked.end(), st.stop_sequence) == asked.end()) return {};
     return st.stop_sequence;
@@ -43,12 +43,12 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
     if (!stream) {
         const auto u = final_update(chat, "api_error");
         if (!u) return;
-        const std::string sequence = client_stop_sequence(chat, u->stats);
+        const std::string sequence = client_stop_sequence(chat, u->report);
         const std::string reason =
             anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
         w.send(200, "application/json",
-               anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->stats),
-                                       timings_of(u->stats), sequence)
+               anthropic::message_json(chat.id(), model, chat.message(), reason, usage_of(u->report),
+                                       timings_of(u->report), sequence)
                    .dump(-1, ' ', false, json::error_handler_t::replace),
                headers);
         return;
@@ -75,10 +75,10 @@ void handle_messages(const generation_opener& open, frontend_context& ctx, const
         } else {
             events = message.push(u->diffs);
             if (u->done) {
-                const std::string sequence = client_stop_sequence(chat, u->stats);
+                const std::string sequence = client_stop_sequence(chat, u->report);
                 const std::string reason =
                     anthropic::stop_reason(chat.message(), u->reason == finish_reason::length, !sequence.empty());
-                for (auto& event : message.finish(reason, usage_of(u->stats), timings_of(u->stats), sequence)) {
+                for (auto& event : message.finish(reason, usage_of(u->report), timings_of(u->report), sequence)) {
                     events.push_back(std::move(event));
                 }
             }

@@ -4,15 +4,12 @@
 
 #include <functional>
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
 #include "routes/generation-route.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
-
-// Counts a parsed count_tokens request's prompt tokens (the policy applied as for counting). Throws request_error.
-using token_counter = std::function<int(const http::request&, const chat_request&)>;
 
 // Messages go to `open` (the backend's chat generations); count_tokens to `count` (the local model's template and
 // tokenizer, or the upstream the request would go to).

@@ -30,7 +30,7 @@ json progress_json(const prompt_progress& p) {
 api::native_completion_result result_of(const frontend_context& ctx, const generation_source& source,
                                         const generation_source::update& u, std::string content,
                                         std::vector<llama_token> tokens) {
-    const generation_stats& st = u.stats;
+    const generation_report& st = u.report;
     api::native_completion_result r;
     r.content = std::move(content);
     r.tokens = std::move(tokens);

@@ -5,10 +5,10 @@
 // Threading: handlers run on their connection's thread.
 #pragma once
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "chat/chat-renderer.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
 

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend/frontend-context.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
 
 namespace keepwarm {
 

@@ -11,10 +11,7 @@
 #include <span>
 
 #include "api/ollama-api.h"
-#include "cache/block-key.h"
 #include "chat/generation-report.h"
-#include "engine/llama-runtime.h"
-#include "model/model-inspect.h"
 #include "routes/stream-keepalive.h"
 
 namespace keepwarm {
@@ -26,8 +23,6 @@ namespace ollama = api::ollama;
 
 // The model is never unloaded; Ollama's own answer for a model kept forever is a date centuries ahead.
 constexpr const char* never_expires = "9999-12-31T23:59:59Z";
-// GGUF arrays longer than this (the vocabulary, merges, scores) are null in model_info, as Ollama shows them.
-constexpr size_t max_model_info_array = 256;
 
 std::string now() {
     return ollama::rfc3339(std::chrono::system_clock::now());
@@ -37,7 +32,7 @@ std::string dump(const json& body) {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ollama::metrics metrics_of(const generation_stats& st, const request_clock& clock) {
+ollama::metrics metrics_of(const generation_report& st, const request_clock& clock) {
     const auto total =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - clock.received);
     return ollama::metrics_of(usage_of(st), timings_of(st), total);
@@ -52,7 +47,7 @@ void end_with_error(http::response_writer& w, const std::string& error) {
     w.end_stream();
 }
 
-// Which Ollama answer a chat_generation feeds: /api/chat's message, or /api/generate's response text.
+// Which Ollama answer a generation_source feeds: /api/chat's message, or /api/generate's response text.
 enum class answer_shape { chat, generate };
 
 // Ollama's NDJSON has no comment: its keep-alive is a line of the answer with empty content, which clients append.
@@ -68,7 +63,7 @@ keepalive_writer with_keepalive(http::response_writer& client, const frontend_co
         ctx.stream_keepalive);
 }
 
-// Relays a running chat_generation to the client, whole or as NDJSON: text and thinking as they come, tool calls
+// Relays a running generation_source to the client, whole or as NDJSON: text and thinking as they come, tool calls
 // once whole (Ollama sends calls, not fragments), then a last line with done, done_reason and the numbers.
 void relay_answer(frontend_context& ctx, generation_source& chat, const request_clock& clock, http::response_writer& w,
                   const std::string& model, bool stream, answer_shape shape) {
@@ -76,7 +71,7 @@ void relay_answer(frontend_context& ctx, generation_source& chat, const request_
         const auto u = final_update(chat, "server_error");
         if (!u) return;
         const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
-        const ollama::metrics m = metrics_of(u->stats, clock);
+        const ollama::metrics m = metrics_of(u->report, clock);
         const common_chat_msg& msg = chat.message();
         const json body =
             shape == answer_shape::chat
@@ -114,7 +109,7 @@ void relay_answer(frontend_context& ctx, generation_source& chat, const request_
         }
         if (!u->done) continue;
         const std::string reason = ollama::done_reason(u->reason == finish_reason::length);
-        const ollama::metrics m = metrics_of(u->stats, clock);
+        const ollama::metrics m = metrics_of(u->report, clock);
         write_line(w, shape == answer_shape::chat ? ollama::chat_final_chunk_json(model, now(), reason, m)
                                                   : ollama::generate_final_chunk_json(model, now(), reason, m));
         w.end_stream();
@@ -173,32 +168,6 @@ void handle_generate(const generation_opener& open, const raw_generation_opener&
     relay_answer(ctx, *chat, clock, w, model, stream, answer_shape::generate);
 }
 
-// Ollama's model_info: the GGUF's key/values with their types, without the chat template (that is /api/show's
-// "template") and with the long tokenizer arrays as null.
-json model_info(const std::string& path) {
-    json info = read_gguf_metadata(path, max_model_info_array);
-    for (auto it = info.begin(); it != info.end();) {
-        it = it.key().starts_with("tokenizer.chat_template") ? info.erase(it) : std::next(it);
-    }
-    return info;
-}
-
-// Memory of the loaded model, as Ollama's /api/ps estimates its own: one recurrent state per sequence (slots, parked
-// conversations, scratch); on a GPU, the offloaded layers' share.
-void estimate_memory(const engine& llm, const model_report& report, ollama::model_card& card) {
-    const engine_options& eo = llm.options();
-    const serving_memory memory =
-        estimate_serving_memory(report, {.weight_bytes = llama_model_size(llm.model()),
-                                         .cache_type_k = eo.cache_type_k,
-                                         .cache_type_v = eo.cache_type_v,
-                                         .context_size = uint64_t(eo.context_size),
-                                         .sequences = uint64_t(eo.slots + eo.cache_parked_sequences + 1),
-                                         .gpu_layers = eo.gpu_layers,
-                                         .has_gpu = !gpu_devices().empty()});
-    card.memory_bytes = memory.total_bytes;
-    card.vram_bytes = memory.gpu_bytes;
-}
-
 // GET /api/tags: the one model `card` describes.
 void add_tags_route(http::http_server& server, std::shared_ptr<const ollama::model_card> card) {
     server.add_route("GET", "/api/tags",
@@ -214,35 +183,6 @@ void add_tags_route(http::http_server& server, std::shared_ptr<const ollama::mod
 }
 
 }  // namespace
-
-ollama::model_card make_model_card(const engine& llm, const chat_renderer& renderer, const std::string& model_path,
-                                   const std::string& model_id) {
-    const llama_model* model = llm.model();
-    const model_report report = inspect_model(model_path);
-    ollama::model_card card;
-    card.name = ollama::tagged_name(model_id);
-    card.architecture = report.architecture;
-    card.parameter_size = ollama::parameter_size(llama_model_n_params(model));
-    card.quantization_level = ollama::quantization_level(llama_model_ftype(model));
-    card.file_bytes = report.file_size;
-    // Not Ollama's sha256 of a manifest (there is none): keepwarm's cheap fingerprint of the file, which also keys
-    // its disk cache.
-    card.digest = model_fingerprint(model_path, "");
-    card.modified_at = std::chrono::file_clock::to_sys(std::filesystem::last_write_time(model_path));
-    card.path = model_path;
-    card.chat_template = renderer.source();
-    card.model_info = model_info(model_path);
-    if (!card.model_info.contains("general.parameter_count")) {
-        card.model_info["general.parameter_count"] = llama_model_n_params(model);
-    }
-    card.capabilities = {"completion"};
-    const auto caps = renderer.caps();
-    if (auto it = caps.find("supports_tools"); it != caps.end() && it->second) card.capabilities.push_back("tools");
-    if (renderer.supports_thinking()) card.capabilities.push_back("thinking");
-    card.context_length = llm.slot_context_size();
-    estimate_memory(llm, report, card);
-    return card;
-}
 
 void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             raw_generation_opener open_raw, std::optional<bool> thinking_mode) {

@@ -6,12 +6,10 @@
 #include <string>
 
 #include "api/ollama-api.h"
-#include "chat/chat-renderer.h"
-#include "engine/engine.h"
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
 #include "routes/generation-route.h"
-#include "routes/generation-source.h"
 
 namespace keepwarm {
 
@@ -22,10 +20,6 @@ namespace keepwarm {
 void register_ollama_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             raw_generation_opener open_raw, std::optional<bool> thinking_mode);
 
-// What /api/tags, /api/show and /api/ps report about a local model, read once: the loaded model's own numbers and
-// the GGUF file's metadata (its header only; the model is not loaded again).
-api::ollama::model_card make_model_card(const engine& llm, const chat_renderer& renderer, const std::string& model_path,
-                                        const std::string& model_id);
 // /api/tags, /api/show and /api/ps from a local model's card.
 void register_ollama_model_routes(http::http_server& server, api::ollama::model_card card);
 // The same routes through `keepwarm proxy`: /api/tags lists `model_id` alone; /api/show and /api/ps, which need the

@@ -42,8 +42,8 @@ void handle_chat(const generation_opener& open, frontend_context& ctx, const htt
         if (!u) return;
         const std::string reason = api::chat_finish_reason(chat.message(), u->reason == finish_reason::length);
         w.send(200, "application/json",
-               api::chat_completion_json(id, ctx.model_id, created, chat.message(), reason, usage_of(u->stats),
-                                         timings_of(u->stats))
+               api::chat_completion_json(id, ctx.model_id, created, chat.message(), reason, usage_of(u->report),
+                                         timings_of(u->report))
                    .dump(-1, ' ', false, json::error_handler_t::replace),
                chat.response_headers());
         return;
@@ -81,11 +81,11 @@ void handle_chat(const generation_opener& open, frontend_context& ctx, const htt
             write_sse(w, json::parse(http::openai_error_body(500, "server_error", u->error)));
         } else {
             const std::string reason = api::chat_finish_reason(chat.message(), u->reason == finish_reason::length);
-            write_sse(
-                w, api::chat_final_chunk_json(id, ctx.model_id, created, chat.message(), reason, timings_of(u->stats)));
+            write_sse(w, api::chat_final_chunk_json(id, ctx.model_id, created, chat.message(), reason,
+                                                    timings_of(u->report)));
             if (include_usage) {
-                write_sse(
-                    w, api::chat_usage_chunk_json(id, ctx.model_id, created, usage_of(u->stats), timings_of(u->stats)));
+                write_sse(w, api::chat_usage_chunk_json(id, ctx.model_id, created, usage_of(u->report),
+                                                        timings_of(u->report)));
             }
         }
         w.write_chunk("data: [DONE]\n\n");
@@ -118,7 +118,7 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
         if (!u) return;
         w.send(200, "application/json",
                api::completion_json(id, ctx.model_id, created, completion.message().content,
-                                    finish_reason_name(u->reason), usage_of(u->stats), timings_of(u->stats))
+                                    finish_reason_name(u->reason), usage_of(u->report), timings_of(u->report))
                    .dump(-1, ' ', false, json::error_handler_t::replace),
                completion.response_headers());
         return;
@@ -135,7 +135,7 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
             std::optional<timings_info> timings;
             if (u->done && u->reason != finish_reason::error) {
                 reason = finish_reason_name(u->reason);
-                timings = timings_of(u->stats);
+                timings = timings_of(u->report);
             }
             if (!write_sse(w, api::completion_chunk_json(id, ctx.model_id, created, text, reason, timings))) {
                 ctx.http.disconnects++;
@@ -146,8 +146,8 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
         if (u->reason == finish_reason::error) {
             write_sse(w, json::parse(http::openai_error_body(500, "server_error", u->error)));
         } else if (comp.include_usage) {
-            write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(u->stats),
-                                                          timings_of(u->stats)));
+            write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(u->report),
+                                                          timings_of(u->report)));
         }
         w.write_chunk("data: [DONE]\n\n");
         w.end_stream();
@@ -163,8 +163,8 @@ generation_handler openai_completions(raw_generation_opener open) {
 }
 
 void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
-                            generation_handler completion) {
-    register_responses_routes(server, ctx, open);
+                            generation_handler completion, response_store& store) {
+    register_responses_routes(server, ctx, open, store);
     const auto chat = [open = std::move(open)](frontend_context& c, const http::request& req, http::response_writer& w,
                                                const request_clock& clock) { handle_chat(open, c, req, w, clock); };
     server.add_route("POST", "/v1/chat/completions", generation_route(ctx, chat));

@@ -2,17 +2,19 @@
 // POST /v1/responses (routes/responses-routes.h).
 #pragma once
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
 #include "routes/generation-route.h"
-#include "routes/generation-source.h"
+#include "routes/response-store.h"
 
 namespace keepwarm {
 
 // Chat requests go to `open` (the backend's chat generations), raw-prompt completions to `completion`: on a local
-// model openai_completions(), while `keepwarm proxy` forwards them (proxy/upstream-completion.h).
+// model openai_completions(), while `keepwarm proxy` forwards them (proxy/upstream-completion.h). The Responses API
+// keeps its stored responses in `store`, which outlives the server.
 void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
-                            generation_handler completion);
+                            generation_handler completion, response_store& store);
 
 // /v1/completions through the raw-completion path: the body becomes a raw_completion, `open` applies the policy
 // and generates, and the text comes back as OpenAI's completion (whole or streamed).

@@ -7,8 +7,8 @@
 #include <sstream>
 #include <vector>
 
+#include "base/file-io.h"
 #include "base/logger.h"
-#include "cache/file-io.h"
 #include "json/bounded-json.h"
 
 namespace keepwarm {

@@ -20,31 +20,31 @@ using json = nlohmann::ordered_json;
 namespace responses = api::responses;
 
 // The body with a previous response's conversation before its input, when it names one of this tenant's.
-json with_previous(json body, const frontend_context& ctx, const std::string& tenant) {
+json with_previous(json body, response_store& store, const std::string& tenant) {
     const json* previous =
         body.is_object() && body.contains("previous_response_id") ? &body["previous_response_id"] : nullptr;
     if (!previous || previous->is_null()) return body;
     if (!previous->is_string()) throw request_error(400, "'previous_response_id' must be a string");
     const std::string id = previous->get<std::string>();
     responses::check_requested_id(id, "previous_response_id");
-    const std::optional<response_store::record> stored = ctx.responses->get(id, tenant);
+    const std::optional<response_store::record> stored = store.get(id, tenant);
     if (!stored) throw responses::response_not_found(id, true);
     return responses::continue_input(std::move(body), stored->items);
 }
 
 // Kept when the request asked (the API's default): the conversation up to and including this answer.
-void keep(frontend_context& ctx, const http::request& req, const responses::parsed_request& parsed, const json& body,
+void keep(response_store& store, const http::request& req, const responses::parsed_request& parsed, const json& body,
           const std::string& id, const json& response) {
     if (!parsed.echo.store) return;
     json items = responses::input_items(body);
     for (const json& item : response["output"]) items.push_back(item);
-    ctx.responses->put(id, req.tenant, {std::move(items), response});
+    store.put(id, req.tenant, {std::move(items), response});
 }
 
-void handle_responses(const generation_opener& open, frontend_context& ctx, const http::request& req,
-                      http::response_writer& client, const request_clock& clock) {
+void handle_responses(const generation_opener& open, response_store& store, frontend_context& ctx,
+                      const http::request& req, http::response_writer& client, const request_clock& clock) {
     ctx.http.responses++;
-    const json body = with_previous(parse_json_body(req), ctx, req.tenant);
+    const json body = with_previous(parse_json_body(req), store, req.tenant);
     responses::parsed_request parsed = responses::parse_request(body);
     if (!parsed.echo.ignored_tools.empty()) {
         std::string names;
@@ -67,8 +67,8 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
         const json response =
             responses::response_json(answer.id(), model, created_at, parsed.echo, cut ? "incomplete" : "completed",
                                      responses::output_json(answer.id(), answer.message(), cut),
-                                     responses::usage_json(usage_of(u->stats)), timings_of(u->stats), "", cut);
-        keep(ctx, req, parsed, body, answer.id(), response);
+                                     responses::usage_json(usage_of(u->report)), timings_of(u->report), "", cut);
+        keep(store, req, parsed, body, answer.id(), response);
         w.send(200, "application/json", response.dump(-1, ' ', false, json::error_handler_t::replace),
                answer.response_headers());
         return;
@@ -99,8 +99,8 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
         const auto status =
             u->reason == finish_reason::length ? responses::status::incomplete : responses::status::completed;
         const std::vector<responses::stream_event> last =
-            events.finish(answer.message(), status, usage_of(u->stats), timings_of(u->stats));
-        keep(ctx, req, parsed, body, answer.id(), last.back().data["response"]);
+            events.finish(answer.message(), status, usage_of(u->report), timings_of(u->report));
+        keep(store, req, parsed, body, answer.id(), last.back().data["response"]);
         send(last);
         w.end_stream();
         return;
@@ -109,25 +109,26 @@ void handle_responses(const generation_opener& open, frontend_context& ctx, cons
 
 }  // namespace
 
-void register_responses_routes(http::http_server& server, frontend_context& ctx, generation_opener open) {
-    const auto handler = [open = std::move(open)](frontend_context& c, const http::request& req,
-                                                  http::response_writer& w, const request_clock& clock) {
-        handle_responses(open, c, req, w, clock);
+void register_responses_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                               response_store& store) {
+    const auto handler = [open = std::move(open), &store](frontend_context& c, const http::request& req,
+                                                          http::response_writer& w, const request_clock& clock) {
+        handle_responses(open, store, c, req, w, clock);
     };
     server.add_route("POST", "/v1/responses", generation_route(ctx, handler));
     server.add_route("POST", "/responses", generation_route(ctx, handler));
     for (const std::string prefix : {"/v1/responses/", "/responses/"}) {
-        server.add_route("GET", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
+        server.add_route("GET", prefix + "*", [&store, prefix](const http::request& req, http::response_writer& w) {
             const std::string id = http::path_rest(req.path, prefix).value_or("");
             responses::check_requested_id(id, "id");
-            const std::optional<response_store::record> stored = ctx.responses->get(id, req.tenant);
+            const std::optional<response_store::record> stored = store.get(id, req.tenant);
             if (!stored) throw responses::response_not_found(id, false);
             w.send(200, "application/json", stored->response.dump(-1, ' ', false, json::error_handler_t::replace));
         });
-        server.add_route("DELETE", prefix + "*", [&ctx, prefix](const http::request& req, http::response_writer& w) {
+        server.add_route("DELETE", prefix + "*", [&store, prefix](const http::request& req, http::response_writer& w) {
             const std::string id = http::path_rest(req.path, prefix).value_or("");
             responses::check_requested_id(id, "id");
-            if (!ctx.responses->erase(id, req.tenant)) throw responses::response_not_found(id, false);
+            if (!store.erase(id, req.tenant)) throw responses::response_not_found(id, false);
             w.send(200, "application/json", json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump());
         });
     }

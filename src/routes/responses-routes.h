@@ -2,12 +2,14 @@
 // Registered by register_openai_routes, so `keepwarm serve` and `keepwarm proxy` (any upstream dialect) both have it.
 #pragma once
 
+#include "backend/frontend-context.h"
+#include "backend/generation-source.h"
 #include "http/http-server.h"
-#include "routes/frontend-context.h"
-#include "routes/generation-source.h"
+#include "routes/response-store.h"
 
 namespace keepwarm {
 
-void register_responses_routes(http::http_server& server, frontend_context& ctx, generation_opener open);
+void register_responses_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
+                               response_store& store);
 
 }  // namespace keepwarm

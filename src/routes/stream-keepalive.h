@@ -4,7 +4,7 @@
 // hands that to the backend; once the stream has begun, whenever `interval` passes without a write, it writes the
 // API's keep-alive (OpenAI: an SSE comment; Anthropic: a ping event; Ollama: a line with empty content), none of which
 // changes what a client assembles. The backend's wait polls client_gone() every client_check_interval
-// (routes/generation-source.h): that is when it writes, on the route's own thread.
+// (backend/generation-source.h): that is when it writes, on the route's own thread.
 #pragma once
 
 #include <chrono>

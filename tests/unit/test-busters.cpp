@@ -415,7 +415,7 @@ TEST(CacheBusterDetector, ReportsTheSpanWithItsCostAndCounts) {
     EXPECT_EQ(report->rule.pattern, "cch=[0-9a-f]{5}");
 
     // The cache reused up to the span: everything from it on was computed because of it.
-    keepwarm::generation_stats stats;
+    keepwarm::generation_report stats;
     stats.prompt_tokens = static_cast<int>(render().size() / 4);
     stats.reused_tokens = report->token_offset;
     stats.computed_tokens = stats.prompt_tokens - stats.reused_tokens;
@@ -444,7 +444,7 @@ TEST(CacheBusterDetector, NoReportWhenTheCacheReusedPastTheSpan) {
     detector.inspect({"a", "1", "openai"}, head + "id=5f2e1\n" + body, {}, {});
     auto report = detector.inspect({"a", "2", "openai"}, head + "id=a03b9\n" + body, {}, [](size_t) { return 7; });
     ASSERT_TRUE(report);
-    keepwarm::generation_stats stats;
+    keepwarm::generation_report stats;
     stats.prompt_tokens = 5000;
     stats.reused_tokens = 4000;  // another cached prompt had this one's span too
     stats.computed_tokens = 1000;
@@ -460,7 +460,7 @@ TEST(CacheBusterDetector, ReuseThatStopsInsideTheSpanStillCounts) {
     auto report = detector.inspect({"a", "2", "openai"}, head + "now: 2026-06-30T12:41:07Z\n" + body, {}, per_char);
     ASSERT_TRUE(report);
     EXPECT_EQ(report->token_end - report->token_offset, static_cast<int>(report->current_text.size()));
-    keepwarm::generation_stats stats;
+    keepwarm::generation_report stats;
     stats.prompt_tokens = 5000;
     stats.reused_tokens = report->token_end - 2;  // stopped at the span's last char
     stats.computed_tokens = stats.prompt_tokens - stats.reused_tokens;
@@ -581,7 +581,7 @@ TEST(CacheBusterDetector, TenantsSeeOnlyTheirOwnClientsAndText) {
     EXPECT_FALSE(detector.inspect({"agent", "2", "openai", "bob"}, head + "id=a03b9\n" + body, {}, {}));
     auto report = detector.inspect({"agent", "3", "openai", "alice"}, head + "id=c0ffe\n" + body, {}, {});
     ASSERT_TRUE(report);
-    keepwarm::generation_stats stats;
+    keepwarm::generation_report stats;
     stats.prompt_tokens = 5000;
     stats.computed_tokens = 4990;
     stats.reused_tokens = 10;

@@ -17,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "base/file-io.h"
 #include "base/logger.h"
-#include "cache/file-io.h"
 #include "test-temp-dir.h"
 
 #include <xxhash.h>

@@ -1,8 +1,10 @@
-// Unit tests for what a finished generation reports (src/chat/generation-report.*): which engine number each usage and
-// timings field carries, and that reuse hidden by the operator shows nowhere.
+// Unit tests for what a finished generation reports: the engine's numbers become the neutral report field for field
+// (src/local/engine-report.*), which engine number each usage and timings field carries (src/chat/generation-report.*),
+// and that reuse hidden by the operator shows nowhere.
 #include <gtest/gtest.h>
 
 #include "chat/generation-report.h"
+#include "local/engine-report.h"
 
 using namespace keepwarm;
 
@@ -33,10 +35,39 @@ generation_stats sample_stats() {
     return st;
 }
 
+generation_report sample_report(bool reuse_hidden = false) {
+    return report_of(sample_stats(), reuse_hidden);
+}
+
 }  // namespace
 
+TEST(GenerationReport, TheEngineNumbersBecomeTheReportFieldForField) {
+    const generation_report r = sample_report();
+    EXPECT_EQ(r.prompt_tokens, 120);
+    EXPECT_EQ(r.reused_tokens, 100);
+    EXPECT_EQ(r.reused_device, 60);
+    EXPECT_EQ(r.reused_ram, 30);
+    EXPECT_EQ(r.reused_disk, 10);
+    EXPECT_EQ(r.checkpoint_pos, 96);
+    EXPECT_EQ(r.matched_tokens, 110);
+    EXPECT_EQ(r.divergence, "at 110: 'cat' | 'dog'");
+    EXPECT_EQ(r.computed_tokens, 20);
+    EXPECT_EQ(r.generated_tokens, 7);
+    EXPECT_DOUBLE_EQ(r.queued_ms, 1.5);
+    EXPECT_DOUBLE_EQ(r.setup_ms, 4.25);
+    EXPECT_DOUBLE_EQ(r.prepare_ms, 2.5);
+    EXPECT_DOUBLE_EQ(r.prompt_ms, 33.0);
+    EXPECT_DOUBLE_EQ(r.generation_ms, 70.0);
+    EXPECT_DOUBLE_EQ(r.sampling_ms, 9.5);
+    EXPECT_DOUBLE_EQ(r.sampling_max_ms, 6.0);
+    EXPECT_EQ(r.slot, 2);
+    EXPECT_EQ(r.stop_sequence, "END");
+    EXPECT_FALSE(r.reuse_hidden);
+    EXPECT_TRUE(sample_report(/*reuse_hidden=*/true).reuse_hidden) << "the operator's switch travels with the report";
+}
+
 TEST(GenerationReport, UsageCarriesTheTokenCounts) {
-    const usage_info u = usage_of(sample_stats());
+    const usage_info u = usage_of(sample_report());
     EXPECT_EQ(u.prompt_tokens, 120) << "the whole prompt, reused tokens included";
     EXPECT_EQ(u.completion_tokens, 7);
     EXPECT_EQ(u.cached_tokens, 100);
@@ -47,7 +78,7 @@ TEST(GenerationReport, UsageCarriesTheTokenCounts) {
 }
 
 TEST(GenerationReport, TimingsCarryLlamaServersNumbers) {
-    const timings_info t = timings_of(sample_stats());
+    const timings_info t = timings_of(sample_report());
     EXPECT_EQ(t.prompt_n, 20) << "prompt tokens computed, not the whole prompt";
     EXPECT_EQ(t.cache_n, 100);
     EXPECT_DOUBLE_EQ(t.prompt_ms, 33.0);
@@ -65,8 +96,8 @@ TEST(GenerationReport, TimingsCarryLlamaServersNumbers) {
 }
 
 TEST(GenerationReport, ShownReuseIsTheRealOne) {
-    const generation_stats st = sample_stats();
-    const generation_stats shown = reported_stats(st);
+    const generation_report st = sample_report();
+    const generation_report shown = shown_report(st);
     EXPECT_EQ(shown.reused_tokens, 100);
     EXPECT_EQ(shown.matched_tokens, 110);
     EXPECT_EQ(shown.divergence, st.divergence);
@@ -74,10 +105,9 @@ TEST(GenerationReport, ShownReuseIsTheRealOne) {
 }
 
 TEST(GenerationReport, HiddenReuseShowsNowhere) {
-    generation_stats st = sample_stats();
-    st.reuse_hidden = true;
+    const generation_report st = sample_report(/*reuse_hidden=*/true);
 
-    const generation_stats shown = reported_stats(st);
+    const generation_report shown = shown_report(st);
     EXPECT_EQ(shown.reused_tokens, 0);
     EXPECT_EQ(shown.reused_device + shown.reused_ram + shown.reused_disk, 0);
     EXPECT_EQ(shown.checkpoint_pos, -1);

@@ -109,11 +109,11 @@ TEST_F(local_generation_test, chat_generation_renders_submits_and_answers_within
     const auto end = run_to_end(gen, &text);
     ASSERT_TRUE(end);
     EXPECT_EQ(end->reason, finish_reason::length);
-    EXPECT_EQ(end->stats.generated_tokens, 4);
-    EXPECT_EQ(end->stats.prompt_tokens, gen.prompt_tokens());
+    EXPECT_EQ(end->report.generated_tokens, 4);
+    EXPECT_EQ(end->report.prompt_tokens, gen.prompt_tokens());
     EXPECT_EQ(gen.message().content, text);
     EXPECT_EQ(model->llm->counters().requests.load(), requests + 1);
-    EXPECT_GT(end->stats.setup_ms, 0) << "the clock started before the generation was opened";
+    EXPECT_GT(end->report.setup_ms, 0) << "the clock started before the generation was opened";
 }
 
 TEST_F(local_generation_test, chat_generation_applies_the_policy_before_anything_runs) {
@@ -131,7 +131,7 @@ TEST_F(local_generation_test, chat_generation_applies_the_policy_before_anything
     EXPECT_EQ(capped.request().max_tokens, 2);
     const auto end = run_to_end(capped);
     ASSERT_TRUE(end);
-    EXPECT_EQ(end->stats.generated_tokens, 2);
+    EXPECT_EQ(end->report.generated_tokens, 2);
     const auto& headers = capped.response_headers();
     ASSERT_EQ(headers.size(), 1u);
     EXPECT_EQ(headers[0].first, "x-keepwarm-policy");
@@ -149,7 +149,7 @@ TEST_F(local_generation_test, an_absorbed_ping_is_answered_without_the_engine) {
     ASSERT_TRUE(end);
     EXPECT_EQ(text, "ok");
     EXPECT_EQ(ping.message().content, "ok");
-    EXPECT_EQ(end->stats.generated_tokens, 0);
+    EXPECT_EQ(end->report.generated_tokens, 0);
     const auto again = ping.next();  // done again, without the text a second time
     ASSERT_TRUE(again);
     EXPECT_TRUE(again->done);
@@ -245,7 +245,7 @@ TEST_F(local_generation_test, a_raw_completion_goes_through_the_policy_then_the_
     std::string text;
     const auto end = run_to_end(capped, &text);
     ASSERT_TRUE(end);
-    EXPECT_EQ(end->stats.generated_tokens, 2);
+    EXPECT_EQ(end->report.generated_tokens, 2);
     EXPECT_EQ(capped.message().content, text);
     ASSERT_FALSE(capped.response_headers().empty());
     EXPECT_NE(capped.response_headers()[0].second.find("max-tokens-cap:2"), std::string::npos);

@@ -2,7 +2,7 @@
 // scraper can subtract.
 #include <gtest/gtest.h>
 
-#include "routes/metrics-text.h"
+#include "base/metrics-text.h"
 
 namespace keepwarm {
 namespace {

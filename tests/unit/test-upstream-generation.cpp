@@ -222,9 +222,9 @@ TEST_F(upstream_generation_test, relays_the_stream_as_deltas_with_its_numbers_an
     EXPECT_EQ(last->reason, finish_reason::stop) << last->error;
     EXPECT_EQ(text, "Hello world");
     EXPECT_EQ(source->message().content, "Hello world");
-    EXPECT_EQ(last->stats.prompt_tokens, 12);
-    EXPECT_EQ(last->stats.reused_tokens, 8);
-    EXPECT_EQ(last->stats.computed_tokens, 4);
+    EXPECT_EQ(last->report.prompt_tokens, 12);
+    EXPECT_EQ(last->report.reused_tokens, 8);
+    EXPECT_EQ(last->report.computed_tokens, 4);
     EXPECT_EQ(header_of(source->response_headers(), "x-keepwarm-upstream"), upstream.url());
 
     // The upstream was asked once, streamed, with the model it lists and the client's messages.
@@ -268,7 +268,7 @@ TEST_F(upstream_generation_test, a_ping_the_policy_absorbs_never_reaches_an_upst
     ASSERT_TRUE(last);
     EXPECT_EQ(last->reason, finish_reason::stop);
     EXPECT_EQ(text, reply);
-    EXPECT_EQ(last->stats.prompt_tokens, 0);
+    EXPECT_EQ(last->report.prompt_tokens, 0);
     EXPECT_NE(header_of(source->response_headers(), "x-keepwarm-policy").find("ping"), std::string::npos);
     EXPECT_TRUE(upstream.bodies().empty());
     EXPECT_EQ(upstream_stats()["requests"], 0);

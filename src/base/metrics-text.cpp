@@ -1,5 +1,5 @@
 // See metrics-text.h.
-#include "routes/metrics-text.h"
+#include "base/metrics-text.h"
 
 #include <algorithm>
 

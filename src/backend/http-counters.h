@@ -5,7 +5,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "routes/metrics-text.h"
+#include "base/metrics-text.h"
 
 namespace keepwarm {
 

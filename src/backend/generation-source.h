@@ -13,8 +13,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include "chat/chat-request.h"
-#include "engine/generation.h"
+
+#include "backend/frontend-context.h"
+#include "base/finish-reason.h"
+#include "base/prompt-progress.h"
+#include "chat/generation-report.h"
 #include "http/http-server.h"
 #include "policy/policy.h"
 
@@ -34,7 +39,7 @@ public:
         bool done = false;
         finish_reason reason = finish_reason::stop;  // valid when done
         std::string error;                           // reason == error
-        generation_stats stats;                      // final numbers when done
+        generation_report report;                    // final numbers when done
         std::vector<llama_token> generated;          // when done: the sampled tokens (raw completions; else empty)
         // The prompt's processing progress, when the request asked for it (chat_request::return_progress) and the
         // backend reports it.
@@ -71,6 +76,18 @@ std::optional<generation_source::update> final_update(generation_source& source,
 // cannot be served; nothing has been sent to the client then.
 using generation_opener = std::function<generation_source_ptr(
     const http::request& req, chat_request chat, const request_clock& clock, http::response_writer& w, std::string id)>;
+
+// Counts a parsed chat request's prompt tokens as the backend would compute them (Anthropic's count_tokens), the
+// policy applied as for counting. Throws request_error.
+using token_counter = std::function<int(const http::request&, const chat_request&)>;
+
+// The body as a JSON object, parsed by bounded_json (linear time, at most bounded_json::max_depth levels);
+// request_error 400 when it is empty, not JSON, too deep, or not an object.
+nlohmann::ordered_json parse_json_body(const http::request& req);
+
+// A whole generation route, for a backend that answers one itself (the proxy forwards /v1/completions as it came).
+using generation_handler =
+    std::function<void(frontend_context&, const http::request&, http::response_writer&, const request_clock&)>;
 
 // A raw completion, whatever API asked for it (OpenAI's /v1/completions, Ollama's /api/generate with raw=true): the
 // prompt text goes to the model as is, without a chat template.

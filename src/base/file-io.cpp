@@ -1,5 +1,5 @@
 // See file-io.h.
-#include "cache/file-io.h"
+#include "base/file-io.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

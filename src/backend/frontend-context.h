@@ -1,5 +1,6 @@
-// What every frontend (`keepwarm serve` and `keepwarm proxy` alike) gives its routes: the policy, the cache-buster
-// detector, the HTTP counters, the served model's name, when it started, and the tenants' log and report switches.
+// What every frontend (`keepwarm serve` and `keepwarm proxy` alike) gives its routes and its backend: the policy, the
+// cache-buster detector, the HTTP counters, the served model's name, when it started, and the tenants' log and report
+// switches.
 // What only a local model has (engine, renderer, prompt tokenizers) is local/local-model.h. Built once by a command;
 // read-only afterwards except for the atomic counters and what is thread-safe itself (the policy's span rules, the
 // detector).
@@ -9,10 +10,9 @@
 #include <memory>
 #include <string>
 
+#include "backend/http-counters.h"
 #include "policy/busters.h"
 #include "policy/policy.h"
-#include "routes/http-counters.h"
-#include "routes/response-store.h"
 
 namespace keepwarm {
 
@@ -23,9 +23,6 @@ struct frontend_context {
     // command (make_busters_detector in routes/busters-routes.h).
     std::unique_ptr<policy::cache_buster_detector> busters;
     http_counters http;
-    // The Responses API's stored responses (store, previous_response_id): in memory unless the command gives a
-    // folder (serve: beside the disk tier).
-    std::unique_ptr<response_store> responses = std::make_unique<response_store>(response_store::options{});
     std::string model_id;  // name reported by /v1/models and in responses
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
 

@@ -1,13 +1,31 @@
 // See generation-source.h.
-#include "routes/generation-source.h"
+#include "backend/generation-source.h"
 
 #include <cstdio>
 
+#include "backend/client-identity.h"
 #include "base/logger.h"
 #include "base/request-error.h"
-#include "routes/client-identity.h"
+#include "json/bounded-json.h"
 
 namespace keepwarm {
+
+using json = nlohmann::ordered_json;
+
+json parse_json_body(const http::request& req) {
+    if (req.body.empty()) throw request_error(400, "request body is empty; expected a JSON object");
+    json body;
+    try {
+        // Linear in the number of keys, and bounded in depth before anything recurses over the tree.
+        body = bounded_json::parse(req.body);
+    } catch (const bounded_json::depth_error& e) {
+        throw request_error(400, std::string("request body ") + e.what());
+    } catch (const bounded_json::limit_error& e) {
+        throw request_error(400, std::string("request body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw request_error(400, "request body must be a JSON object");
+    return body;
+}
 
 policy::policy_outcome apply_request_policy(const policy::request_policy& policy, const http::request& req,
                                             chat_request& chat, const std::string& id, http::header_list& headers,

@@ -1,5 +1,5 @@
 // See http-counters.h.
-#include "routes/http-counters.h"
+#include "backend/http-counters.h"
 
 namespace keepwarm {
 

@@ -1,5 +1,5 @@
 // See client-identity.h.
-#include "routes/client-identity.h"
+#include "backend/client-identity.h"
 
 namespace keepwarm {
 
