@@ -64,6 +64,8 @@ private:
                 } catch (const std::invalid_argument& e) {
                     fail(node.source(), e.what());
                 }
+            } else if (key.str() == "max_body") {
+                http.max_body_bytes = static_cast<size_t>(integer(node, "listen.max_body", 1, int64_t{1} << 40));
             } else if (key.str() == "max_connections") {
                 http.max_connections = static_cast<int>(integer(node, "listen.max_connections", 1, 65536));
             } else if (key.str() == "max_connections_per_address") {
@@ -88,8 +90,8 @@ private:
                 }
             } else {
                 unknown(key, "[listen]",
-                        {"host", "port", "api_key", "max_connections", "max_connections_per_address", "header_timeout",
-                         "idle_timeout", "stream_keepalive", "cors_origins"});
+                        {"host", "port", "api_key", "max_body", "max_connections", "max_connections_per_address",
+                         "header_timeout", "idle_timeout", "stream_keepalive", "cors_origins"});
             }
         }
     }

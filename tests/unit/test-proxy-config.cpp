@@ -97,6 +97,7 @@ TEST(ProxyConfig, EmptyFileKeepsTheDefaults) {
 TEST(ProxyConfig, ListenLimitsAndCorsOrigins) {
     const proxy_settings s = parse_proxy_config(R"(
 [listen]
+max_body = 20000
 max_connections = 512
 max_connections_per_address = 0
 header_timeout = 2.5
@@ -104,6 +105,7 @@ idle_timeout = 30
 cors_origins = ["https://App.example/", "http://localhost:3000"]
 )",
                                                 "proxy.toml");
+    EXPECT_EQ(s.http.max_body_bytes, 20000u);
     EXPECT_EQ(s.http.max_connections, 512);
     EXPECT_EQ(s.http.max_connections_per_address, 0);
     EXPECT_EQ(s.http.header_timeout.count(), 2500);
@@ -114,6 +116,7 @@ cors_origins = ["https://App.example/", "http://localhost:3000"]
     EXPECT_TRUE(defaults.http.cors_origins.empty());  // CORS is off unless origins are named
     EXPECT_EQ(defaults.http.max_connections_per_address, 64);
 
+    expect_error("[listen]\nmax_body = 0\n", 2, "'listen.max_body' must be between 1 and");
     expect_error("[listen]\nmax_connections = 0\n", 2, "'listen.max_connections' must be between 1 and 65536");
     expect_error("[listen]\ncors_origins = \"*\"\n", 2, "'listen.cors_origins' must be an array");
     expect_error("[listen]\ncors_origins = [\"*\", \"app.example\"]\n", 2,
