@@ -60,11 +60,8 @@ struct proxy_options {
 proxy::proxy_settings merged_settings(const proxy_options& opts) {
     proxy::proxy_settings s;
     if (!opts.config_file.empty()) {
-        try {
-            s = proxy::load_proxy_config(opts.config_file);
-        } catch (const std::exception& e) {
-            throw CLI::ValidationError("--config", e.what());
-        }
+        // A mistake ends the command as serve's settings file does: one log line naming the file and line.
+        s = proxy::load_proxy_config(opts.config_file);
         const bool holds_keys =
             !s.http.api_key.empty() ||
             std::any_of(s.upstreams.begin(), s.upstreams.end(), [](const auto& u) { return !u.api_key.empty(); });

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <initializer_list>
 
+#include "config/settings-file.h"
 #include "config/toml-reader.h"
 #include "http/api-keys.h"
 
@@ -179,8 +180,8 @@ proxy_settings parse_proxy_config(std::string_view text, const std::string& sour
 }
 
 proxy_settings load_proxy_config(const std::string& path) {
-    return parse_proxy_config(config::read_text_file(path, "proxy config file"), path,
-                              std::filesystem::path(path).parent_path().string());
+    const config::settings_file file = config::read_settings_file(path);
+    return proxy_config_reader(file.path, file.base_dir.string()).read(file.root);
 }
 
 }  // namespace keepwarm::proxy

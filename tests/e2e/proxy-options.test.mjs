@@ -1,6 +1,8 @@
-// The listening side that `keepwarm serve` and `keepwarm proxy` share (commands/listen-options.h): both commands offer
-// the same listening options with the same help, and the proxy enforces them as serve does: a body over --max-body
-// (or its settings file's listen.max_body) gets a 413 in the API's error shape before any upstream is asked.
+// What `keepwarm serve` and `keepwarm proxy` share on the command line. The listening side (commands/listen-options.h):
+// both commands offer the same listening options with the same help, and the proxy enforces them as serve does: a
+// body over --max-body (or its settings file's listen.max_body) gets a 413 in the API's error shape before any
+// upstream is asked. The settings file (config/settings-file.h): read one way, so a mistake in either command's file
+// ends it the same way, one error line naming the file and line.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -84,4 +86,26 @@ test('the proxy\'s settings file sets listen.max_body, and --max-body wins over 
     const overridden = await startProxy(['--config', file, '--max-body', '100000']);
     const res = await chat(overridden, 50_000);
     assert.notEqual(res.status, 413, JSON.stringify(res.body));
+});
+
+// Runs `keepwarm ARGS` to its end: { code, out }.
+const exits = (args) => new Promise((resolve) => execFile(binary, args, { timeout: 60_000 },
+    (e, stdout, stderr) => resolve({ code: e ? e.code : 0, out: stdout + stderr })));
+
+test('a mistake in either command\'s settings file ends it the same way, naming the file and line', async () => {
+    const dir = tempDir('settings-mistakes');
+    const serveFile = path.join(dir, 'serve.toml');
+    writeFileSync(serveFile, '# serve\nfrobnicate = 1\n');
+    const proxyFile = path.join(dir, 'proxy.toml');
+    writeFileSync(proxyFile, '# proxy\n[listen]\nhots = "x"\n');
+    const serve = await exits(['serve', '--config', serveFile]);
+    const proxy = await exits(['proxy', '--config', proxyFile]);
+    for (const [command, r, file, line, message] of [['serve', serve, serveFile, 2, /unknown setting 'frobnicate'/],
+        ['proxy', proxy, proxyFile, 3, /unknown key 'hots' in \[listen\]/]]) {
+        assert.equal(r.code, 1, `${command}: ${r.out}`);
+        const escaped = file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+        assert.match(r.out, new RegExp(`ERROR ${command}: ${escaped}:${line}:\\d+: `), r.out);
+        assert.match(r.out, message);
+        assert.doesNotMatch(r.out, /Run with --help/, `${command}: a file's mistake is not a command-line mistake`);
+    }
 });

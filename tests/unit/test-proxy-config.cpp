@@ -148,6 +148,17 @@ TEST(ProxyConfig, LoadsFromDiskAndReportsAMissingFile) {
     const proxy_settings s = load_proxy_config((dir / "proxy.toml").string());
     EXPECT_EQ(s.policy_file, (dir / "p.toml").string());
     ASSERT_EQ(s.upstreams.size(), 1u);
+    // Read as serve's settings file is (config/settings-file.h): bounded at 1 MiB.
+    {
+        std::ofstream out(dir / "big.toml");
+        out << std::string((1u << 20) + 1, '\n');
+    }
+    try {
+        load_proxy_config((dir / "big.toml").string());
+        ADD_FAILURE() << "a file over 1 MiB was read";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("is larger than 1 MiB"), std::string::npos) << e.what();
+    }
     std::filesystem::remove_all(dir);
     EXPECT_THROW(load_proxy_config((dir / "proxy.toml").string()), std::runtime_error);
 }
