@@ -9,6 +9,26 @@
 
 namespace keepwarm::proxy {
 
+namespace {
+// The upstream one try counts in flight: released when the try ends (failed over, thrown for), unless handed over to
+// the caller with the answer.
+class held_upstream {
+public:
+    held_upstream(upstream_pool& pool, size_t upstream) : pool_(pool), upstream_(upstream) {}
+    ~held_upstream() {
+        if (held_) pool_.release(upstream_);
+    }
+    held_upstream(const held_upstream&) = delete;
+    held_upstream& operator=(const held_upstream&) = delete;
+    void hand_over() { held_ = false; }
+
+private:
+    upstream_pool& pool_;
+    size_t upstream_;
+    bool held_ = true;
+};
+}  // namespace
+
 upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, const upstream_call_builder& build,
                                 std::string_view log_name) {
     bool any_failed = false;
@@ -22,6 +42,7 @@ upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, con
                                     (any_failed ? ", the others failed" : ""),
                                 "server_error");
         }
+        held_upstream held(pool, route->upstream);
         const std::string url = route->config->origin.url();
         const upstream_call call = build(*route);
         std::unique_ptr<http::client_connection> conn = pool.connection(route->upstream);
@@ -31,7 +52,6 @@ upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, con
             x.head = x.conn->send("POST", call.target, call.body, "application/json", call.headers);
         } catch (const http::client_error& e) {
             const size_t failed = x.route.upstream;
-            pool.release(failed);
             if (e.reason == http::client_error::kind::timeout) {
                 // It may still be working on the request: not sent again elsewhere, but out of routing, so that the
                 // next requests do not wait on it too.
@@ -47,7 +67,6 @@ upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, con
         if (x.head.status >= 300 && x.head.status < 400) {
             // Not an answer: followed, it would be a stream from somewhere else; read as one, a stream that ended
             // before its end event. The connection is dropped with its unread body.
-            pool.release(x.route.upstream);
             log::warn("proxy", "{} {}", log_name, redirect_message(x.head.status, x.head.headers, url));
             throw upstream_redirect_error(x.head.status, x.head.headers, url);
         }
@@ -57,9 +76,9 @@ upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, con
                 body = x.conn->read_body();
             } catch (const http::client_error&) {
             }
-            pool.release(x.route.upstream);
             throw upstream_request_error(x.head.status, body, url);
         }
+        held.hand_over();
         return x;
     }
 }

@@ -44,7 +44,7 @@ using upstream_call_builder = std::function<upstream_call(const upstream_pool::r
 // Sends the request `build` makes to the upstream `choice` picks, failing over as above. `log_name` starts each log
 // line (the request's id, or the route's name). Throws request_error: 503 when no upstream is left to try, 504 when one
 // timed out (it is taken out of routing), the upstream's 4xx as is, 502 for its 5xx or a redirect. Every upstream it
-// throws for has been released.
+// tried is released when it throws (`build`'s own exceptions included), all but the one it returns when it does not.
 upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, const upstream_call_builder& build,
                                 std::string_view log_name);
 

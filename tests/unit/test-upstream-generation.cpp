@@ -24,6 +24,7 @@
 #include "base/request-error.h"
 #include "fake-response-writer.h"
 #include "http/http-server.h"
+#include "proxy/upstream-call.h"
 #include "proxy/upstream-completion.h"
 
 using namespace keepwarm;
@@ -585,4 +586,18 @@ TEST_F(upstream_generation_test, when_every_upstream_refuses_the_request_is_a_50
         EXPECT_EQ(e.status, 503);
         EXPECT_NE(std::string(e.what()).find("2 configured, 2 down, the others failed"), std::string::npos) << e.what();
     }
+}
+
+// call_upstream's own contract: whatever ends a try, the upstream it counted in flight is let go.
+TEST_F(upstream_generation_test, a_call_that_throws_while_building_its_request_leaves_no_upstream_counted) {
+    const std::vector<uint64_t> blocks;
+    EXPECT_THROW(proxy::call_upstream(
+                     *pool, {.blocks = blocks, .fallback_model = "m"},
+                     [](const proxy::upstream_pool::route&) -> proxy::upstream_call {
+                         throw std::invalid_argument("cannot write this request");
+                     },
+                     "test"),
+                 std::invalid_argument);
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
+    EXPECT_TRUE(upstream.bodies().empty());
 }
