@@ -27,6 +27,69 @@ CLI::Validator cors_origin_check() {
         "ORIGIN");
 }
 
+namespace {
+// A duration option in seconds, at least one millisecond.
+CLI::Option* add_seconds_option(CLI::App& cmd, const std::string& name, std::chrono::milliseconds& target,
+                                const std::string& help) {
+    return cmd
+        .add_option_function<double>(
+            name,
+            [&target](double seconds) { target = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
+            help)
+        ->check(positive_real("seconds"));
+}
+}  // namespace
+
+listen_options add_listen_options(CLI::App& cmd, http::server_options& h) {
+    listen_options o;
+    o.host = cmd.add_option("--host", h.host, "Address to listen on")->capture_default_str();
+    o.port = cmd.add_option("--port", h.port, "Port to listen on (0: any free port)")
+                 ->check(whole_number(0, 65535, ""))
+                 ->capture_default_str();
+    o.api_key = cmd.add_option("--api-key", h.api_key,
+                               "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, as llama-server "
+                               "(env KEEPWARM_API_KEY or LLAMA_API_KEY)");
+    o.max_body =
+        cmd.add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes; a larger one gets 413")
+            ->capture_default_str()
+            ->check(whole_number_at_least(1, "bytes"));
+    o.max_connections = cmd.add_option("--max-connections", h.max_connections,
+                                       "Open connections in all; more get 503 (GET /health is still answered)")
+                            ->capture_default_str()
+                            ->check(whole_number(1, 65536, "connections"));
+    o.max_connections_per_address =
+        cmd.add_option("--max-connections-per-address", h.max_connections_per_address,
+                       "Open connections from one client address (IPv6: one /64); 0: no per-address limit")
+            ->capture_default_str()
+            ->check(whole_number(0, 65536, "connections; 0: no limit"));
+    o.header_timeout =
+        add_seconds_option(cmd, "--header-timeout", h.header_timeout,
+                           "Seconds a request head may take, counted from a new connection's opening (default 10)");
+    o.idle_timeout = add_seconds_option(cmd, "--idle-timeout", h.idle_timeout,
+                                        "Close connections that send no request for this many seconds (default 120)");
+    o.stream_keepalive = add_stream_keepalive_option(cmd, h.stream_keepalive);
+    o.cors_origin = cmd.add_option("--cors-origin", h.cors_origins,
+                                   "Web origin whose pages may call the API from a browser, e.g. "
+                                   "https://app.example.com (repeatable; * allows every origin; default: none)")
+                        ->check(cors_origin_check());
+    return o;
+}
+
+void listen_options::copy_given(const http::server_options& given, http::server_options& into) const {
+    if (host->count() > 0) into.host = given.host;
+    if (port->count() > 0) into.port = given.port;
+    if (api_key->count() > 0) into.api_key = given.api_key;
+    if (max_body->count() > 0) into.max_body_bytes = given.max_body_bytes;
+    if (max_connections->count() > 0) into.max_connections = given.max_connections;
+    if (max_connections_per_address->count() > 0) {
+        into.max_connections_per_address = given.max_connections_per_address;
+    }
+    if (header_timeout->count() > 0) into.header_timeout = given.header_timeout;
+    if (idle_timeout->count() > 0) into.idle_timeout = given.idle_timeout;
+    if (stream_keepalive->count() > 0) into.stream_keepalive = given.stream_keepalive;
+    if (cors_origin->count() > 0) into.cors_origins = given.cors_origins;
+}
+
 void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart) {
     cmd.add_option(
            "--api-keys-file", tenancy.api_keys_file,

@@ -1,6 +1,7 @@
-// Command-line pieces that `serve` and `proxy` share for the side that listens to clients: the --cors-origin check,
-// tenants (API keys file, shared cache, what the log and responses may reveal), the log's level and format, and which
-// policy runs (a file, none, or the built-in defaults); and the stop signals both wait for.
+// Command-line pieces that `serve` and `proxy` share for the side that listens to clients: the listening options
+// themselves (address, key, body and connection limits, timeouts, stream keep-alive, CORS), tenants (API keys file,
+// shared cache, what the log and responses may reveal), the log's level and format, and which policy runs (a file,
+// none, or the built-in defaults); and the stop signals both wait for.
 #pragma once
 
 #include <toml++/toml.h>
@@ -21,6 +22,29 @@ namespace keepwarm {
 
 // Checks a --cors-origin value (http::parse_cors_origin) and writes it back normalized, as browsers send it.
 CLI::Validator cors_origin_check();
+
+// The listening options of one command, as add_listen_options defined them.
+struct listen_options {
+    CLI::Option* host = nullptr;
+    CLI::Option* port = nullptr;
+    CLI::Option* api_key = nullptr;
+    CLI::Option* max_body = nullptr;
+    CLI::Option* max_connections = nullptr;
+    CLI::Option* max_connections_per_address = nullptr;
+    CLI::Option* header_timeout = nullptr;
+    CLI::Option* idle_timeout = nullptr;
+    CLI::Option* stream_keepalive = nullptr;
+    CLI::Option* cors_origin = nullptr;
+
+    // Copies what the command line gave (its values in `given`) over `into`: for a command whose settings file is
+    // read apart from the command line (the proxy's), where the command line wins.
+    void copy_given(const http::server_options& given, http::server_options& into) const;
+};
+
+// Adds --host, --port, --api-key, --max-body, --max-connections, --max-connections-per-address, --header-timeout,
+// --idle-timeout, --stream-keepalive and --cors-origin, which set `http`: the same set, checks and help for every
+// command that listens.
+listen_options add_listen_options(CLI::App& cmd, http::server_options& http);
 
 struct tenancy_options {
     std::vector<http::api_key_entry> listed_keys;  // a settings file's [tenants] table

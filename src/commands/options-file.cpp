@@ -5,18 +5,16 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "base/logger.h"
 #include "config/config-error.h"
 #include "config/key-file-mode.h"
+#include "config/settings-file.h"
 
 namespace keepwarm {
 
 namespace {
-
-constexpr std::uintmax_t max_options_file_bytes = 1u << 20;
 
 CLI::Option* find_long_option(CLI::App& cmd, const std::string& name) {
     for (CLI::Option* opt : cmd.get_options()) {
@@ -113,15 +111,8 @@ bool apply_options_text(CLI::App& cmd, std::string_view text, const std::string&
 }
 
 void apply_options_file(CLI::App& cmd, const std::string& path, const options_file_rules& rules) {
-    std::error_code ec;
-    const std::uintmax_t size = std::filesystem::file_size(path, ec);
-    if (ec) throw std::runtime_error("cannot read the settings file '" + path + "': " + ec.message());
-    if (size > max_options_file_bytes) {
-        throw std::runtime_error("the settings file '" + path + "' is larger than 1 MiB");
-    }
-    const std::string text = config::read_text_file(path, "settings file");
-    const std::string base_dir = std::filesystem::absolute(path).parent_path().string();
-    if (!apply_options_text(cmd, text, path, base_dir, rules)) return;
+    const config::settings_file file = config::read_settings_file(path);
+    if (!options_reader(file.path, file.base_dir, rules).apply(cmd, file.root)) return;
     if (const std::string warning = config::readable_by_others_warning(path, "settings file"); !warning.empty()) {
         log::warn(cmd.get_name(), "{}", warning);
     }

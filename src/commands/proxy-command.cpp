@@ -45,6 +45,7 @@ struct proxy_options {
     proxy::proxy_settings settings;
     std::vector<std::string> upstreams;  // --upstream specs
     std::string config_file;
+    listen_options listen;    // over the file's [listen] where given
     tenancy_options tenancy;  // command line only
     bool no_policy = false;   // command line only
     // The options given on the command line (they win over the file).
@@ -61,11 +62,8 @@ struct proxy_options {
 proxy::proxy_settings merged_settings(const proxy_options& opts) {
     proxy::proxy_settings s;
     if (!opts.config_file.empty()) {
-        try {
-            s = proxy::load_proxy_config(opts.config_file);
-        } catch (const std::exception& e) {
-            throw CLI::ValidationError("--config", e.what());
-        }
+        // A mistake ends the command as serve's settings file does: one log line naming the file and line.
+        s = proxy::load_proxy_config(opts.config_file);
         const bool holds_keys =
             !s.http.api_key.empty() ||
             std::any_of(s.upstreams.begin(), s.upstreams.end(), [](const auto& u) { return !u.api_key.empty(); });
@@ -73,17 +71,7 @@ proxy::proxy_settings merged_settings(const proxy_options& opts) {
         if (holds_keys && !warning.empty()) log::warn("proxy", "{}", warning);
     }
     const proxy::proxy_settings& cli = opts.settings;
-    if (opts.was_given("--host")) s.http.host = cli.http.host;
-    if (opts.was_given("--port")) s.http.port = cli.http.port;
-    if (opts.was_given("--api-key")) s.http.api_key = cli.http.api_key;
-    if (opts.was_given("--max-connections")) s.http.max_connections = cli.http.max_connections;
-    if (opts.was_given("--max-connections-per-address")) {
-        s.http.max_connections_per_address = cli.http.max_connections_per_address;
-    }
-    if (opts.was_given("--header-timeout")) s.http.header_timeout = cli.http.header_timeout;
-    if (opts.was_given("--idle-timeout")) s.http.idle_timeout = cli.http.idle_timeout;
-    if (opts.was_given("--stream-keepalive")) s.http.stream_keepalive = cli.http.stream_keepalive;
-    if (opts.was_given("--cors-origin")) s.http.cors_origins = cli.http.cors_origins;
+    opts.listen.copy_given(cli.http, s.http);
     if (opts.was_given("--alias")) s.model_alias = cli.model_alias;
     if (opts.was_given("--policy")) s.policy_file = cli.policy_file;
     if (opts.was_given("--route-block")) s.pool.routing.block_chars = cli.pool.routing.block_chars;
@@ -192,7 +180,6 @@ void add_proxy_command(CLI::App& app) {
     auto opts = std::make_shared<proxy_options>();
     CLI::App* cmd = app.add_subcommand(
         "proxy", "Serve the OpenAI, Anthropic and Ollama APIs in front of other engines, with cache-aware routing");
-    auto& h = opts->settings.http;
     auto& r = opts->settings.pool.routing;
     const auto option = [&](const std::string& name, CLI::Option* opt) {
         opts->given.emplace_back(name, opt);
@@ -207,43 +194,7 @@ void add_proxy_command(CLI::App& app) {
                     "added to the --config file's)");
     option("--alias", cmd->add_option("--alias", opts->settings.model_alias, "Model name reported to clients"))
         ->capture_default_str();
-    option("--host", cmd->add_option("--host", h.host, "Address to listen on"))->capture_default_str();
-    option("--port", cmd->add_option("--port", h.port, "Port to listen on (0: any free port)"))
-        ->capture_default_str()
-        ->check(whole_number(0, 65535, ""));
-    option("--api-key", cmd->add_option("--api-key", h.api_key,
-                                        "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, "
-                                        "as llama-server (env KEEPWARM_API_KEY or LLAMA_API_KEY)"));
-    option("--max-connections",
-           cmd->add_option("--max-connections", h.max_connections,
-                           "Open connections in all; more get 503 (GET /health is still answered)"))
-        ->capture_default_str()
-        ->check(whole_number(1, 65536, "connections"));
-    option("--max-connections-per-address",
-           cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
-                           "Open connections from one client address (IPv6: one /64); 0: no per-address limit"))
-        ->capture_default_str()
-        ->check(whole_number(0, 65536, "connections; 0: no limit"));
-    const auto seconds_option = [&](const std::string& name, std::chrono::milliseconds& target,
-                                    const std::string& help) {
-        return option(name, cmd->add_option_function<double>(
-                                name,
-                                [&target](double seconds) {
-                                    target = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-                                },
-                                help))
-            ->check(positive_real("seconds"));
-    };
-    option("--stream-keepalive", add_stream_keepalive_option(*cmd, h.stream_keepalive));
-    seconds_option("--header-timeout", h.header_timeout,
-                   "Seconds a request head may take, counted from a new connection's opening (default 10)");
-    seconds_option("--idle-timeout", h.idle_timeout,
-                   "Close connections that send no request for this many seconds (default 120)");
-    option("--cors-origin", cmd->add_option("--cors-origin", h.cors_origins,
-                                            "Web origin whose pages may call the API from a browser, e.g. "
-                                            "https://app.example.com (repeatable; * allows every origin; default: "
-                                            "none)"))
-        ->check(cors_origin_check());
+    opts->listen = add_listen_options(*cmd, opts->settings.http);
     add_tenancy_options(*cmd, opts->tenancy, "routing and reports");
     add_log_options(*cmd);
     CLI::Option* policy_option =

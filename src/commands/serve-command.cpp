@@ -359,41 +359,9 @@ void add_serve_command(CLI::App& app) {
                     "Model name reported to clients (default: the file name); NAME,OTHER,...: the other names are "
                     "aliases of the first")
         ->delimiter(',');
-    cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
-    cmd->add_option("--port", h.port, "Port to listen on (0: any free port)")
-        ->check(whole_number(0, 65535, ""))
-        ->capture_default_str();
-    cmd->add_option("--api-key", h.api_key,
-                    "Require 'Authorization: Bearer KEY'; KEY1,KEY2,...: any of these keys, as llama-server "
-                    "(env KEEPWARM_API_KEY or LLAMA_API_KEY)");
+    add_listen_options(*cmd, h);
     add_tenancy_options(*cmd, opts->tenancy, "cache");
     add_log_options(*cmd);
-    cmd->add_option("--max-body", h.max_body_bytes, "Largest request body accepted, in bytes")
-        ->capture_default_str()
-        ->check(whole_number_at_least(1, "bytes"));
-    cmd->add_option_function<double>(
-           "--idle-timeout",
-           [&h](double seconds) { h.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
-           "Close connections that send no request for this many seconds (default 120)")
-        ->check(positive_real("seconds"));
-    add_stream_keepalive_option(*cmd, h.stream_keepalive);
-    cmd->add_option("--max-connections", h.max_connections,
-                    "Open connections in all; more get 503 (GET /health is still answered)")
-        ->capture_default_str()
-        ->check(whole_number(1, 65536, "connections"));
-    cmd->add_option("--max-connections-per-address", h.max_connections_per_address,
-                    "Open connections from one client address (IPv6: one /64); 0: no per-address limit")
-        ->capture_default_str()
-        ->check(whole_number(0, 65536, "connections; 0: no limit"));
-    cmd->add_option_function<double>(
-           "--header-timeout",
-           [&h](double seconds) { h.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); },
-           "Seconds a request head may take, counted from a new connection's opening (default 10)")
-        ->check(positive_real("seconds"));
-    cmd->add_option("--cors-origin", h.cors_origins,
-                    "Web origin whose pages may call the API from a browser, e.g. https://app.example.com "
-                    "(repeatable; * allows every origin; default: none)")
-        ->check(cors_origin_check());
     e.context_size = 0;
     cmd->add_option("-c,--ctx-size", e.context_size,
                     "KV cache size in tokens, shared by all slots (0, the default: the model's trained context per "

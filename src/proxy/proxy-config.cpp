@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <initializer_list>
 
+#include "config/settings-file.h"
 #include "config/toml-reader.h"
 #include "http/api-keys.h"
 
@@ -64,6 +65,8 @@ private:
                 } catch (const std::invalid_argument& e) {
                     fail(node.source(), e.what());
                 }
+            } else if (key.str() == "max_body") {
+                http.max_body_bytes = static_cast<size_t>(integer(node, "listen.max_body", 1, int64_t{1} << 40));
             } else if (key.str() == "max_connections") {
                 http.max_connections = static_cast<int>(integer(node, "listen.max_connections", 1, 65536));
             } else if (key.str() == "max_connections_per_address") {
@@ -88,8 +91,8 @@ private:
                 }
             } else {
                 unknown(key, "[listen]",
-                        {"host", "port", "api_key", "max_connections", "max_connections_per_address", "header_timeout",
-                         "idle_timeout", "stream_keepalive", "cors_origins"});
+                        {"host", "port", "api_key", "max_body", "max_connections", "max_connections_per_address",
+                         "header_timeout", "idle_timeout", "stream_keepalive", "cors_origins"});
             }
         }
     }
@@ -177,8 +180,8 @@ proxy_settings parse_proxy_config(std::string_view text, const std::string& sour
 }
 
 proxy_settings load_proxy_config(const std::string& path) {
-    return parse_proxy_config(config::read_text_file(path, "proxy config file"), path,
-                              std::filesystem::path(path).parent_path().string());
+    const config::settings_file file = config::read_settings_file(path);
+    return proxy_config_reader(file.path, file.base_dir.string()).read(file.root);
 }
 
 }  // namespace keepwarm::proxy

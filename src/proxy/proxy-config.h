@@ -25,7 +25,8 @@ struct proxy_settings {
 // what() is "FILE:LINE:COLUMN: message".
 using proxy_config_error = config::config_file_error;
 
-// Reads the file; a relative `policy` path is taken from the file's folder.
+// Reads the file as every command's settings file is read (config/settings-file.h: at most 1 MiB); a relative
+// `policy` path is taken from the file's folder.
 proxy_settings load_proxy_config(const std::string& path);
 // The same from text; `source_name` names it in errors, `base_dir` resolves a relative policy path.
 proxy_settings parse_proxy_config(std::string_view text, const std::string& source_name,

@@ -8,6 +8,7 @@
 
 #include "base/logger.h"
 #include "proxy/upstream-body.h"
+#include "proxy/upstream-call.h"
 #include "proxy/upstream-dialects.h"
 
 namespace keepwarm::proxy {
@@ -208,11 +209,11 @@ generation_handler upstream_completions(upstream_pool& pool) {
         const std::vector<uint64_t> blocks = chained_block_hashes(text, pool.routing().block_chars, req.tenant);
         const std::string asked = body.value("model", std::string());
         // Only OpenAI-dialect upstreams take a raw prompt.
-        std::vector<size_t> tried;
+        upstream_choice choice{.blocks = blocks, .fallback_model = body.value("model", std::string())};
         for (size_t i = 0; i < pool.size(); i++) {
-            if (pool.config(i).dialect != upstream_dialect::openai) tried.push_back(i);
+            if (pool.config(i).dialect != upstream_dialect::openai) choice.excluded.push_back(i);
         }
-        if (tried.size() == pool.size()) {
+        if (choice.excluded.size() == pool.size()) {
             const upstream_config& u = pool.config(0);
             throw request_error(501,
                                 "/v1/completions: upstream " + u.origin.url() + " speaks " + dialect_name(u.dialect) +
@@ -220,59 +221,27 @@ generation_handler upstream_completions(upstream_pool& pool) {
                                     "configured); use /v1/chat/completions",
                                 "not_implemented_error");
         }
-        for (;;) {
-            const auto route = pool.acquire(blocks, tried, asked);
-            if (!route) {
-                throw request_error(503,
-                                    "no upstream can take the request (" + std::to_string(pool.size()) +
-                                        " configured, " + std::to_string(pool.size() - pool.healthy_count()) + " down)",
-                                    "server_error");
-            }
-            struct in_flight {
-                upstream_pool& pool;
-                size_t upstream;
-                ~in_flight() { pool.release(upstream); }
-            } guard{pool, route->upstream};
-            const upstream_config& u = *route->config;
-            const std::string url = u.origin.url();
-            body["model"] = route->model;
-            http::header_list upstream_headers;
-            if (const std::string key = pool.credential(route->upstream, req.api_key); !key.empty())
-                upstream_headers.emplace_back("authorization", "Bearer " + key);
-            std::unique_ptr<http::client_connection> conn = pool.connection(route->upstream);
-            const auto sent = std::chrono::steady_clock::now();
-            http::client_response head;
-            try {
-                head = conn->send("POST", "/v1/completions", body.dump(-1, ' ', false, json::error_handler_t::replace),
-                                  "application/json", upstream_headers);
-            } catch (const http::client_error& e) {
-                if (e.reason == http::client_error::kind::timeout) {
-                    pool.mark_down(route->upstream, "it timed out");
-                    throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
-                }
-                log::warn("proxy", "completion upstream {} failed ({}), trying another", url, e.what());
-                pool.mark_down(route->upstream);
-                tried.push_back(route->upstream);
-                continue;
-            }
-            if (head.status >= 300 && head.status < 400) {
-                log::warn("proxy", "completion {}", redirect_message(head.status, head.headers, url));
-                throw upstream_redirect_error(head.status, head.headers, url);
-            }
-            if (head.status >= 400) {
-                std::string error_body;
-                try {
-                    error_body = conn->read_body();
-                } catch (const http::client_error&) {
-                }
-                throw upstream_request_error(head.status, error_body, url);
-            }
-            headers.emplace_back("x-keepwarm-upstream", url);
-            upstream_body_reader reader(*conn);
-            const bool whole = relay(reader, head, w, headers, pool, route->upstream, url, sent);
-            if (reader.finish(whole) && whole) pool.keep_alive(route->upstream, std::move(conn));
-            return;
-        }
+        upstream_exchange x = call_upstream(
+            pool, std::move(choice),
+            [&](const upstream_pool::route& route) {
+                body["model"] = route.model;
+                upstream_call call{.target = "/v1/completions",
+                                   .body = body.dump(-1, ' ', false, json::error_handler_t::replace)};
+                if (const std::string key = pool.credential(route.upstream, req.api_key); !key.empty())
+                    call.headers.emplace_back("authorization", "Bearer " + key);
+                return call;
+            },
+            "completion");
+        struct in_flight {
+            upstream_pool& pool;
+            size_t upstream;
+            ~in_flight() { pool.release(upstream); }
+        } guard{pool, x.route.upstream};
+        const std::string url = x.route.config->origin.url();
+        headers.emplace_back("x-keepwarm-upstream", url);
+        upstream_body_reader reader(*x.conn);
+        const bool whole = relay(reader, x.head, w, headers, pool, x.route.upstream, url, x.sent);
+        if (reader.finish(whole) && whole) pool.keep_alive(x.route.upstream, std::move(x.conn));
     };
 }
 

@@ -7,6 +7,7 @@
 #include "backend/cache-busters.h"
 #include "backend/client-identity.h"
 #include "base/logger.h"
+#include "proxy/upstream-call.h"
 
 namespace keepwarm::proxy {
 
@@ -41,65 +42,24 @@ upstream_generation::upstream_generation(frontend_context& ctx, upstream_pool& p
 
 void upstream_generation::connect(const http::request& req) {
     const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars, req.tenant);
-    std::vector<size_t> tried;
-    for (;;) {
-        route_ = pool_.acquire(blocks, tried, chat_.model, routing_key(chat_.prompt_cache_key, req.tenant));
-        if (!route_) {
-            throw request_error(503,
-                                "no upstream can take the request: " + std::to_string(pool_.size()) + " configured, " +
-                                    std::to_string(pool_.size() - pool_.healthy_count()) + " down" +
-                                    (tried.empty() ? "" : ", the others failed"),
-                                "server_error");
-        }
-        const upstream_config& u = *route_->config;
-        const std::vector<std::string> bias_rules = bind_biases(route_->upstream);
-        const upstream_call call =
-            build_call(u.dialect, chat_, route_->model, pool_.credential(route_->upstream, req.api_key));
-        conn_ = pool_.connection(route_->upstream);
-        sent_ = std::chrono::steady_clock::now();
-        http::client_response head;
-        try {
-            head = conn_->send("POST", call.target, call.body, "application/json", call.headers);
-        } catch (const http::client_error& e) {
-            const size_t failed = route_->upstream;
-            pool_.release(failed);
-            route_.reset();
-            if (e.reason == http::client_error::kind::timeout) {
-                // It may still be working on the request: not sent again elsewhere, but out of routing, so that the
-                // next requests do not wait on it too.
-                pool_.mark_down(failed, "it timed out");
-                throw request_error(504, std::string("upstream ") + e.what(), "timeout_error");
-            }
-            // Refused, reset or not HTTP before any answer: nothing reached the client, so another upstream may try.
-            log::warn("proxy", "{} upstream {} failed ({}), trying another", id_, u.origin.url(), e.what());
-            pool_.mark_down(failed);
-            tried.push_back(failed);
-            continue;
-        }
-        if (head.status >= 300 && head.status < 400) {
-            // Not an answer: followed, it would be a stream from somewhere else; read as one, a stream that ended
-            // before its end event. The connection is dropped with its unread body.
-            pool_.release(route_->upstream);
-            route_.reset();
-            conn_.reset();
-            log::warn("proxy", "{} {}", id_, redirect_message(head.status, head.headers, u.origin.url()));
-            throw upstream_redirect_error(head.status, head.headers, u.origin.url());
-        }
-        if (head.status >= 400) {
-            std::string body;
-            try {
-                body = conn_->read_body();
-            } catch (const http::client_error&) {
-            }
-            pool_.release(route_->upstream);
-            route_.reset();
-            throw upstream_request_error(head.status, body, u.origin.url());
-        }
-        headers_.emplace_back("x-keepwarm-upstream", u.origin.url());
-        if (!bias_rules.empty()) name_fired_rules(bias_rules);
-        decoder_.emplace(u.dialect);
-        return;
-    }
+    std::vector<std::string> bias_rules;  // the policy's biases as bound for the upstream that answers
+    upstream_exchange x = call_upstream(
+        pool_,
+        {.blocks = blocks,
+         .fallback_model = chat_.model,
+         .routing_key = routing_key(chat_.prompt_cache_key, req.tenant)},
+        [&](const upstream_pool::route& route) {
+            bias_rules = bind_biases(route.upstream);
+            return build_call(route.config->dialect, chat_, route.model, pool_.credential(route.upstream, req.api_key));
+        },
+        id_);
+    route_ = std::move(x.route);
+    conn_ = std::move(x.conn);
+    sent_ = x.sent;
+    const upstream_config& u = *route_->config;
+    headers_.emplace_back("x-keepwarm-upstream", u.origin.url());
+    if (!bias_rules.empty()) name_fired_rules(bias_rules);
+    decoder_.emplace(u.dialect);
 }
 
 std::vector<std::string> upstream_generation::bind_biases(size_t upstream) {

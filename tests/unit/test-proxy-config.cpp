@@ -97,6 +97,7 @@ TEST(ProxyConfig, EmptyFileKeepsTheDefaults) {
 TEST(ProxyConfig, ListenLimitsAndCorsOrigins) {
     const proxy_settings s = parse_proxy_config(R"(
 [listen]
+max_body = 20000
 max_connections = 512
 max_connections_per_address = 0
 header_timeout = 2.5
@@ -104,6 +105,7 @@ idle_timeout = 30
 cors_origins = ["https://App.example/", "http://localhost:3000"]
 )",
                                                 "proxy.toml");
+    EXPECT_EQ(s.http.max_body_bytes, 20000u);
     EXPECT_EQ(s.http.max_connections, 512);
     EXPECT_EQ(s.http.max_connections_per_address, 0);
     EXPECT_EQ(s.http.header_timeout.count(), 2500);
@@ -114,6 +116,7 @@ cors_origins = ["https://App.example/", "http://localhost:3000"]
     EXPECT_TRUE(defaults.http.cors_origins.empty());  // CORS is off unless origins are named
     EXPECT_EQ(defaults.http.max_connections_per_address, 64);
 
+    expect_error("[listen]\nmax_body = 0\n", 2, "'listen.max_body' must be between 1 and");
     expect_error("[listen]\nmax_connections = 0\n", 2, "'listen.max_connections' must be between 1 and 65536");
     expect_error("[listen]\ncors_origins = \"*\"\n", 2, "'listen.cors_origins' must be an array");
     expect_error("[listen]\ncors_origins = [\"*\", \"app.example\"]\n", 2,
@@ -145,6 +148,17 @@ TEST(ProxyConfig, LoadsFromDiskAndReportsAMissingFile) {
     const proxy_settings s = load_proxy_config((dir / "proxy.toml").string());
     EXPECT_EQ(s.policy_file, (dir / "p.toml").string());
     ASSERT_EQ(s.upstreams.size(), 1u);
+    // Read as serve's settings file is (config/settings-file.h): bounded at 1 MiB.
+    {
+        std::ofstream out(dir / "big.toml");
+        out << std::string((1u << 20) + 1, '\n');
+    }
+    try {
+        load_proxy_config((dir / "big.toml").string());
+        ADD_FAILURE() << "a file over 1 MiB was read";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("is larger than 1 MiB"), std::string::npos) << e.what();
+    }
     std::filesystem::remove_all(dir);
     EXPECT_THROW(load_proxy_config((dir / "proxy.toml").string()), std::runtime_error);
 }

@@ -5,13 +5,18 @@
 // an upstream's error answer, its broken stream, no upstream up and a client that leaves each end as the routes need.
 #include "proxy/upstream-generation.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +24,7 @@
 #include "base/request-error.h"
 #include "fake-response-writer.h"
 #include "http/http-server.h"
+#include "proxy/upstream-call.h"
 #include "proxy/upstream-completion.h"
 
 using namespace keepwarm;
@@ -66,8 +72,13 @@ public:
             }
             answer(w);
         });
-        // Raw completions: keep-alive comments only (pings), or a JSON body a byte at a time (trickles).
+        // Raw completions: a whole JSON answer (whole), keep-alive comments only (pings), or a JSON body a byte at a
+        // time (trickles).
         server_->add_route("POST", "/v1/completions", [this](const http::request&, http::response_writer& w) {
+            if (kind.load() == answer_kind::whole) {
+                w.send(200, "application/json", R"({"object":"text_completion","choices":[{"text":" there"}]})");
+                return;
+            }
             const bool pings = kind.load() == answer_kind::pings;
             if (!w.begin_stream(200, pings ? "text/event-stream" : "application/json", {})) return;
             for (int i = 0; i < 1200; ++i) {  // a minute, far past every limit the tests set
@@ -173,6 +184,30 @@ std::string header_of(const http::header_list& headers, const std::string& name)
     }
     return {};
 }
+
+// A port on 127.0.0.1 that refuses every connection: bound but never listening, and held while the object lives.
+class refusing_port {
+public:
+    refusing_port() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+            ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+            throw std::runtime_error("refusing_port: cannot bind a port");
+        }
+        port_ = ntohs(addr.sin_port);
+    }
+    ~refusing_port() { ::close(fd_); }
+    refusing_port(const refusing_port&) = delete;
+    refusing_port& operator=(const refusing_port&) = delete;
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+private:
+    int fd_;
+    int port_ = 0;
+};
 
 class upstream_generation_test : public ::testing::Test {
 protected:
@@ -476,4 +511,93 @@ TEST_F(upstream_generation_test, a_raw_completion_is_held_to_the_same_limits) {
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
     EXPECT_EQ(upstream_stats()["in_flight"], 0);
+}
+
+// The fail-over both paths share (upstream-call.h): a refused connection has reached no client, so the next upstream
+// answers, and the one that refused is out of routing.
+TEST_F(upstream_generation_test, an_upstream_that_refuses_is_marked_down_and_a_chat_goes_to_the_next) {
+    refusing_port dead;
+    proxy::pool_options options;
+    options.health_interval = std::chrono::hours(1);
+    // No health check: both count as up, and the first (equally loaded) is tried first.
+    pool = std::make_unique<proxy::upstream_pool>(
+        std::vector<proxy::upstream_config>{proxy::upstream_config::parse(dead.url()),
+                                            proxy::upstream_config::parse(upstream.url())},
+        options);
+    fake_writer w;
+    generation_source_ptr source = open(chat("client-model", 8), w);
+    std::string text;
+    const auto end = run_to_end(*source, text);
+    ASSERT_TRUE(end);
+    EXPECT_EQ(end->reason, finish_reason::stop);
+    EXPECT_EQ(text, "Hello world");
+    EXPECT_EQ(header_of(source->response_headers(), "x-keepwarm-upstream"), upstream.url());
+    const json upstreams = pool->cache_json()["upstreams"];
+    EXPECT_FALSE(upstreams[0]["healthy"].get<bool>());
+    EXPECT_EQ(upstreams[0]["in_flight"], 0);  // released when it failed
+    EXPECT_EQ(pool->healthy_count(), 1u);
+    EXPECT_EQ(upstream.bodies().size(), 1u);
+}
+
+TEST_F(upstream_generation_test, an_upstream_that_refuses_is_marked_down_and_a_raw_completion_goes_to_the_next) {
+    refusing_port dead;
+    proxy::pool_options options;
+    options.health_interval = std::chrono::hours(1);
+    pool = std::make_unique<proxy::upstream_pool>(
+        std::vector<proxy::upstream_config>{proxy::upstream_config::parse(dead.url()),
+                                            proxy::upstream_config::parse(upstream.url())},
+        options);
+    req.body = R"({"prompt":"Once upon a time","max_tokens":8})";
+    fake_writer w;
+    proxy::upstream_completions (*pool)(front, req, w, clock);
+    EXPECT_EQ(w.status, 200);
+    EXPECT_NE(w.body.find(" there"), std::string::npos) << w.body;
+    EXPECT_EQ(header_of(w.headers, "x-keepwarm-upstream"), upstream.url());
+    const json upstreams = pool->cache_json()["upstreams"];
+    EXPECT_FALSE(upstreams[0]["healthy"].get<bool>());
+    EXPECT_EQ(upstreams[0]["in_flight"], 0);
+    EXPECT_EQ(upstreams[1]["in_flight"], 0);
+    EXPECT_EQ(pool->healthy_count(), 1u);
+}
+
+// With every upstream refusing, the request is refused as one no upstream could take, after each was tried once.
+TEST_F(upstream_generation_test, when_every_upstream_refuses_the_request_is_a_503_that_says_they_failed) {
+    refusing_port first, second;
+    proxy::pool_options options;
+    options.health_interval = std::chrono::hours(1);
+    pool = std::make_unique<proxy::upstream_pool>(
+        std::vector<proxy::upstream_config>{proxy::upstream_config::parse(first.url()),
+                                            proxy::upstream_config::parse(second.url())},
+        options);
+    std::string message;
+    EXPECT_EQ(refusal(chat("client-model", 8), &message), 503);
+    EXPECT_NE(message.find("2 configured, 2 down, the others failed"), std::string::npos) << message;
+
+    pool = std::make_unique<proxy::upstream_pool>(
+        std::vector<proxy::upstream_config>{proxy::upstream_config::parse(first.url()),
+                                            proxy::upstream_config::parse(second.url())},
+        options);
+    req.body = R"({"prompt":"Once upon a time","max_tokens":8})";
+    fake_writer w;
+    try {
+        proxy::upstream_completions (*pool)(front, req, w, clock);
+        FAIL() << "a raw completion went through with every upstream refusing";
+    } catch (const request_error& e) {
+        EXPECT_EQ(e.status, 503);
+        EXPECT_NE(std::string(e.what()).find("2 configured, 2 down, the others failed"), std::string::npos) << e.what();
+    }
+}
+
+// call_upstream's own contract: whatever ends a try, the upstream it counted in flight is let go.
+TEST_F(upstream_generation_test, a_call_that_throws_while_building_its_request_leaves_no_upstream_counted) {
+    const std::vector<uint64_t> blocks;
+    EXPECT_THROW(proxy::call_upstream(
+                     *pool, {.blocks = blocks, .fallback_model = "m"},
+                     [](const proxy::upstream_pool::route&) -> proxy::upstream_call {
+                         throw std::invalid_argument("cannot write this request");
+                     },
+                     "test"),
+                 std::invalid_argument);
+    EXPECT_EQ(upstream_stats()["in_flight"], 0);
+    EXPECT_TRUE(upstream.bodies().empty());
 }
