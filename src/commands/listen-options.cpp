@@ -93,7 +93,7 @@ void listen_options::copy_given(const http::server_options& given, http::server_
 void add_tenancy_options(CLI::App& cmd, tenancy_options& tenancy, const std::string& kept_apart) {
     cmd.add_option(
            "--api-keys-file", tenancy.api_keys_file,
-           "API keys, one 'TENANT KEY' per line: each tenant gets its own " + kept_apart + " (README: Security)")
+           "API keys, one 'TENANT KEY' per line: each tenant gets its own " + kept_apart + " (docs/security.md)")
         ->check(CLI::ExistingFile);
     cmd.add_option("--api-key-file", tenancy.shared_keys_file,
                    "llama-server's keys file: one key per line ('#' comments), all sharing one " + kept_apart)

@@ -1,4 +1,4 @@
-// See llama-server-flags.h. README's "Coming from llama-server" lists the same flags for users.
+// See llama-server-flags.h. docs/operations.md's "Coming from llama-server" lists the same flags for users.
 #include "commands/llama-server-flags.h"
 
 #include <map>
@@ -79,7 +79,7 @@ std::vector<std::string> expand_llama_server_flags(const std::vector<std::string
         } else if (single_dash_word(arg)) {
             refuse("'" + arg +
                    "' is not an option of keepwarm: options longer than one letter start with two dashes "
-                   "(`keepwarm serve --help` lists them; README: Coming from llama-server)");
+                   "(`keepwarm serve --help` lists them; docs/operations.md: Coming from llama-server)");
         } else {
             out.push_back(arg);
         }

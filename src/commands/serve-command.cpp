@@ -536,8 +536,8 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--config", opts->settings_file,
                     "Settings file (TOML): serve's long options without their dashes (ctx-size = 65536), a [policy] "
                     "table, a [tenants] table of keys. The command line wins, then llama-server's environment "
-                    "variables (LLAMA_ARG_MODEL, LLAMA_ARG_CTX_SIZE, ...: README: Coming from llama-server), then "
-                    "this file (README: Running it as a service)")
+                    "variables (LLAMA_ARG_MODEL, LLAMA_ARG_CTX_SIZE, ...: docs/operations.md: Coming from "
+                    "llama-server), then this file (docs/operations.md: Running it as a service)")
         ->check(CLI::ExistingFile);
     group_help(*cmd, serve_help_groups());
     cmd->callback([opts, cmd] {

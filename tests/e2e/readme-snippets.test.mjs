@@ -1,23 +1,27 @@
-// README.md's examples, run as the README writes them: each fenced block after a `<!-- snippet: NAME -->` marker is
-// read from README.md (not copied here), its http://127.0.0.1:8080 turned into a test server's address, and run
-// against that server; each must succeed and stay within the output bound it sets (issue 33: the first curl set no
-// max_tokens and ran 140 s on the demo model, the Qwen Code settings six minutes). And a fenced request example added
-// to the README without a bound or a marker fails the first test below.
+// The documentation's examples, run as written: each fenced block after a `<!-- snippet: NAME -->` marker is read
+// from README.md or a page of docs/ (not copied here), its http://127.0.0.1:8080 turned into a test server's address,
+// and run against that server; each must succeed and stay within the output bound it sets (issue 33: the first curl
+// set no max_tokens and ran 140 s on the demo model, the Qwen Code settings six minutes). And a fenced request example
+// added to README.md or docs/ without a bound or a marker fails the first test below.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer, tempDir } from './harness.mjs';
 import { startCapture } from './capture-requests.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const readme = readFileSync(path.join(here, '../../README.md'), 'utf8');
+const root = path.join(here, '../..');
+// The files whose snippets are read, as paths from the repository's root (what error messages name).
+const documents = ['README.md', ...readdirSync(path.join(root, 'docs')).filter((f) => f.endsWith('.md')).sort()
+    .map((f) => `docs/${f}`)];
 const readmeAddress = 'http://127.0.0.1:8080';
 
-// Every fenced block of the README: { lang, code, line, marker } (marker: the snippet name right before it, if any).
-function fencedBlocks(text) {
+// Every fenced block of a document: { file, lang, code, line, marker } (marker: the snippet name right before it, if
+// any).
+function fencedBlocks(file, text) {
     const lines = text.split('\n');
     const blocks = [];
     for (let i = 0; i < lines.length; ++i) {
@@ -27,18 +31,23 @@ function fencedBlocks(text) {
         while (end < lines.length && !lines[end].startsWith('```')) ++end;
         const before = lines.slice(0, i).reverse().find((l) => l.trim() !== '') ?? '';
         const marker = before.match(/^<!-- snippet: ([a-z0-9-]+) -->$/)?.[1];
-        blocks.push({ lang: open[1], code: lines.slice(i + 1, end).join('\n'), line: i + 1, marker });
+        blocks.push({ file, lang: open[1], code: lines.slice(i + 1, end).join('\n'), line: i + 1, marker });
         i = end;
     }
     return blocks;
 }
 
-const blocks = fencedBlocks(readme);
+const blocks = documents.flatMap((file) => fencedBlocks(file, readFileSync(path.join(root, file), 'utf8')));
+const where = (b) => `${b.file}:${b.line}`;
+// The one block marked NAME in all the documents.
 const snippet = (name) => {
     const found = blocks.filter((b) => b.marker === name);
-    assert.equal(found.length, 1, `README.md has ${found.length} blocks marked ${name}`);
+    assert.equal(found.length, 1, `${found.length} blocks marked ${name}` +
+        (found.length ? ` (${found.map(where).join(', ')})` : ` in ${documents.join(', ')}`));
     return found[0];
 };
+// A test's name: the snippet and the file it is in.
+const named = (name, what) => `${blocks.find((b) => b.marker === name)?.file ?? 'missing'} ${name}: ${what}`;
 const at = (code, url) => code.replaceAll(readmeAddress, url);
 
 // What makes a block a request example (a request sent, a client or an agent pointed at a server), and what bounds
@@ -54,14 +63,14 @@ const unboundedByClient = {
 const runHere = ['curl-chat', 'claude-code', 'curl-ollama-chat', 'ollama-js', 'codex-config', 'opencode-config',
     'qwen-code-settings'];
 
-test('every fenced request example in README.md is marked, run here, and bounds its answer', () => {
+test('every fenced request example in README.md and docs/ is marked, run here, and bounds its answer', () => {
     const examples = blocks.filter((b) => sendsRequests.test(b.code));
     assert.ok(examples.length >= 7, `found only ${examples.length} request examples`);
     for (const b of examples) {
-        assert.ok(b.marker, `README.md:${b.line}: a request example without a <!-- snippet: NAME --> marker`);
-        assert.ok(runHere.includes(b.marker), `README.md:${b.line}: snippet ${b.marker} is run by no test`);
+        assert.ok(b.marker, `${where(b)}: a request example without a <!-- snippet: NAME --> marker`);
+        assert.ok(runHere.includes(b.marker), `${where(b)}: snippet ${b.marker} is run by no test`);
         if (!unboundedByClient[b.marker]) {
-            assert.match(b.code, bound, `README.md:${b.line}: snippet ${b.marker} sets no max_tokens (or equivalent)`);
+            assert.match(b.code, bound, `${where(b)}: snippet ${b.marker} sets no max_tokens (or equivalent)`);
         }
     }
     for (const name of runHere) snippet(name);
@@ -92,7 +101,7 @@ function bash(code, env = {}) {
 
 const numberAfter = (code, key) => Number(code.match(new RegExp(`"?${key}"?\\s*[:=]\\s*(\\d+)`))[1]);
 
-test('README curl-chat: the OpenAI curl answers within its max_tokens', async () => {
+test(named('curl-chat', 'the OpenAI curl answers within its max_tokens'), async () => {
     const { code } = snippet('curl-chat');
     const run = await bash(at(code, server.url));
     assert.equal(run.code, 0, run.stderr);
@@ -102,7 +111,7 @@ test('README curl-chat: the OpenAI curl answers within its max_tokens', async ()
     assert.ok(answer.usage.completion_tokens <= limit, JSON.stringify(answer.usage));
 });
 
-test('README curl-ollama-chat: the Ollama curl streams to its end within num_predict', async () => {
+test(named('curl-ollama-chat', 'the Ollama curl streams to its end within num_predict'), async () => {
     const { code } = snippet('curl-ollama-chat');
     const run = await bash(at(code, server.url));
     assert.equal(run.code, 0, run.stderr);
@@ -111,7 +120,7 @@ test('README curl-ollama-chat: the Ollama curl streams to its end within num_pre
     assert.ok(last.eval_count <= numberAfter(code, 'num_predict'), JSON.stringify(last));
 });
 
-test('README ollama-js: the ollama package answers within num_predict', async () => {
+test(named('ollama-js', 'the ollama package answers within num_predict'), async () => {
     const { code } = snippet('ollama-js');
     // A folder whose node_modules is the e2e tests' own, so that `import ... from 'ollama'` resolves as written.
     const dir = tempDir('readme-js');
@@ -138,7 +147,7 @@ async function exported(code, url) {
         kv.slice(kv.indexOf('=') + 1)]));
 }
 
-test('README claude-code: Claude Code, set up as written, sends each answer its max_tokens and is answered', async () => {
+test(named('claude-code', 'Claude Code as set up there sends each answer its max_tokens, is answered'), async () => {
     const { code } = snippet('claude-code');
     const key = code.match(/--api-key (\S+)/)[1];
     // --max-sample-ms: the steering grammar below took over the default second per token on a loaded machine.
@@ -177,7 +186,7 @@ test('README claude-code: Claude Code, set up as written, sends each answer its 
     assert.deepEqual(JSON.parse(run.stdout), { answer: 'hi' });
 });
 
-// An agent's provider entry points at `base` (the README's address turned into the server's) and names `model`: a
+// An agent's provider entry points at `base` (the snippet's address turned into the server's) and names `model`: a
 // Chat Completions request to it, as the agent would send with `maxTokens`, is answered within that bound.
 async function providerAnswers(base, model, maxTokens, headers = {}) {
     const res = await fetch(`${base}/chat/completions`, {
@@ -191,7 +200,7 @@ async function providerAnswers(base, model, maxTokens, headers = {}) {
     return body;
 }
 
-test('README qwen-code-settings: the provider entry reaches the server, with its max_tokens', async () => {
+test(named('qwen-code-settings', 'the provider entry reaches the server, with its max_tokens'), async () => {
     const settings = JSON.parse(at(snippet('qwen-code-settings').code, small.url));
     const entry = settings.modelProviders.openai.find((p) => p.id === settings.model.name);
     assert.ok(entry, 'the selected model names a provider entry');
@@ -201,7 +210,7 @@ test('README qwen-code-settings: the provider entry reaches the server, with its
     await providerAnswers(entry.baseUrl, entry.id, limit, { authorization: 'Bearer none' });
 });
 
-test('README opencode-config: the provider entry reaches the server, with its output limit', async () => {
+test(named('opencode-config', 'the provider entry reaches the server, with its output limit'), async () => {
     const config = JSON.parse(at(snippet('opencode-config').code, small.url));
     const [providerId, modelId] = config.model.split('/');
     const provider = config.provider[providerId];
@@ -212,7 +221,7 @@ test('README opencode-config: the provider entry reaches the server, with its ou
         { authorization: `Bearer ${provider.options.apiKey}` });
 });
 
-test('README codex-config: the Responses provider reaches the server; the server default bounds the answer', async () => {
+test(named('codex-config', 'the Responses provider reaches the server; its default bounds the answer'), async () => {
     const toml = at(snippet('codex-config').code, server.url);
     const value = (key) => toml.match(new RegExp(`^${key}\\s*=\\s*"([^"]*)"`, 'm'))[1];
     assert.equal(value('model_provider'), 'keepwarm');

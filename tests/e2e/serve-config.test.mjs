@@ -88,7 +88,7 @@ test('a mistake in the settings file stops start-up naming its line', async () =
     assert.ok(!keyText.includes('"short"'), 'no error quotes a key');
 });
 
-// The files an operator copies (README: Running it as a service) are the ones tested: the example settings start a
+// The files an operator copies (docs/operations.md: Running it as a service) are the ones tested: the example settings start a
 // server (the command line overriding what this machine lacks: the model path, the port, the cache folder), and the
 // systemd unit passes systemd's own check wherever systemd-analyze is installed.
 test('etc/keepwarm-serve.toml starts a server, and etc/keepwarm.service passes systemd-analyze', async (t) => {
