@@ -677,12 +677,12 @@ int prompt_cache::device_tokens() {
     return used;
 }
 
-prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const device_sequence& s) {
+prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const device_sequence& s) const {
     device_match best;
     for (node* n = m.deepest; n && !tree::is_root(n); n = n->parent) {
         if (n->value.holders == 0) continue;
         best.length = static_cast<int>(n == m.deepest ? m.length : n->depth);
-        for (auto& cand : sequences_) {
+        for (const auto& cand : sequences_) {
             bool through = false;
             for (node* a = cand.tip; !tree::is_root(a) && a->depth >= n->depth; a = a->parent) {
                 if (a == n) {
@@ -701,145 +701,160 @@ prompt_cache::device_match prompt_cache::find_holder(const tree::match& m, const
     return best;
 }
 
-cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant) {
-    node* const root = tenant_root(tenant);
-    device_sequence& s = seq(slot);
-    s.in_use = true;
-    counters_.lookups++;
-    llama_memory_t mem = llama_get_memory(ctx_);
-    const int b = options_.block_tokens;
-    const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
-
-    tree::match m;
-    device_match dm;
-    std::vector<int32_t> blocks;  // ends of the RAM/disk blocks (or tail) to restore, in order
-    int device_len = 0, target = 0;
-    bool use_checkpoint = false;  // hybrid: `target` comes from a checkpoint
-    // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans. The rounds are
-    // bounded: the slot's content is dropped at most once (an empty slot is nobody's preferred holder, and nothing
-    // below gives it content again), kept at most once (`kept_own`), and room is made at most 64 times.
-    // Where the prompt leaves a cached path that goes on differently, before this slot's own tail is dropped.
-    cache_restore divergence;
+prompt_cache::divergence_point prompt_cache::find_divergence(const node* root,
+                                                             std::span<const llama_token> prompt) const {
+    divergence_point d;
     const tree::match first = tree_.longest_prefix(root, prompt);
-    if (first.length < prompt.size()) {
-        const node* n = first.deepest ? first.deepest : root;
-        if (first.deepest && first.into_edge < first.deepest->edge.size()) {
-            auto from = first.deepest->edge.begin() + static_cast<std::ptrdiff_t>(first.into_edge);
-            divergence.cached_continuation.assign(from,
-                                                  from + std::min<std::ptrdiff_t>(8, first.deepest->edge.end() - from));
-        } else if (!n->children.empty()) {
-            const auto& edge = n->children.begin()->second->edge;
-            divergence.cached_continuation.assign(
-                edge.begin(), edge.begin() + std::min<std::ptrdiff_t>(8, static_cast<std::ptrdiff_t>(edge.size())));
-        }
-        if (!divergence.cached_continuation.empty()) divergence.divergence_pos = static_cast<int>(first.length);
+    if (first.length >= prompt.size()) return d;
+    const node* n = first.deepest ? first.deepest : root;
+    if (first.deepest && first.into_edge < first.deepest->edge.size()) {
+        auto from = first.deepest->edge.begin() + static_cast<std::ptrdiff_t>(first.into_edge);
+        d.cached_continuation.assign(from, from + std::min<std::ptrdiff_t>(8, first.deepest->edge.end() - from));
+    } else if (!n->children.empty()) {
+        const auto& edge = n->children.begin()->second->edge;
+        d.cached_continuation.assign(
+            edge.begin(), edge.begin() + std::min<std::ptrdiff_t>(8, static_cast<std::ptrdiff_t>(edge.size())));
     }
+    if (!d.cached_continuation.empty()) d.divergence_pos = static_cast<int>(first.length);
+    return d;
+}
 
-    bool kept_own = false;
-    for (int round = 0;; ++round) {
-        m = tree_.longest_prefix(root, prompt);
-        dm = find_holder(m, s);
-        if (dm.holder != &s && !tree::is_root(s.tip)) {
-            if (worth_keeping(s)) park(s, dm.holder);  // nobody else holds enough of what this slot has: keep it
+acquire_plan prompt_cache::plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt,
+                                    int limit) const {
+    acquire_plan plan;
+    const tree::match m = tree_.longest_prefix(root, prompt);
+    const device_match dm = find_holder(m, s);
+    plan.matched = static_cast<int>(m.length);
+    plan.holder = dm.holder ? dm.holder->seq : -1;
+    plan.slot_leaves = dm.holder != &s && !tree::is_root(s.tip);
+    // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
+    plan.device = std::min(dm.length, limit);
+    block_restore_plan blocks = plan_block_restore<tree>(m, plan.device, limit, options_.block_tokens);
+    plan.blocks = std::move(blocks.ends);
+    const int attention_end = blocks.attention_end;
+    plan.target = attention_end;
+    if (!can_truncate_) {
+        // The recurrent state is right only at the end of the holder's own sequence or at a checkpoint.
+        plan.target = 0;
+        if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
+            plan.target = dm.length;
+        }
+        for (const node* n = m.deepest ? tree::ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : root;
+             !tree::is_root(n); n = n->parent) {
+            const auto& cps = n->value.checkpoints;
+            auto it = cps.upper_bound(attention_end);
+            if (it == cps.begin()) continue;
+            --it;
+            if (it->first > plan.target) {
+                plan.target = it->first;
+                plan.from_checkpoint = true;
+            }
+            break;
+        }
+        while (!plan.blocks.empty() && block_start(plan.blocks.back()) >= plan.target) plan.blocks.pop_back();
+    }
+    // What this prompt takes from the slot's own cells. Past it the slot's content goes on differently, even where
+    // the prompt goes further through RAM blocks of another path (its own earlier turn, demoted while this slot
+    // served another agent): position `target` lies on the prompt's path, not on the slot's.
+    plan.own_reused = std::min(plan.device, plan.target);
+    plan.slot_cut = dm.holder == &s && plan.own_reused < static_cast<int>(s.tip->depth);
+    for (const int32_t end : plan.blocks) {
+        const auto& stored = tree::ancestor_at(m.deepest, static_cast<size_t>(end))->value.blocks;
+        if (auto it = stored.find(end); it != stored.end() && it->second.ram) plan.ram_blocks++;
+    }
+    return plan;
+}
+
+acquire_plan prompt_cache::plan_acquire(int slot, std::span<const llama_token> prompt, int limit,
+                                        std::string_view tenant) const {
+    const auto root = roots_by_key_.find(tenant_root_block_key(options_.model_fingerprint, tenant));
+    if (root == roots_by_key_.end()) return {};  // nothing cached for this tenant yet
+    return plan_for(sequences_[static_cast<size_t>(slot)], root->second, prompt, limit);
+}
+
+bool prompt_cache::make_plan_executable(device_sequence& s, const acquire_plan& plan, int prompt_size, int round,
+                                        bool& kept_own) {
+    const device_sequence* holder = plan.holder >= 0 ? &seq(plan.holder) : nullptr;
+    if (plan.slot_leaves) {
+        if (worth_keeping(s)) park(s, holder);  // nobody else holds enough of what this slot has: keep it
+        drop(s);
+        return true;
+    }
+    if (plan.slot_cut) {
+        // Keep the rest of the slot's content, parked, unless it is a few tokens that a dense model simply drops (a
+        // hybrid model needs the copy: its slot cannot be cut).
+        const int b = options_.block_tokens;
+        const bool long_tail = static_cast<int>(s.tip->depth) - plan.own_reused >= std::min(64, b);
+        if (s.tip->value.holders == 1 && (long_tail || !can_truncate_) && !kept_own) {
+            kept_own = true;
+            if (park(s, nullptr)) return true;  // else it went to RAM blocks
+        }
+        if (!can_truncate_) {  // hybrid: restart from the parked copy (this slot's state cannot be cut)
             drop(s);
-            continue;
+            return true;
         }
-        // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
-        device_len = std::min(dm.length, limit);
-        block_restore_plan plan = plan_block_restore<tree>(m, device_len, limit, b);
-        blocks = std::move(plan.ends);
-        const int attention_end = plan.attention_end;
-        target = attention_end;
-        use_checkpoint = false;
-        if (!can_truncate_) {
-            // The recurrent state is right only at the end of the holder's own sequence or at a checkpoint.
-            target = 0;
-            if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
-                target = dm.length;
-            }
-            for (node* n = m.deepest ? tree_.ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : root;
-                 !tree::is_root(n); n = n->parent) {
-                auto& cps = n->value.checkpoints;
-                auto it = cps.upper_bound(attention_end);
-                if (it == cps.begin()) continue;
-                --it;
-                if (it->first > target) {
-                    target = it->first;
-                    use_checkpoint = true;
-                }
-                break;
-            }
-            while (!blocks.empty() && block_start(blocks.back()) >= target) blocks.pop_back();
-        }
-        // What this prompt takes from the slot's own cells. Past it the slot's content goes on differently, even
-        // where the prompt goes further through RAM blocks of another path (its own earlier turn, demoted while this
-        // slot served another agent): position `target` lies on the prompt's path, not on the slot's.
-        const int own_reused = std::min(device_len, target);
-        if (dm.holder == &s && own_reused < static_cast<int>(s.tip->depth)) {
-            // Keep the rest of the slot's content, parked, unless it is a few tokens that a dense model simply
-            // drops (a hybrid model needs the copy: its slot cannot be cut).
-            const bool long_tail = static_cast<int>(s.tip->depth) - own_reused >= std::min(64, b);
-            if (s.tip->value.holders == 1 && (long_tail || !can_truncate_) && !kept_own) {
-                kept_own = true;
-                if (park(s, nullptr)) continue;  // else it went to RAM blocks
-            }
-            if (!can_truncate_) {  // hybrid: restart from the parked copy (this slot's state cannot be cut)
-                drop(s);
-                continue;
-            }
-        }
-        // The slot's own content past what this prompt reuses goes now (parked above when worth keeping): the room
-        // check then counts its cells as free, and an eviction sees a parked copy of it as that copy's alone (else
-        // the copy would be dropped as shared with the slot, and lost when the slot is cut).
-        if (dm.holder == &s && can_truncate_) truncate(s, own_reused);
-        // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
-        const int needed = static_cast<int>(prompt.size()) - own_reused + b;
-        if (round < 64 && n_ctx - device_tokens() < needed && make_room(dm.holder)) continue;
-        break;
     }
+    // The slot's own content past what this prompt reuses goes now (parked above when worth keeping): the room check
+    // then counts its cells as free, and an eviction sees a parked copy of it as that copy's alone (else the copy
+    // would be dropped as shared with the slot, and lost when the slot is cut).
+    if (holder == &s && can_truncate_) truncate(s, plan.own_reused);
+    // Room for what is restored and computed; evicting re-plans, as it may demote what the plan uses.
+    const int needed = prompt_size - plan.own_reused + options_.block_tokens;
+    const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
+    return round < 64 && n_ctx - device_tokens() < needed && make_room(holder);
+}
 
+prompt_cache::stored_state* prompt_cache::planned_entry(const node* root, std::span<const llama_token> prompt,
+                                                        bool is_checkpoint, int32_t pos) {
+    const tree::match now = tree_.longest_prefix(root, prompt);
+    if (!now.deepest || static_cast<size_t>(pos) > now.length) return nullptr;
+    node* n = tree::ancestor_at(now.deepest, static_cast<size_t>(pos));
+    auto& map = is_checkpoint ? n->value.checkpoints : n->value.blocks;
+    auto it = map.find(pos);
+    return it == map.end() ? nullptr : &it->second;
+}
+
+void prompt_cache::forget_unreadable(const node* root, std::span<const llama_token> prompt, bool is_checkpoint,
+                                     int32_t pos) {
+    stored_state* state = planned_entry(root, prompt, is_checkpoint, pos);
+    if (!state) return;
+    state->on_disk = false;
+    if (state->ram) return;
+    const tree::match now = tree_.longest_prefix(root, prompt);
+    node* n = tree::ancestor_at(now.deepest, static_cast<size_t>(pos));
+    (is_checkpoint ? n->value.checkpoints : n->value.blocks).erase(pos);
+}
+
+cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::span<const llama_token> prompt,
+                                    const acquire_plan& plan) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const int target = plan.target;
     s.prompt_end = static_cast<int>(prompt.size());
     cache_restore r;
-    r.matched = static_cast<int>(m.length);
+    r.matched = plan.matched;
     bool ok = true;
     // 1. Device: share the holder's cells.
-    const int from_device = std::min(device_len, target);
-    if (dm.holder == &s) {
+    const int from_device = std::min(plan.device, target);
+    if (plan.holder == s.seq) {
         if (can_truncate_) truncate(s, from_device);
-    } else if (dm.holder && from_device > 0) {
-        llama_memory_seq_cp(mem, dm.holder->seq, s.seq, 0, from_device);
-        hold(s, tree_.node_ending_at(dm.holder->tip, static_cast<size_t>(from_device)));
-        dm.holder->last_used = clock::now();
+    } else if (plan.holder >= 0 && from_device > 0) {
+        device_sequence& holder = seq(plan.holder);
+        llama_memory_seq_cp(mem, holder.seq, s.seq, 0, from_device);
+        hold(s, tree_.node_ending_at(holder.tip, static_cast<size_t>(from_device)));
+        holder.last_used = clock::now();
     }
     r.device = from_device;
     // Step 1 may have split nodes (entries move to the upper part) or pruned the slot's old path: planned entries
-    // are found again by position on the prompt's path.
-    const auto entry_at = [&](bool is_checkpoint, int32_t pos) -> stored_state* {
-        const tree::match now = tree_.longest_prefix(root, prompt);
-        if (!now.deepest || static_cast<size_t>(pos) > now.length) return nullptr;
-        node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
-        auto& map = is_checkpoint ? n->value.checkpoints : n->value.blocks;
-        auto it = map.find(pos);
-        return it == map.end() ? nullptr : &it->second;
-    };
-    const auto forget_unreadable = [&](bool is_checkpoint, int32_t pos) {
-        stored_state* state = entry_at(is_checkpoint, pos);
-        if (!state) return;
-        state->on_disk = false;
-        if (state->ram) return;
-        const tree::match now = tree_.longest_prefix(root, prompt);
-        node* n = tree_.ancestor_at(now.deepest, static_cast<size_t>(pos));
-        (is_checkpoint ? n->value.checkpoints : n->value.blocks).erase(pos);
-    };
+    // are found again by position on the prompt's path (planned_entry).
     // 2. RAM and disk blocks.
     int restored = from_device;
     std::vector<uint8_t> payload;
-    for (const int32_t end : blocks) {
+    for (const int32_t end : plan.blocks) {
         if (restored >= target) break;
-        stored_state* state = entry_at(false, end);
+        stored_state* state = planned_entry(root, prompt, false, end);
         bool from_disk = false;
         if (!state || !load_block(*state, payload, from_disk)) {
-            forget_unreadable(false, end);
+            forget_unreadable(root, prompt, false, end);
             ok = false;
             break;
         }
@@ -857,11 +872,11 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
         restored = p1;
     }
     // 3. Hybrid models: the recurrent state at `target`.
-    if (ok && use_checkpoint) {
-        stored_state* state = entry_at(true, target);
+    if (ok && plan.from_checkpoint) {
+        stored_state* state = planned_entry(root, prompt, true, target);
         bool from_disk = false;
         if (!state || !load_block(*state, payload, from_disk) || !restore_checkpoint(s.seq, payload)) {
-            forget_unreadable(true, target);
+            forget_unreadable(root, prompt, true, target);
             ok = false;
         } else {
             state->last_used = clock::now();
@@ -878,24 +893,47 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     } else {
         r.reused = can_truncate_ ? restored : target;
         if (r.reused > static_cast<int>(s.tip->depth)) {  // extend the slot's path over what was restored
-            m = tree_.longest_prefix(root, prompt);
+            const tree::match m = tree_.longest_prefix(root, prompt);
             node* tip = tree_.node_ending_at(m.deepest, static_cast<size_t>(r.reused));
             for (node* n = s.tip; !tree::is_root(n); n = n->parent) n->value.holders--;
             hold(s, tip);
         }
         r.device = std::min(r.device, r.reused);
     }
-
     // Blocks read back from disk were promoted to RAM above; the budget holds them too, now that the plan, which
     // points into the tree, is carried out (the slot holds its path, so nothing it restored is pruned).
     enforce_ram_budget();
-    if (tree::is_root(s.tip)) s.tip = root;  // an empty slot: what it computes next goes into this tenant's tree
-    r.divergence_pos = divergence.divergence_pos;
-    r.cached_continuation = std::move(divergence.cached_continuation);
+    return r;
+}
+
+void prompt_cache::count_restore(const cache_restore& r) {
     (r.reused > 0 ? counters_.hits : counters_.misses)++;
     if (r.device > 0) counters_.device.hits++;
     if (r.ram > 0) counters_.ram.hits++;
     if (r.disk > 0) counters_.disk.hits++;
+}
+
+cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant) {
+    node* const root = tenant_root(tenant);
+    device_sequence& s = seq(slot);
+    s.in_use = true;
+    counters_.lookups++;
+    // Where the prompt leaves a cached path that goes on differently, before this slot's own tail is dropped.
+    divergence_point divergence = find_divergence(root, prompt);
+    // Plan, then execute. Parking or evicting changes the tree, so each of those steps re-plans. The rounds are
+    // bounded: the slot's content is dropped at most once (an empty slot is nobody's preferred holder, and nothing
+    // below gives it content again), kept at most once (`kept_own`), and room is made at most 64 times.
+    acquire_plan plan;
+    bool kept_own = false;
+    for (int round = 0;; ++round) {
+        plan = plan_for(s, root, prompt, limit);
+        if (!make_plan_executable(s, plan, static_cast<int>(prompt.size()), round, kept_own)) break;
+    }
+    cache_restore r = execute(s, root, prompt, plan);
+    if (tree::is_root(s.tip)) s.tip = root;  // an empty slot: what it computes next goes into this tenant's tree
+    r.divergence_pos = divergence.divergence_pos;
+    r.cached_continuation = std::move(divergence.cached_continuation);
+    count_restore(r);
     s.last_used = clock::now();
     publish();
     return r;

@@ -57,6 +57,25 @@ struct cache_restore {
     std::vector<llama_token> cached_continuation;  // the cached tokens from divergence_pos on (a few)
 };
 
+// What acquire() does for a prompt, planned from the cache's state as it is (prompt_cache::plan_acquire), nothing
+// changed: which device cells the slot shares, which RAM/disk blocks it restores past them, and what the slot's own
+// content must give way to first. acquire() plans, makes the plan executable (parking or dropping the slot's content,
+// making room: each of which changes the tree, so it plans again), then carries the last plan out.
+struct acquire_plan {
+    int matched = 0;  // prompt tokens found in the tenant's tree, whatever tier
+    int holder = -1;  // the device sequence whose cells give the prompt's first positions (-1: none)
+    int device = 0;   // positions those cells give, at most `limit` (shared, or kept where the holder is the slot)
+    // Ends of the RAM/disk blocks (or tail) restored past them, in order (plan_block_restore; for a hybrid model none
+    // past the checkpoint that `target` comes from).
+    std::vector<int32_t> blocks;
+    int ram_blocks = 0;            // of those, the ones RAM holds (the rest are read from disk)
+    int target = 0;                // positions the slot holds once the plan is carried out
+    bool from_checkpoint = false;  // hybrid models: the recurrent state at `target` comes from a checkpoint
+    int own_reused = 0;            // positions the prompt takes from the slot's own cells
+    bool slot_leaves = false;      // the slot's content is not the prompt's holder: it is parked or dropped first
+    bool slot_cut = false;         // the slot holds the prompt's start and more: the rest is parked or cut first
+};
+
 struct cache_tier_stats {
     uint64_t entries = 0, bytes = 0, budget = 0, tokens = 0;
     uint64_t hits = 0, evictions = 0;  // hits: requests that reused at least one token from this tier
@@ -103,6 +122,10 @@ public:
     // whichever tier holds it; the slot's previous content stays cached (parked or demoted). The slot is in use
     // until release_slot(). Only what `tenant` cached is matched ("": the shared tenant).
     cache_restore acquire(int slot, std::span<const llama_token> prompt, int limit, std::string_view tenant = {});
+    // The plan acquire() would start from for the same arguments, read from the cache's state without changing it
+    // (counters included). acquire() may plan again after parking the slot's content or making room.
+    acquire_plan plan_acquire(int slot, std::span<const llama_token> prompt, int limit,
+                              std::string_view tenant = {}) const;
     // Tokens just decoded into `slot` at the end of its sequence (prompt or generated).
     void append(int slot, std::span<const llama_token> tokens);
     // The slot's request ended; its KV stays cached. With `discard`, its KV is in an unknown state: drop it.
@@ -176,11 +199,33 @@ private:
     void truncate(device_sequence& s, int length);
     void prune(node* n);
     struct device_match {
-        device_sequence* holder = nullptr;  // holds the deepest matched span on the device
-        int length = 0;                     // prompt tokens it holds
+        const device_sequence* holder = nullptr;  // holds the deepest matched span on the device
+        int length = 0;                           // prompt tokens it holds
     };
-    device_match find_holder(const tree::match& m, const device_sequence& s);
-    int device_tokens();  // tokens whose KV cells some device sequence holds
+    device_match find_holder(const tree::match& m, const device_sequence& s) const;
+    // Where a prompt departs from a cached path that goes on differently (acquire's cache_restore fields).
+    struct divergence_point {
+        int divergence_pos = -1;
+        std::vector<llama_token> cached_continuation;
+    };
+    divergence_point find_divergence(const node* root, std::span<const llama_token> prompt) const;
+    // acquire()'s plan for slot `s` from the tree below `root` as it is now.
+    acquire_plan plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt,
+                          int limit) const;
+    // One step towards a plan that can be carried out as it stands: the slot's content leaves or is cut (kept parked
+    // when worth it), then room is made for the prompt. True when the step changed what the plan was read from: plan
+    // again.
+    bool make_plan_executable(device_sequence& s, const acquire_plan& plan, int prompt_size, int round, bool& kept_own);
+    // Carries out `plan`: shares the holder's cells, restores the planned blocks and (hybrid) checkpoint into `s`
+    // and extends its path over them; on a failed read, drops `s` and forgets the unreadable entry.
+    cache_restore execute(device_sequence& s, const node* root, std::span<const llama_token> prompt,
+                          const acquire_plan& plan);
+    // The stored block (or checkpoint) ending at `pos` on the prompt's path as the tree is now (nullptr: gone).
+    stored_state* planned_entry(const node* root, std::span<const llama_token> prompt, bool is_checkpoint, int32_t pos);
+    // An entry that could not be read: off the disk tier, and out of the tree unless RAM holds it.
+    void forget_unreadable(const node* root, std::span<const llama_token> prompt, bool is_checkpoint, int32_t pos);
+    void count_restore(const cache_restore& r);  // hit and miss counters
+    int device_tokens();                         // tokens whose KV cells some device sequence holds
     device_sequence* free_parking();
     device_sequence* eviction_victim(const device_sequence* keep);
     // Whether a live hint covers position `first` of n's span or a later one of it.

@@ -254,6 +254,10 @@ std::string openai_error_body(int status, const std::string& type, const std::st
     return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+namespace {
+class conn_writer;  // a response_writer over one connection (below)
+}  // namespace
+
 struct http_server::impl {
     struct route {
         handler fn;
@@ -328,7 +332,27 @@ struct http_server::impl {
     int64_t close_overdue();
     void serve(const std::shared_ptr<connection>& c);
     void reject(const std::shared_ptr<connection>& c);
+    // One request read from `c`, answered: read_request, then find_route (404, 405, OPTIONS and CORS preflights
+    // answered there), refuse_cross_origin_write, authorize, dispatch. Whether `c` can serve another request.
     bool handle_request(connection& c, bhttp::request<bhttp::string_body>&& req);
+    // The request as handlers see it: an id, method, path and query, headers (lowercase names, repeats joined with
+    // ", "), body and remote address.
+    static request read_request(const connection& c, bhttp::request<bhttp::string_body>& msg);
+    // The route for the request's path and method; nullptr once a request without one is answered (404, 405, or
+    // answer_options).
+    const route* find_route(const request& req, const std::string& origin, conn_writer& w) const;
+    // OPTIONS on a path without an OPTIONS route: the methods allowed (204), or a CORS preflight's verdict (204 with
+    // the Access-Control headers, or 403 for an origin that is not allowed).
+    void answer_options(const request& req, const std::string& origin, const method_routes& methods,
+                        const std::string& allow, conn_writer& w) const;
+    // A write that needs no preflight (not JSON) from a page of an origin that is not allowed: answered 403, true.
+    bool refuse_cross_origin_write(const request& req, const std::string& origin, const route& r, conn_writer& w) const;
+    // Whether the request may use the route: an API key where one is required (sets req.tenant and req.api_key),
+    // else answered 401.
+    bool authorize(request& req, const route& r, conn_writer& w) const;
+    // Runs the route's handler, answering what it throws or leaves unanswered, ending a stream it left open. Whether
+    // the connection can serve another request.
+    static bool dispatch(const route& r, request& req, conn_writer& w);
     void answer_read_error(connection& c, const error_code& ec, const bhttp::request<bhttp::string_body>& head);
     // Answers a request that cannot be read (`status` with `message` in the path's error shape) and closes.
     void answer_unreadable(connection& c, int status, const std::string& message,
@@ -1004,8 +1028,23 @@ void http_server::impl::serve(const std::shared_ptr<connection>& c) {
     }
 }
 
-bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::string_body>&& msg) {
-    const auto started = std::chrono::steady_clock::now();
+namespace {
+
+// An error in the route's shape (`format`; OpenAI's where there is none or where it throws).
+void send_error(conn_writer& w, const error_formatter& format, int status, const std::string& type,
+                const std::string& message, const header_list& extra = {}) {
+    std::string body;
+    try {
+        body = format ? format(status, type, message) : openai_error_body(status, type, message);
+    } catch (const std::exception&) {
+        body = openai_error_body(status, type, message);
+    }
+    w.send(status, "application/json", body, extra);
+}
+
+}  // namespace
+
+request http_server::impl::read_request(const connection& c, bhttp::request<bhttp::string_body>& msg) {
     request req;
     req.id = next_request_id();
     req.method = std::string(msg.method_string());
@@ -1026,7 +1065,143 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
     }
     req.body = std::move(msg.body());
     req.remote = c.remote;
+    return req;
+}
 
+const http_server::impl::route* http_server::impl::find_route(const request& req, const std::string& origin,
+                                                              conn_writer& w) const {
+    const method_routes* found = routes_for_path(req.path);
+    if (!found) {
+        send_error(w, format_for_path(req.path), 404, "invalid_request_error",
+                   "Invalid URL (" + req.method + " " + req.path + ")");
+        return nullptr;
+    }
+    const method_routes& methods = *found;
+    auto route_it = methods.find(req.method);
+    if (route_it != methods.end()) return &route_it->second;
+    std::string allow;
+    for (const auto& [method, r] : methods) allow += (allow.empty() ? "" : ", ") + method;
+    if (req.method == "OPTIONS") {
+        answer_options(req, origin, methods, allow, w);
+        return nullptr;
+    }
+    send_error(w, methods.begin()->second.options.format_error, 405, "invalid_request_error",
+               "method " + req.method + " is not allowed for " + req.path + " (allowed: " + allow + ")",
+               {{"Allow", allow}});
+    return nullptr;
+}
+
+void http_server::impl::answer_options(const request& req, const std::string& origin, const method_routes& methods,
+                                       const std::string& allow, conn_writer& w) const {
+    if (origin.empty() || req.header("access-control-request-method").empty()) {
+        w.send(204, "", "", {{"Allow", allow + ", OPTIONS"}});
+        return;
+    }
+    // A CORS preflight: may a page of `origin` send this request?
+    if (!origin_allowed(origin)) {
+        send_error(w, methods.begin()->second.options.format_error, 403, "permission_error",
+                   "cross-origin requests from " + origin + " are not allowed (see the server's --cors-origin)",
+                   {{"Vary", "Origin"}});
+        return;
+    }
+    // The origin is trusted, so it may send the headers it asks for (the SDKs send their own x- headers).
+    const std::string headers = req.header("access-control-request-headers");
+    header_list preflight = {{"Allow", allow + ", OPTIONS"},
+                             {"Access-Control-Allow-Methods", allow + ", OPTIONS"},
+                             {"Access-Control-Max-Age", "600"},
+                             {"Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}};
+    if (!headers.empty()) preflight.emplace_back("Access-Control-Allow-Headers", headers);
+    w.send(204, "", "", preflight);
+}
+
+bool http_server::impl::refuse_cross_origin_write(const request& req, const std::string& origin, const route& r,
+                                                  conn_writer& w) const {
+    // Every route that takes a body takes JSON. A page of an origin that is not allowed can still make the browser
+    // POST text/plain or a form without a preflight; its answer would be unreadable, but the work would run.
+    if (origin.empty() || is_safe_method(req.method) || is_json_media_type(req.header("content-type")) ||
+        origin_allowed(origin)) {
+        return false;
+    }
+    send_error(w, r.options.format_error, 403, "permission_error",
+               "cross-origin request from " + origin +
+                   " refused: it is not an allowed origin (see the server's --cors-origin), and its Content-Type "
+                   "is not application/json");
+    return true;
+}
+
+bool http_server::impl::authorize(request& req, const route& r, conn_writer& w) const {
+    if ((options.api_key.empty() && options.api_keys.empty()) || !r.options.requires_auth) return true;
+    // Either credential may carry the key (OpenAI clients send a bearer token, Anthropic clients x-api-key).
+    bool present = false;
+    std::vector<std::string_view> given;
+    std::string authz = req.header("authorization");
+    std::string_view a = trim(authz);
+    if (a.size() > 7 && iequals(a.substr(0, 7), "bearer ")) {
+        present = true;
+        given.push_back(trim(a.substr(7)));
+    }
+    if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
+        present = true;
+        given.push_back(trim(it->second));
+    }
+    // Every key is compared (no early exit), so the time taken does not say which key came close.
+    const api_key_entry* matched = nullptr;
+    std::string_view matched_given;
+    const auto check = [&](const api_key_entry& k) {
+        for (const std::string_view g : given) {
+            if (constant_time_equals(g, k.key) && !matched) {
+                matched = &k;
+                matched_given = g;
+            }
+        }
+    };
+    const api_key_entry single{options.api_key, {}};
+    if (!options.api_key.empty()) check(single);
+    for (const api_key_entry& k : options.api_keys) check(k);
+    if (!matched) {
+        send_error(
+            w, r.options.format_error, 401, "authentication_error",
+            present ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+            {{"WWW-Authenticate", "Bearer"}});
+        return false;
+    }
+    req.tenant = matched->tenant;
+    req.api_key = std::string(matched_given);
+    return true;
+}
+
+bool http_server::impl::dispatch(const route& r, request& req, conn_writer& w) {
+    // An exception after the handler had started answering cannot change the status: the connection closes (a
+    // stream then lacks its final chunk, so the client sees it incomplete).
+    bool threw_after_start = false;
+    try {
+        r.fn(req, w);
+    } catch (const request_error& e) {
+        threw_after_start = w.started();
+        if (!w.started()) {
+            header_list extra;
+            if (e.retry_after_s > 0) extra.push_back({"Retry-After", std::to_string(e.retry_after_s)});
+            send_error(w, r.options.format_error, e.status, e.type, e.what(), extra);
+        }
+    } catch (const std::exception& e) {
+        threw_after_start = w.started();
+        if (!w.started()) send_error(w, r.options.format_error, 500, "server_error", e.what());
+    } catch (...) {
+        threw_after_start = w.started();
+        if (!w.started()) send_error(w, r.options.format_error, 500, "server_error", "unknown error");
+    }
+    if (w.failed() || threw_after_start) return false;
+    if (!w.started()) {
+        send_error(w, r.options.format_error, 500, "server_error", "handler sent no response");
+        return w.reusable();
+    }
+    if (w.streaming() && !w.ended()) w.end_stream();  // the handler returned without ending its stream
+    return w.reusable();
+}
+
+bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::string_body>&& msg) {
+    const auto started = std::chrono::steady_clock::now();
+    request req = read_request(c, msg);
     const std::string origin = req.header("origin");
     conn_writer w(c.socket, c.fd, stopping, msg.version(), msg.keep_alive() && !stopping.load(), cors_headers(origin),
                   req.id);
@@ -1042,136 +1217,14 @@ bool http_server::impl::handle_request(connection& c, bhttp::request<bhttp::stri
             }
         }
     } access{req, w, started};
-    auto send_error = [&](const error_formatter& format, int status, const std::string& type,
-                          const std::string& message, const header_list& extra = {}) {
-        std::string body;
-        try {
-            body = format ? format(status, type, message) : openai_error_body(status, type, message);
-        } catch (const std::exception&) {
-            body = openai_error_body(status, type, message);
-        }
-        w.send(status, "application/json", body, extra);
-    };
 
     if (held.load(std::memory_order_acquire)) {  // not open yet (a model loading): no route may be read
         w.send(held_status, "application/json", held_body, {{"Retry-After", "1"}});
         return w.reusable();
     }
-    const method_routes* found = routes_for_path(req.path);
-    if (!found) {
-        send_error(format_for_path(req.path), 404, "invalid_request_error",
-                   "Invalid URL (" + req.method + " " + req.path + ")");
-        return w.reusable();
-    }
-    const method_routes& methods = *found;
-    auto route_it = methods.find(req.method);
-    if (route_it == methods.end()) {
-        std::string allow;
-        for (const auto& [method, r] : methods) allow += (allow.empty() ? "" : ", ") + method;
-        if (req.method == "OPTIONS" && (origin.empty() || req.header("access-control-request-method").empty())) {
-            w.send(204, "", "", {{"Allow", allow + ", OPTIONS"}});
-            return w.reusable();
-        }
-        if (req.method == "OPTIONS") {  // a CORS preflight: may a page of `origin` send this request?
-            if (!origin_allowed(origin)) {
-                send_error(methods.begin()->second.options.format_error, 403, "permission_error",
-                           "cross-origin requests from " + origin + " are not allowed (see the server's --cors-origin)",
-                           {{"Vary", "Origin"}});
-                return w.reusable();
-            }
-            // The origin is trusted, so it may send the headers it asks for (the SDKs send their own x- headers).
-            const std::string headers = req.header("access-control-request-headers");
-            header_list preflight = {{"Allow", allow + ", OPTIONS"},
-                                     {"Access-Control-Allow-Methods", allow + ", OPTIONS"},
-                                     {"Access-Control-Max-Age", "600"},
-                                     {"Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}};
-            if (!headers.empty()) preflight.emplace_back("Access-Control-Allow-Headers", headers);
-            w.send(204, "", "", preflight);
-            return w.reusable();
-        }
-        send_error(methods.begin()->second.options.format_error, 405, "invalid_request_error",
-                   "method " + req.method + " is not allowed for " + req.path + " (allowed: " + allow + ")",
-                   {{"Allow", allow}});
-        return w.reusable();
-    }
-    const route& r = route_it->second;
-
-    // Every route that takes a body takes JSON. A page of an origin that is not allowed can still make the browser
-    // POST text/plain or a form without a preflight; its answer would be unreadable, but the work would run.
-    if (!origin.empty() && !is_safe_method(req.method) && !is_json_media_type(req.header("content-type")) &&
-        !origin_allowed(origin)) {
-        send_error(r.options.format_error, 403, "permission_error",
-                   "cross-origin request from " + origin +
-                       " refused: it is not an allowed origin (see the server's --cors-origin), and its Content-Type "
-                       "is not application/json");
-        return w.reusable();
-    }
-
-    if ((!options.api_key.empty() || !options.api_keys.empty()) && r.options.requires_auth) {
-        // Either credential may carry the key (OpenAI clients send a bearer token, Anthropic clients x-api-key).
-        bool present = false;
-        std::vector<std::string_view> given;
-        std::string authz = req.header("authorization");
-        std::string_view a = trim(authz);
-        if (a.size() > 7 && iequals(a.substr(0, 7), "bearer ")) {
-            present = true;
-            given.push_back(trim(a.substr(7)));
-        }
-        if (auto it = req.headers.find("x-api-key"); it != req.headers.end()) {
-            present = true;
-            given.push_back(trim(it->second));
-        }
-        // Every key is compared (no early exit), so the time taken does not say which key came close.
-        const api_key_entry* matched = nullptr;
-        std::string_view matched_given;
-        const auto check = [&](const api_key_entry& k) {
-            for (const std::string_view g : given) {
-                if (constant_time_equals(g, k.key) && !matched) {
-                    matched = &k;
-                    matched_given = g;
-                }
-            }
-        };
-        const api_key_entry single{options.api_key, {}};
-        if (!options.api_key.empty()) check(single);
-        for (const api_key_entry& k : options.api_keys) check(k);
-        if (!matched) {
-            send_error(r.options.format_error, 401, "authentication_error",
-                       present ? "invalid API key"
-                               : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                       {{"WWW-Authenticate", "Bearer"}});
-            return w.reusable();
-        }
-        req.tenant = matched->tenant;
-        req.api_key = std::string(matched_given);
-    }
-
-    // An exception after the handler had started answering cannot change the status: the connection closes (a
-    // stream then lacks its final chunk, so the client sees it incomplete).
-    bool threw_after_start = false;
-    try {
-        r.fn(req, w);
-    } catch (const request_error& e) {
-        threw_after_start = w.started();
-        if (!w.started()) {
-            header_list extra;
-            if (e.retry_after_s > 0) extra.push_back({"Retry-After", std::to_string(e.retry_after_s)});
-            send_error(r.options.format_error, e.status, e.type, e.what(), extra);
-        }
-    } catch (const std::exception& e) {
-        threw_after_start = w.started();
-        if (!w.started()) send_error(r.options.format_error, 500, "server_error", e.what());
-    } catch (...) {
-        threw_after_start = w.started();
-        if (!w.started()) send_error(r.options.format_error, 500, "server_error", "unknown error");
-    }
-    if (w.failed() || threw_after_start) return false;
-    if (!w.started()) {
-        send_error(r.options.format_error, 500, "server_error", "handler sent no response");
-        return w.reusable();
-    }
-    if (w.streaming() && !w.ended()) w.end_stream();  // the handler returned without ending its stream
-    return w.reusable();
+    const route* r = find_route(req, origin, w);
+    if (!r || refuse_cross_origin_write(req, origin, *r, w) || !authorize(req, *r, w)) return w.reusable();
+    return dispatch(*r, req, w);
 }
 
 http_server::http_server(server_options options) : impl_(std::make_unique<impl>(std::move(options))) {}
