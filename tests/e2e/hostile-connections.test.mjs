@@ -210,8 +210,10 @@ test('keepwarm proxy: per-address limit and CORS origins from its settings file'
         } finally {
             for (const s of sockets) s.destroy();
         }
+        // From another address: 127.0.0.1's destroyed sockets may not all be noticed yet (its limit would answer 503).
         const evil = await request(`${proxy.url}/v1/chat/completions`, {
             method: 'POST',
+            localAddress: '127.0.0.3',
             headers: { Origin: 'https://evil.example', 'Content-Type': 'text/plain' },
             body: chatBody,
         });
