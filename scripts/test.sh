@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second command of the README: installs what is missing, builds if needed, and runs the whole test suite:
-# the formatting check, unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
+# the formatting, layer and link checks, unit tests and end-to-end tests (the real binary driven by the official npm clients and curl), then the unit
 # tests again under AddressSanitizer and UndefinedBehaviorSanitizer, and a short run of every fuzz target (fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
