@@ -96,7 +96,7 @@ struct spec_bench_options {
     std::size_t max_draft = 16;
     std::vector<std::string> drafters = {"keepwarm", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"};
     spec::suffix_draft_options keepwarm;
-    std::size_t key_tokens = 3;
+    std::size_t key_tokens = 1;
     bool llama_fresh_per_trajectory = false;
 };
 

@@ -25,7 +25,9 @@ std::uint64_t kgram_key(const token* end, std::size_t k);
 
 struct token_history_options {
     std::size_t token_budget = std::size_t{1} << 20;  // tokens held over all tenants; the oldest streams go first
-    std::size_t key_tokens = 3;                       // k: the k-gram that a lookup starts from (>= 1)
+    // k: the k-gram a lookup starts from (>= 1). 1 drafts the most on recorded agent traffic (docs/speculative.md):
+    // the longest match is found by comparing backwards from every occurrence of the last token anyway.
+    std::size_t key_tokens = 1;
 };
 
 // Counters, first-class outputs rather than log lines.

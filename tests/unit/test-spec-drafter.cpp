@@ -177,16 +177,19 @@ TEST(SpecDrafter, ATenantRemovedDraftsNothingAndFreesItsTokens) {
 
 TEST(SpecDrafter, DegenerateInputsDraftNothingOrStayBounded) {
     token_history history;
-    history.add_stream("alice", std::vector<token>{});         // empty: not kept
-    history.add_stream("alice", std::vector<token>{1, 2, 3});  // no token after its only k-gram: not kept
+    history.add_stream("alice", std::vector<token>{});   // empty: not kept
+    history.add_stream("alice", std::vector<token>{1});  // no token after its only k-gram: not kept
     EXPECT_EQ(history.stats().streams, 0u);
     history.add_stream("alice", concat(range(100, 10), command));
 
     suffix_drafter empty(history, "alice");
     EXPECT_TRUE(empty.propose(16).tokens.empty());
     suffix_drafter one(history, "alice");
-    one.append(100);
+    one.append(999);  // never seen
     EXPECT_TRUE(one.propose(16).tokens.empty());
+    suffix_drafter one_seen(history, "alice");
+    one_seen.append(100);  // one token of evidence: at most 2 drafted
+    EXPECT_EQ(one_seen.propose(16).tokens, range(101, 2));
 
     suffix_drafter matching(history, "alice");
     matching.append(range(100, 5));
