@@ -136,10 +136,12 @@ spec_conversation tokenize_conversation(const llama_vocab* vocab, const trajecto
 // keepwarm's drafter: a suffix_drafter per turn over the run's earlier conversations, kept under one tenant.
 class keepwarm_drafter final : public offline_drafter {
 public:
-    keepwarm_drafter(const spec::suffix_draft_options& options, std::size_t key_tokens)
-        : history_({.token_budget = std::size_t{1} << 24, .key_tokens = key_tokens}), options_(options) {}
+    keepwarm_drafter(const spec::suffix_draft_options& options, std::size_t key_tokens, bool with_history)
+        : history_({.token_budget = std::size_t{1} << 24, .key_tokens = key_tokens}),
+          options_(options),
+          with_history_(with_history) {}
 
-    std::string name() const override { return "keepwarm"; }
+    std::string name() const override { return with_history_ ? "keepwarm" : "keepwarm-no-history"; }
     void begin_turn(std::span<const spec::token> prompt) override {
         turn_ = std::make_unique<spec::suffix_drafter>(history_, "run", options_);
         turn_->append(prompt);
@@ -149,11 +151,14 @@ public:
         return turn_->propose(max_tokens).tokens;
     }
     void accept(std::size_t /*n_accepted*/) override {}
-    void end_conversation(std::span<const spec::token> tokens) override { history_.add_stream("run", tokens); }
+    void end_conversation(std::span<const spec::token> tokens) override {
+        if (with_history_) history_.add_stream("run", tokens);
+    }
 
 private:
     spec::token_history history_;
     spec::suffix_draft_options options_;
+    bool with_history_;
     std::unique_ptr<spec::suffix_drafter> turn_;
 };
 
@@ -280,8 +285,8 @@ spec_drafter_result replay_conversations(offline_drafter& drafter, const std::ve
 }
 
 std::unique_ptr<offline_drafter> make_keepwarm_drafter(const spec::suffix_draft_options& options,
-                                                       std::size_t key_tokens) {
-    return std::make_unique<keepwarm_drafter>(options, key_tokens);
+                                                       std::size_t key_tokens, bool with_history) {
+    return std::make_unique<keepwarm_drafter>(options, key_tokens, with_history);
 }
 
 std::unique_ptr<offline_drafter> make_llama_ngram_drafter(const std::string& type_name, bool fresh_per_conversation) {
@@ -292,8 +297,9 @@ std::unique_ptr<offline_drafter> make_llama_ngram_drafter(const std::string& typ
         if (common_speculative_type_to_str(type) == type_name)
             return std::make_unique<llama_ngram_drafter>(type, fresh_per_conversation);
     }
-    throw std::invalid_argument("unknown drafter '" + type_name +
-                                "' (keepwarm, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache)");
+    throw std::invalid_argument(
+        "unknown drafter '" + type_name +
+        "' (keepwarm, keepwarm-no-history, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache)");
 }
 
 spec_bench_report run_spec_bench(const spec_bench_options& options, std::ostream& progress) {
@@ -302,8 +308,11 @@ spec_bench_report run_spec_bench(const spec_bench_options& options, std::ostream
     // Every drafter named is checked before minutes of reading and tokenizing.
     std::vector<std::unique_ptr<offline_drafter>> drafters;
     for (const std::string& name : options.drafters) {
-        drafters.push_back(name == "keepwarm" ? make_keepwarm_drafter(options.keepwarm, options.key_tokens)
-                                              : make_llama_ngram_drafter(name, options.llama_fresh_per_trajectory));
+        if (name == "keepwarm" || name == "keepwarm-no-history") {
+            drafters.push_back(make_keepwarm_drafter(options.keepwarm, options.key_tokens, name == "keepwarm"));
+        } else {
+            drafters.push_back(make_llama_ngram_drafter(name, options.llama_fresh_per_trajectory));
+        }
     }
 
     const std::vector<trajectory_text> trajectories = read_trajectories(options.traces_path, options.trajectories);
@@ -411,7 +420,8 @@ void add_spec_bench_command(CLI::App& bench) {
         ->capture_default_str()
         ->check(CLI::Range(std::size_t{1}, max_draft_limit));
     cmd->add_option("--drafters", o->drafters,
-                    "Comma-separated drafters (default: keepwarm,ngram-simple,ngram-map-k,ngram-mod,ngram-cache)");
+                    "Comma-separated drafters (default: keepwarm,ngram-simple,ngram-map-k,ngram-mod,ngram-cache; also "
+                    "keepwarm-no-history, ngram-map-k4v)");
     cmd->add_option("--min-share", o->run.keepwarm.min_share,
                     "keepwarm: draft a token while this share of the matched occurrences agree on it")
         ->capture_default_str()

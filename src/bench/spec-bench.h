@@ -81,9 +81,10 @@ struct spec_drafter_result {
 spec_drafter_result replay_conversations(offline_drafter& drafter, const std::vector<spec_conversation>& conversations,
                                          std::size_t max_draft);
 
-// keepwarm's drafter; its history holds the earlier conversations under one tenant (the run).
+// keepwarm's drafter; its history holds the earlier conversations under one tenant (the run), or nothing (then it
+// drafts from the request alone: what the history adds).
 std::unique_ptr<offline_drafter> make_keepwarm_drafter(const spec::suffix_draft_options& options,
-                                                       std::size_t key_tokens);
+                                                       std::size_t key_tokens, bool with_history = true);
 // llama.cpp's n-gram drafter `type_name` (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) with
 // llama-server's default settings, one sequence, kept for the whole run as a server slot keeps it (or started afresh
 // for each conversation). Throws std::invalid_argument for another name.

@@ -193,12 +193,14 @@ TEST_F(spec_command, ReadsTracesCompressedWithXz) {
     ASSERT_EQ(std::system(("xz -c " + fixture + " > " + xz_path).c_str()), 0);
     const command_result r =
         run_spec("--offline -m " + model + " --traces " + xz_path +
-                 " --drafters keepwarm,ngram-mod --llama-fresh-per-trajectory --json " + json_path);
+                 " --drafters keepwarm,keepwarm-no-history,ngram-mod --llama-fresh-per-trajectory --json " + json_path);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json report = read_json(json_path);
     EXPECT_EQ(report["trajectories"], 2);
     EXPECT_EQ(report["answers"], 4);
-    EXPECT_EQ(report["results"].size(), 2u);
+    EXPECT_EQ(report["results"].size(), 3u);
+    // The first trajectory's answers repeat its prompt: drafted from the request alone too.
+    EXPECT_GT(result_of(report, "keepwarm-no-history")["accepted_tokens"].get<std::size_t>(), 0u);
     EXPECT_EQ(report["llama_state"], "trajectory");
 }
 
