@@ -78,7 +78,8 @@ suffix_draft suffix_drafter::propose(std::size_t max_tokens) const {
 
     const double sized =
         options_.draft_per_match * static_cast<double>(best) + static_cast<double>(options_.draft_offset);
-    const std::size_t cap = std::min(max_tokens, static_cast<std::size_t>(std::min(sized, 1e9)));
+    // Options are the caller's: a negative or NaN sizing drafts nothing rather than converting out of range.
+    const std::size_t cap = sized > 0 ? std::min(max_tokens, static_cast<std::size_t>(std::min(sized, 1e9))) : 0;
     draft.match_length = best;
     draft.occurrences = support.size();
     const double needed = options_.min_share * static_cast<double>(support.size());

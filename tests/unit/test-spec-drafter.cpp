@@ -205,6 +205,13 @@ TEST(SpecDrafter, DegenerateInputsDraftNothingOrStayBounded) {
     EXPECT_FALSE(run.tokens.empty());
     EXPECT_LE(run.tokens.size(), 2 * suffix_draft_options{}.max_match);
 
+    // Sizing options out of range draft nothing.
+    for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+        suffix_drafter odd_sizing(history, "alice", {.draft_per_match = bad});
+        odd_sizing.append(range(100, 5));
+        EXPECT_TRUE(odd_sizing.propose(16).tokens.empty()) << bad;
+    }
+
     // Token ids at the ends of the range, and a key of zero tokens (taken as one).
     token_history odd({.token_budget = 1000, .key_tokens = 0});
     odd.add_stream("alice",
