@@ -16,6 +16,8 @@ declare -A allowed=(
     [config]="base"
     [http]="base"
     [cache]="base"
+    # The draft source of speculative decoding: token streams only, no model, so the engine and the bench share it.
+    [spec]="base"
     [engine]="base cache"
     [model]="base engine cache"
     [chat]="base json engine cache"
@@ -27,8 +29,8 @@ declare -A allowed=(
     [routes]="base json config http chat policy api backend"
     [local]="base json config http cache engine model chat policy api backend"
     [proxy]="base json config http chat policy api backend"
-    [bench]="base json config http cache engine model chat policy api"
-    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench"
+    [bench]="base json config http cache engine model chat policy api spec"
+    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench spec"
 )
 
 # folders whose names live in keepwarm itself; every other folder is keepwarm::FOLDER.

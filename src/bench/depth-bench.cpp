@@ -19,6 +19,7 @@
 #include "bench/experts-command.h"
 #include "bench/gauntlet-command.h"
 #include "bench/report-text.h"
+#include "bench/spec-bench.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/llama-runtime.h"
@@ -488,6 +489,7 @@ void add_bench_command(CLI::App& app) {
     });
     add_experts_bench_command(*bench);
     gauntlet::add_gauntlet_command(*bench);
+    add_spec_bench_command(*bench);
 }
 
 }  // namespace keepwarm::bench

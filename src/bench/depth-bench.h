@@ -67,7 +67,7 @@ std::string format_depth_table(const depth_bench_report& report);
 std::string format_depth_json(const depth_bench_report& report);
 std::string format_depth_svg(const depth_bench_report& report);
 
-// Registers `bench` with its subcommands: depth, experts, gauntlet.
+// Registers `bench` with its subcommands: depth, experts, gauntlet, spec.
 void add_bench_command(CLI::App& app);
 
 }  // namespace keepwarm::bench
