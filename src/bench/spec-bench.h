@@ -91,7 +91,8 @@ std::unique_ptr<offline_drafter> make_keepwarm_drafter(const spec::suffix_draft_
 std::unique_ptr<offline_drafter> make_llama_ngram_drafter(const std::string& type_name, bool fresh_per_conversation);
 
 struct spec_bench_options {
-    std::string traces_path = "/work/shared/data/agent-traces/swe-agent-gemini3pro-400.jsonl.xz";
+    // The recorded trajectories beside the repository (the project's shared data), from the repository's root.
+    std::string traces_path = "../shared/data/agent-traces/swe-agent-gemini3pro-400.jsonl.xz";
     std::string model_path;  // its vocabulary tokenizes the trajectories
     std::size_t trajectories = 20;
     std::size_t max_draft = 16;
