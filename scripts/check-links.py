@@ -79,6 +79,8 @@ def main(files):
                 if not ok:
                     print(f'{path}:{number}: {target}')
                     broken += 1
+    if not broken:
+        print(f'check-links: every relative link in {len(files)} files resolves')
     return 1 if broken else 0
 
 
