@@ -10,7 +10,8 @@ words, then --turns turns that each add the answer and --add-words more words, t
 
   bench/warm-turns.py --model tiny-64k.gguf --servers keepwarm,keepwarm-pad-off,llama-server
 
-keepwarm-pad-off is keepwarm with --pad-to-tile off. The llama-server binary comes from bench/build-llama-server.sh
+keepwarm-pad-off is keepwarm with --pad-to-tile off; llama-server-swa-full is llama-server with --swa-full (for
+sliding-window models). The llama-server binary comes from bench/build-llama-server.sh
 (its path printed on stdout); keepwarm from build/keepwarm. Python standard library only.
 """
 
@@ -52,13 +53,15 @@ def command(server, args, llama_server):
     common = ["-m", args.model, "-c", str(args.ctx), "-t", str(args.threads), "--port", str(args.port)]
     if server == "llama-server":
         return [llama_server, *common, "-np", str(args.parallel)]
+    if server == "llama-server-swa-full":  # sliding-window models: keep every position's KV, as keepwarm does
+        return [llama_server, *common, "-np", str(args.parallel), "--swa-full"]
     keepwarm = [os.path.join(ROOT, "build", "keepwarm"), "serve", *common, "--parallel", str(args.parallel),
                 "--cache-disk", "0"]
     if server == "keepwarm-pad-off":
         return [*keepwarm, "--pad-to-tile", "off"]
     if server == "keepwarm":
         return keepwarm
-    sys.exit(f"unknown server {server} (keepwarm, keepwarm-pad-off, llama-server)")
+    sys.exit(f"unknown server {server} (keepwarm, keepwarm-pad-off, llama-server, llama-server-swa-full)")
 
 
 def run(server, args, llama_server):
