@@ -70,7 +70,8 @@ def run(server, args, llama_server):
     try:
         wait_ready(args.port, process)
         rng = random.Random(args.seed)
-        text = " ".join(rng.choice(WORDS) for _ in range(args.words))
+        first = [rng.choice(WORDS) for _ in range(args.words)]
+        text = " ".join(first)
         warm = []
         for turn in range(args.turns + 1):
             reply = post(args.port, {"model": "m", "prompt": text, "max_tokens": 4, "temperature": 0})
@@ -80,6 +81,15 @@ def run(server, args, llama_server):
             if turn > 0:
                 warm.append(ms)
             text += reply["choices"][0]["text"] + " " + " ".join(rng.choice(WORDS) for _ in range(args.add_words))
+        if args.branch_words > 0:
+            # An edit inside the conversation: its first branch_words words, then other text. A server that kept only
+            # the last window of a sliding-window model's KV recomputes it all.
+            branch = " ".join(first[:args.branch_words]) + " zebra " + " ".join(
+                rng.choice(WORDS) for _ in range(args.add_words))
+            reply = post(args.port, {"model": "m", "prompt": branch, "max_tokens": 4, "temperature": 0})
+            timings = reply.get("timings", {})
+            print(f"{server} branch after {args.branch_words} words: computed {timings.get('prompt_n')} prompt "
+                  f"tokens in {timings.get('prompt_ms'):.0f} ms", flush=True)
         return warm
     finally:
         process.terminate()
@@ -93,6 +103,8 @@ def main():
     parser.add_argument("--words", type=int, default=16000, help="the cold prompt (~1 token a word)")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--add-words", type=int, default=25, help="words each warm turn adds")
+    parser.add_argument("--branch-words", type=int, default=0,
+                        help="then a prompt of the cold prompt's first N words and new text (0: none)")
     parser.add_argument("--ctx", type=int, default=65536)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
