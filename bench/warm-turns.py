@@ -10,7 +10,8 @@ words, then --turns turns that each add the answer and --add-words more words, t
 
   bench/warm-turns.py --model tiny-64k.gguf --servers keepwarm,keepwarm-pad-off,llama-server
 
-keepwarm-pad-off is keepwarm with --pad-to-tile off. The llama-server binary comes from bench/build-llama-server.sh
+keepwarm-pad-off is keepwarm with --pad-to-tile off; llama-server-swa-full is llama-server with --swa-full (for
+sliding-window models). The llama-server binary comes from bench/build-llama-server.sh
 (its path printed on stdout); keepwarm from build/keepwarm. Python standard library only.
 """
 
@@ -52,13 +53,15 @@ def command(server, args, llama_server):
     common = ["-m", args.model, "-c", str(args.ctx), "-t", str(args.threads), "--port", str(args.port)]
     if server == "llama-server":
         return [llama_server, *common, "-np", str(args.parallel)]
+    if server == "llama-server-swa-full":  # sliding-window models: keep every position's KV, as keepwarm does
+        return [llama_server, *common, "-np", str(args.parallel), "--swa-full"]
     keepwarm = [os.path.join(ROOT, "build", "keepwarm"), "serve", *common, "--parallel", str(args.parallel),
                 "--cache-disk", "0"]
     if server == "keepwarm-pad-off":
         return [*keepwarm, "--pad-to-tile", "off"]
     if server == "keepwarm":
         return keepwarm
-    sys.exit(f"unknown server {server} (keepwarm, keepwarm-pad-off, llama-server)")
+    sys.exit(f"unknown server {server} (keepwarm, keepwarm-pad-off, llama-server, llama-server-swa-full)")
 
 
 def run(server, args, llama_server):
@@ -67,7 +70,8 @@ def run(server, args, llama_server):
     try:
         wait_ready(args.port, process)
         rng = random.Random(args.seed)
-        text = " ".join(rng.choice(WORDS) for _ in range(args.words))
+        first = [rng.choice(WORDS) for _ in range(args.words)]
+        text = " ".join(first)
         warm = []
         for turn in range(args.turns + 1):
             reply = post(args.port, {"model": "m", "prompt": text, "max_tokens": 4, "temperature": 0})
@@ -77,6 +81,15 @@ def run(server, args, llama_server):
             if turn > 0:
                 warm.append(ms)
             text += reply["choices"][0]["text"] + " " + " ".join(rng.choice(WORDS) for _ in range(args.add_words))
+        if args.branch_words > 0:
+            # An edit inside the conversation: its first branch_words words, then other text. A server that kept only
+            # the last window of a sliding-window model's KV recomputes it all.
+            branch = " ".join(first[:args.branch_words]) + " zebra " + " ".join(
+                rng.choice(WORDS) for _ in range(args.add_words))
+            reply = post(args.port, {"model": "m", "prompt": branch, "max_tokens": 4, "temperature": 0})
+            timings = reply.get("timings", {})
+            print(f"{server} branch after {args.branch_words} words: computed {timings.get('prompt_n')} prompt "
+                  f"tokens in {timings.get('prompt_ms'):.0f} ms", flush=True)
         return warm
     finally:
         process.terminate()
@@ -90,6 +103,8 @@ def main():
     parser.add_argument("--words", type=int, default=16000, help="the cold prompt (~1 token a word)")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--add-words", type=int, default=25, help="words each warm turn adds")
+    parser.add_argument("--branch-words", type=int, default=0,
+                        help="then a prompt of the cold prompt's first N words and new text (0: none)")
     parser.add_argument("--ctx", type=int, default=65536)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)

@@ -72,6 +72,7 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
     if (options_.block_tokens < 16) throw std::invalid_argument("the cache block size must be at least 16 tokens");
     const llama_model* model = llama_get_model(ctx_);
     can_truncate_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    if (can_truncate_) n_swa_ = std::max(0, llama_model_n_swa(model));
     const int n = sequences_needed(options_);
     scratch_ = n - 1;
     for (int i = 0; i < n - 1; ++i) {
@@ -318,6 +319,8 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
             }
             return;
         }
+        // A block is restored to go on from its end: no use if the sliding-window KV before its end has holes.
+        if (!swa_window_intact(s.seq, end)) return;
         if (path.empty()) path = tree_.path(tip);
         store_block(n, end, serialize_span(s.seq, block_start(end), end), path);
     };
@@ -720,7 +723,7 @@ prompt_cache::divergence_point prompt_cache::find_divergence(const node* root,
 }
 
 acquire_plan prompt_cache::plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt,
-                                    int limit) const {
+                                    int limit, int device_cap) const {
     acquire_plan plan;
     const tree::match m = tree_.longest_prefix(root, prompt);
     const device_match dm = find_holder(m, s);
@@ -728,7 +731,7 @@ acquire_plan prompt_cache::plan_for(const device_sequence& s, const node* root, 
     plan.holder = dm.holder ? dm.holder->seq : -1;
     plan.slot_leaves = dm.holder != &s && !tree::is_root(s.tip);
     // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
-    plan.device = std::min(dm.length, limit);
+    plan.device = std::min({dm.length, limit, device_cap});
     block_restore_plan blocks = plan_block_restore<tree>(m, plan.device, limit, options_.block_tokens);
     plan.blocks = std::move(blocks.ends);
     const int attention_end = blocks.attention_end;
@@ -802,6 +805,46 @@ bool prompt_cache::make_plan_executable(device_sequence& s, const acquire_plan& 
     const int needed = prompt_size - plan.own_reused + options_.block_tokens;
     const int n_ctx = static_cast<int>(llama_n_ctx(ctx_));
     return round < 64 && n_ctx - device_tokens() < needed && make_room(holder);
+}
+
+size_t prompt_cache::scratch_swa_bytes() {
+    return llama_state_seq_get_size_ext(ctx_, scratch_, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+}
+
+// Counts the range's SWA cells from the serialized size of a copy of it in the scratch sequence (one cell: a fixed
+// size, each further cell: the same number of bytes), so that no KV is copied out of the context.
+bool prompt_cache::swa_window_intact(llama_seq_id seq, int length) {
+    if (n_swa_ <= 0 || length <= 0) return true;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const auto copy = [&](llama_pos p0, llama_pos p1) { llama_memory_seq_cp(mem, seq, scratch_, p0, p1); };
+    if (swa_cell_bytes_ == 0) {
+        // The sequence's last position is always in its SWA cache; find another one close enough not to be masked.
+        const llama_pos last = llama_memory_seq_pos_max(mem, seq);
+        if (last < 0) return true;
+        llama_memory_seq_rm(mem, scratch_, -1, -1);
+        const size_t empty = scratch_swa_bytes();
+        copy(last, last + 1);
+        const size_t one = scratch_swa_bytes();
+        size_t two = 0;
+        for (llama_pos p = last - 1; p >= 0 && p > last - 8 && p > last - n_swa_ + 1; --p) {
+            llama_memory_seq_rm(mem, scratch_, -1, -1);
+            copy(p, p + 1);
+            if (scratch_swa_bytes() == empty) continue;
+            copy(last, last + 1);
+            two = scratch_swa_bytes();
+            break;
+        }
+        llama_memory_seq_rm(mem, scratch_, -1, -1);
+        if (one <= empty || two <= one) return true;  // nothing to measure on yet
+        swa_one_cell_bytes_ = one;
+        swa_cell_bytes_ = two - one;
+    }
+    const int first = std::max(0, length - n_swa_ + 1);
+    llama_memory_seq_rm(mem, scratch_, -1, -1);
+    copy(first, length);
+    const size_t bytes = scratch_swa_bytes();
+    llama_memory_seq_rm(mem, scratch_, -1, -1);
+    return bytes == swa_one_cell_bytes_ + static_cast<size_t>(length - first - 1) * swa_cell_bytes_;
 }
 
 prompt_cache::stored_state* prompt_cache::planned_entry(const node* root, std::span<const llama_token> prompt,
@@ -925,8 +968,16 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     // below gives it content again), kept at most once (`kept_own`), and room is made at most 64 times.
     acquire_plan plan;
     bool kept_own = false;
+    int device_cap = std::numeric_limits<int>::max();
     for (int round = 0;; ++round) {
-        plan = plan_for(s, root, prompt, limit);
+        plan = plan_for(s, root, prompt, limit, device_cap);
+        if (plan.device > 0 && plan.holder >= 0 && !swa_window_intact(plan.holder, plan.device)) {
+            // Lost positions lie before the window of the holder's last token, so no shorter span of it is whole.
+            log::warn("cache", "sequence {} lost sliding-window KV before position {}: not reused from the device",
+                      plan.holder, plan.device);
+            device_cap = 0;
+            continue;
+        }
         if (!make_plan_executable(s, plan, static_cast<int>(prompt.size()), round, kept_own)) break;
     }
     cache_restore r = execute(s, root, prompt, plan);

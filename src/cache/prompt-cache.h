@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -210,8 +211,15 @@ private:
     };
     divergence_point find_divergence(const node* root, std::span<const llama_token> prompt) const;
     // acquire()'s plan for slot `s` from the tree below `root` as it is now.
-    acquire_plan plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt,
-                          int limit) const;
+    // `device_cap` bounds what is taken from device cells (a holder whose sliding-window KV has holes: 0).
+    acquire_plan plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt, int limit,
+                          int device_cap = std::numeric_limits<int>::max()) const;
+    // Sliding-window models: whether sequence `seq` still has, in its SWA layers, every position a prompt going on
+    // at `length` attends to, [length - n_swa + 1, length). llama.cpp gives a cell that one sequence alone holds to
+    // a new token once its position is outside that sequence's own window (llama_kv_cache::find_slot), full-size
+    // SWA cache or not; the full-attention layers keep theirs. True for other models.
+    bool swa_window_intact(llama_seq_id seq, int length);
+    size_t scratch_swa_bytes();
     // One step towards a plan that can be carried out as it stands: the slot's content leaves or is cut (kept parked
     // when worth it), then room is made for the prompt. True when the step changed what the plan was read from: plan
     // again.
@@ -274,6 +282,10 @@ private:
     bool can_truncate_ = true;
     llama_seq_id scratch_ = 0;
     std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
+    // Sliding-window models (0: none, or hybrid): the window, and the serialized size of the SWA part of the scratch
+    // sequence holding one cell and each further cell (measured on first use; 0: not yet).
+    int n_swa_ = 0;
+    size_t swa_one_cell_bytes_ = 0, swa_cell_bytes_ = 0;
     tree tree_;
     std::map<block_key, node*> roots_by_key_;     // each tenant's root, by its root block key
     std::map<const node*, block_key> root_keys_;  // ... and back

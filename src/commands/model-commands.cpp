@@ -26,6 +26,7 @@ struct mkmodel_options {
 std::string arch_default_preset(const std::string& arch) {
     if (arch == "qwen3moe") return "tiny-moe";
     if (arch == "qwen35") return "tiny-hybrid";
+    if (arch == "gemma3") return "tiny-swa";
     return "tiny";
 }
 
@@ -59,6 +60,8 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
         take("--ssm-k-heads", spec.ssm_group_count, f.ssm_group_count);
         take("--ssm-v-heads", spec.ssm_time_step_rank, f.ssm_time_step_rank);
         take("--ssm-conv", spec.ssm_conv_kernel, f.ssm_conv_kernel);
+        take("--sliding-window", spec.sliding_window, f.sliding_window);
+        take("--swa-pattern", spec.sliding_window_pattern, f.sliding_window_pattern);
         // Tokenizer, template, type and seed don't change the shape, so the preset name still describes it.
         if (given("--vocab")) spec.vocab = f.vocab;
         if (given("--template")) spec.chat_template = f.chat_template;
@@ -79,6 +82,10 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
         if (spec.arch == "qwen35") {
             std::printf(", attention every %u layers, delta-net %u k / %u v heads of %u", spec.full_attention_interval,
                         spec.ssm_group_count, spec.ssm_time_step_rank, spec.ssm_state_size);
+        }
+        if (spec.arch == "gemma3") {
+            std::printf(", sliding window %u (every %u%s layer full)", spec.sliding_window, spec.sliding_window_pattern,
+                        spec.sliding_window_pattern == 1 ? "st" : "th");
         }
         std::printf(", context %u\n", spec.n_ctx_train);
         std::printf("  %s weights, vocab %s, template %s, seed %llu\n", spec.type.c_str(), spec.vocab.c_str(),
@@ -105,7 +112,8 @@ void add_mkmodel_command(CLI::App& app) {
     cmd->add_option("--preset", o->preset,
                     "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
     cmd->add_option("-o,--output", o->output, "Output file (default: ./<model name>.gguf)");
-    cmd->add_option("--arch", f.arch, "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net)");
+    cmd->add_option("--arch", f.arch,
+                    "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net), gemma3 (sliding window)");
     cmd->add_option("--layers", f.n_layer, "Number of blocks")->check(whole_number_at_least(1, "blocks"));
     cmd->add_option("--width", f.n_embd, "Embedding length")->check(whole_number_at_least(1, ""));
     cmd->add_option("--heads", f.n_head, "Query heads")->check(whole_number_at_least(1, "heads"));
@@ -131,8 +139,12 @@ void add_mkmodel_command(CLI::App& app) {
         ->check(whole_number_at_least(0, "heads"));
     cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35)")
         ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--sliding-window", f.sliding_window, "Tokens a sliding-window layer attends to (gemma3)")
+        ->check(whole_number_at_least(1, "tokens"));
+    cmd->add_option("--swa-pattern", f.sliding_window_pattern, "Every Nth layer attends to everything (gemma3)")
+        ->check(whole_number_at_least(1, ""));
     cmd->add_option("--vocab", f.vocab,
-                    "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, llama-bpe)");
+                    "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, gemma-4, llama-bpe)");
     cmd->add_option("--template", f.chat_template,
                     "Chat template: models/templates/NAME.jinja of llama.cpp (e.g. Qwen-Qwen3-0.6B, Qwen3.5-4B)");
     cmd->add_option("--type", f.type, "Weight type: f32, f16, q8_0, q4_0");

@@ -165,6 +165,10 @@ engine::engine(engine_options options) : options_(std::move(options)) {
         padding_seq_ = static_cast<llama_seq_id>(cparams.n_seq_max++);
     }
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
+    // Sliding-window layers keep every position's KV (llama.cpp's default for the C API, llama-server's --swa-full),
+    // not only the last window: a later prompt may branch from anywhere inside a cached conversation, and then needs
+    // the window before the branch point. It costs the SWA layers a full context of KV (docs/sliding-window.md).
+    cparams.swa_full = true;
     cparams.n_threads = threads;
     cparams.n_threads_batch = options_.threads_batch > 0 ? options_.threads_batch : threads;
     cparams.type_k = options_.cache_type_k;

@@ -39,7 +39,7 @@ namespace {
 // Bump when the generator changes what it writes for a given spec, so cached demo models are regenerated.
 constexpr uint32_t k_generator_version = 1;
 
-const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35"};
+const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "gemma3"};
 const std::vector<std::string> k_types = {"f32", "f16", "q8_0", "q4_0"};
 
 std::string join(const std::vector<std::string>& items) {
@@ -313,6 +313,10 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
         } else {
             add("ffn_norm.weight", {n_embd});
         }
+        if (s.arch == "gemma3") {  // Gemma normalizes each sublayer's output too, before the residual add
+            add("post_attention_norm.weight", {n_embd});
+            add("post_ffw_norm.weight", {n_embd});
+        }
         if (s.arch == "qwen3moe") {
             const int64_t n_exp = s.n_expert, ff_exp = s.n_ff_exp;
             add("ffn_gate_inp.weight", {n_embd, n_exp});
@@ -373,6 +377,13 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
         set_u32(m, a + ".ssm.inner_size", spec.ssm_state_size * spec.ssm_time_step_rank);
     }
 
+    if (a == "gemma3") {
+        // Local layers rotate with Gemma 3's own base; the full-attention layers keep the long-context one above.
+        set_u32(m, a + ".attention.sliding_window", spec.sliding_window);
+        set_u32(m, a + ".attention.sliding_window_pattern", spec.sliding_window_pattern);
+        set_f32(m, a + ".rope.freq_base_swa", 10000.0f);
+    }
+
     copy_tokenizer(m, spec);
     gguf_set_val_str(m, "tokenizer.chat_template", read_file(template_path(spec)).c_str());
     add_tensor_list(m, spec);
@@ -418,7 +429,7 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny", "tiny-hybrid", "tiny-moe", "bench-dense", "bench-hybrid"};
+    return {"tiny", "tiny-hybrid", "tiny-moe", "tiny-swa", "bench-dense", "bench-hybrid"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -441,6 +452,17 @@ model_spec preset_spec(const std::string& name) {
         spec.n_head_kv = 2;
         spec.vocab = "qwen35";
         spec.chat_template = "Qwen3.5-4B";
+        return spec;
+    }
+    if (name == "tiny-swa") {
+        // Gemma 3's layout (five sliding-window layers, then one full) with a 512-token window, so prompts of a few
+        // thousand tokens cross it many times; the Gemma 4 tokenizer and chat template (262K-token vocab).
+        spec.arch = "gemma3";
+        spec.n_layer = 6;
+        spec.sliding_window = 512;
+        spec.sliding_window_pattern = 6;
+        spec.vocab = "gemma-4";
+        spec.chat_template = "google-gemma-4-31B-it";
         return spec;
     }
     if (name == "bench-dense" || name == "bench-hybrid") {
@@ -514,6 +536,10 @@ void validate_spec(const model_spec& s) {
         require(s.ssm_time_step_rank % s.ssm_group_count == 0,
                 "ssm value heads (time step rank) must be a multiple of the key heads (group count)");
     }
+    if (s.arch == "gemma3") {
+        require(s.sliding_window >= 1, "gemma3 needs a sliding window of at least 1 token");
+        require(s.sliding_window_pattern >= 1, "gemma3 needs a sliding window pattern of at least 1");
+    }
     if (s.type == "q8_0" || s.type == "q4_0") {
         // Rows are quantized in blocks of 32; llama.cpp would silently fall back to another type otherwise.
         auto block = [&](uint64_t n, const std::string& what) {
@@ -555,6 +581,8 @@ std::string spec_hash(const model_spec& s) {
          << '|' << s.n_expert_used << '|' << s.n_ff_exp << '|' << s.full_attention_interval << '|' << s.ssm_conv_kernel
          << '|' << s.ssm_state_size << '|' << s.ssm_group_count << '|' << s.ssm_time_step_rank << '|' << s.vocab << '|'
          << s.chat_template << '|' << s.type << '|' << s.seed << '|' << s.preset;
+    // Only where it applies, so the digests (and cached files) of the other architectures stay what they were.
+    if (s.arch == "gemma3") text << '|' << s.sliding_window << '|' << s.sliding_window_pattern;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(text.str())));
     return hex;

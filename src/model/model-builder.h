@@ -11,7 +11,8 @@ namespace keepwarm {
 // Shape and provenance of a generated model. Zero means "derive" for head_dim (width / heads).
 struct model_spec {
     std::string preset;          // only used to name the model; empty for a hand-made shape
-    std::string arch = "qwen3";  // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid)
+    std::string arch = "qwen3";  // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid),
+                                 // gemma3 (dense, sliding-window attention with a full-attention layer every so often)
 
     uint32_t n_layer = 4;
     uint32_t n_embd = 512;  // embedding_length ("width")
@@ -33,6 +34,11 @@ struct model_spec {
     uint32_t ssm_group_count = 2;     // linear-attention key heads
     uint32_t ssm_time_step_rank = 4;  // linear-attention value heads; inner size = state size * value heads
 
+    // gemma3: each layer attends to the last sliding_window positions, except every sliding_window_pattern-th layer,
+    // which attends to all of them (Gemma 3: window 1024, one full layer in 6).
+    uint32_t sliding_window = 512;
+    uint32_t sliding_window_pattern = 6;
+
     std::string vocab = "qwen2";                    // models/ggml-vocab-<vocab>.gguf in the llama.cpp source tree
     std::string chat_template = "Qwen-Qwen3-0.6B";  // models/templates/<chat_template>.jinja
     std::string type = "q8_0";                      // f32 | f16 | q8_0 | q4_0
@@ -46,7 +52,7 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, bench-dense, bench-hybrid. Throws std::invalid_argument for other names.
+// tiny, tiny-hybrid, tiny-moe, tiny-swa, bench-dense, bench-hybrid. Throws std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
 
 // Throws std::invalid_argument naming the first problem (unknown arch/vocab/template/type, inconsistent heads, ...).

@@ -1,10 +1,10 @@
 // The other generated architectures serve correctly too: a hybrid recurrent/attention model (qwen35, the
-// Qwen3.5 template) and a mixture of experts (qwen3moe).
+// Qwen3.5 template), a mixture of experts (qwen3moe) and a sliding-window model (gemma3, the Gemma 4 template).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer } from './harness.mjs';
 
-for (const preset of ['tiny-hybrid', 'tiny-moe']) {
+for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-swa']) {
     test(`${preset}: greedy answers repeat, streamed or not, and an extended prompt reuses the first`, async () => {
         const server = await startServer(['-c', '4096', '-np', '2'], { preset });
         try {
@@ -37,6 +37,36 @@ for (const preset of ['tiny-hybrid', 'tiny-moe']) {
         }
     });
 }
+
+// A sliding-window model (512-token window) through its own chat template: the second turn of a conversation about three
+// windows long reuses all of the first turn's prompt, and a conversation that only shares the system prompt reuses
+// it from the parked first one (docs/sliding-window.md).
+test('tiny-swa: chat turns past the window reuse the whole previous prompt', async () => {
+    const server = await startServer(['-c', '8192', '-np', '1'], { preset: 'tiny-swa' });
+    try {
+        const openai = server.client();
+        const words = ['cache', 'prefix', 'token', 'agent', 'model', 'tool', 'the', 'of', 'and', 'to'];
+        const system = Array.from({ length: 1500 }, (_, i) => words[(i * 7 + (i >> 3)) % words.length]).join(' ');
+        const messages = [{ role: 'system', content: system }, { role: 'user', content: 'Tell me about the sea.' }];
+        const params = { model: 'tiny-swa', temperature: 0, max_tokens: 8 };
+        const first = await openai.chat.completions.create({ ...params, messages });
+        assert.ok(first.usage.prompt_tokens > 1024, `${first.usage.prompt_tokens} tokens: two windows at least`);
+        messages.push({ role: 'assistant', content: first.choices[0].message.content },
+                      { role: 'user', content: 'And the sky?' });
+        const second = await openai.chat.completions.create({ ...params, messages });
+        // All of the first prompt, and of the answer what the template renders as it was generated.
+        assert.ok(second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens,
+                  `${second.usage.prompt_tokens_details.cached_tokens} of ${first.usage.prompt_tokens} reused`);
+
+        const other = [{ role: 'system', content: system }, { role: 'user', content: 'What about rivers?' }];
+        const third = await openai.chat.completions.create({ ...params, messages: other });
+        const again = await openai.chat.completions.create({ ...params, messages: other });
+        assert.ok(third.usage.prompt_tokens_details.cached_tokens > 1500, 'the system prompt comes from the parked turn');
+        assert.equal(again.choices[0].message.content, third.choices[0].message.content);
+    } finally {
+        await server.stop();
+    }
+});
 
 // The prebuilt libraries carry one CPU backend per instruction-set generation and the best one is picked at run
 // time. Forcing the baseline x86-64 variant (no AVX at all) shows keepwarm runs on CPUs without AVX-512 or AMX.

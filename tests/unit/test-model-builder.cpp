@@ -228,6 +228,46 @@ TEST(ModelBuilder, HybridModelDecodes) {
     expect_decodes(path);
 }
 
+// Gemma 3's layout: five sliding-window layers then one full, with the Gemma 4 tokenizer and template. Decoding past
+// the window proves llama.cpp built its sliding-window cache for it, not a plain one.
+TEST(ModelBuilder, SlidingWindowModelHasGemmaTokenizerAndDecodesPastItsWindow) {
+    const std::string path = shared_model(preset_spec("tiny-swa"));
+    const model_report r = inspect_model(path);
+    EXPECT_EQ(r.architecture, "gemma3");
+    EXPECT_EQ(r.sliding_window, 512u);
+    ASSERT_EQ(r.layers.size(), 6u);
+    for (uint32_t il = 0; il < 5; ++il) EXPECT_EQ(r.layers[il], layer_kind::sliding_window) << il;
+    EXPECT_EQ(r.layers[5], layer_kind::full_attention);
+    EXPECT_EQ(r.layer_summary(), "5 sliding window + 1 full attention (layer 5)");
+
+    loaded_model m = load(path, 1024);
+    const char* tmpl = llama_model_chat_template(m.model.get(), nullptr);
+    ASSERT_NE(tmpl, nullptr);
+    EXPECT_NE(std::string(tmpl).find("<|turn>"), std::string::npos);
+    const llama_vocab* vocab = llama_model_get_vocab(m.model.get());
+    const std::vector<llama_token> turn_end = tokenize(m.model.get(), "<turn|>");
+    ASSERT_FALSE(turn_end.empty());
+    EXPECT_TRUE(llama_vocab_is_eog(vocab, turn_end.back())) << "a Gemma 4 turn ends generation";
+    EXPECT_TRUE(llama_model_n_swa(m.model.get()) == 512);
+
+    // 700 tokens then 4 greedy steps: every logit finite.
+    std::vector<llama_token> prompt;
+    for (int i = 0; i < 700; ++i) prompt.push_back(1000 + i % 5000);
+    ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(prompt.data(), int32_t(prompt.size()))), 0);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    EXPECT_GT(n_vocab, 200000);
+    for (int step = 0; step < 4; ++step) {
+        const float* logits = llama_get_logits_ith(m.ctx.get(), -1);
+        ASSERT_NE(logits, nullptr);
+        llama_token best = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            ASSERT_TRUE(std::isfinite(logits[i])) << "logit " << i << " at step " << step;
+            if (logits[i] > logits[best]) best = i;
+        }
+        ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(&best, 1)), 0) << "step " << step;
+    }
+}
+
 TEST(ModelInspect, DenseKnownShape) {
     model_spec spec = small_spec();
     spec.n_layer = 3;

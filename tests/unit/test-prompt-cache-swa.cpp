@@ -1,0 +1,274 @@
+// The prefix cache on a sliding-window model (tiny-swa: Gemma 3's layout, a 512-token window, conversations four
+// times longer): a conversation's next turn reuses its whole prefix and answers as a cold run does, whether its KV
+// stayed in the slot, was parked by another conversation, went to RAM or disk, or came back after a restart.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "common.h"
+#include "engine/engine.h"
+#include "engine/llama-runtime.h"
+#include "generated-models.h"
+#include "test-prose.h"
+
+using namespace keepwarm;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+using tokens = std::vector<llama_token>;
+using test_prose::words;
+
+constexpr int k_window = 512;
+
+// Gemma 4's turn markup, as its chat template renders it.
+std::string gemma_turns(const std::string& system, const std::vector<std::string>& users) {
+    std::string out = "<|turn>system\n" + system + "<turn|>\n";
+    for (size_t i = 0; i < users.size(); ++i) {
+        out += "<|turn>user\n" + users[i] + "<turn|>\n<|turn>model\n";
+        if (i + 1 < users.size()) out += "Noted: " + words(12, 700 + static_cast<unsigned>(i)) + "<turn|>\n";
+    }
+    return out;
+}
+
+struct result {
+    tokens generated;
+    generation_stats stats;
+    std::vector<std::vector<float>> logits;
+};
+
+// As in test-prompt-cache.cpp: first-position logits within 3% of their range, and the same greedy tokens unless
+// the cold run had a near tie where they part. KV that lost positions inside the window moves logits far more.
+void expect_same_output(const result& actual, const result& cold) {
+    ASSERT_FALSE(actual.logits.empty());
+    ASSERT_FALSE(cold.logits.empty());
+    ASSERT_EQ(actual.logits[0].size(), cold.logits[0].size());
+    const auto [lo, hi] = std::minmax_element(cold.logits[0].begin(), cold.logits[0].end());
+    const float tolerance = 0.03f * (*hi - *lo);
+    float worst = 0;
+    for (size_t i = 0; i < cold.logits[0].size(); ++i) {
+        worst = std::max(worst, std::fabs(actual.logits[0][i] - cold.logits[0][i]));
+    }
+    EXPECT_LE(worst, tolerance) << "first-position logits differ from the cold run (range " << *hi - *lo << ")";
+    ASSERT_EQ(actual.generated.size(), cold.generated.size());
+    for (size_t i = 0; i < cold.generated.size(); ++i) {
+        if (actual.generated[i] == cold.generated[i]) continue;
+        const auto& l = cold.logits.at(i);
+        const float gap =
+            std::fabs(l[static_cast<size_t>(cold.generated[i])] - l[static_cast<size_t>(actual.generated[i])]);
+        EXPECT_LE(gap, tolerance) << "greedy tokens part at step " << i << " without a near tie";
+        return;
+    }
+}
+
+result generate(engine& e, const tokens& prompt, int n = 16) {
+    auto r = std::make_shared<generation_request>();
+    r->prompt = prompt;
+    r->sampling.temp = 0;
+    r->max_tokens = n;
+    r->keep_logits = n;
+    for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
+    e.submit(r);
+    for (;;) {
+        auto ev = r->output.pop(120s);
+        if (!ev) {
+            ADD_FAILURE() << "no event within 120 s";
+            return {};
+        }
+        if (ev->done) {
+            EXPECT_NE(ev->reason, finish_reason::error) << ev->error;
+            return {ev->generated, ev->stats, ev->logits};
+        }
+    }
+}
+
+std::string swa_model() {
+    return test_models::generated_model("unit-prompt-cache-swa", "tiny-swa");
+}
+
+engine_options base_options() {
+    engine_options o;
+    o.model_path = swa_model();
+    o.context_size = 8192;
+    o.slots = 1;
+    o.threads = 2;
+    o.cache_block_tokens = 256;
+    o.cache_parked_sequences = 2;
+    // Conversations stay parked on the device while the next long prompt is computed (by default one of 1024
+    // tokens or more moves idle ones to RAM, the path ram_and_disk_restores_equal_a_cold_run covers).
+    o.idle_to_ram_tokens = 0;
+    return o;
+}
+
+result cold(const tokens& prompt) {
+    engine e(base_options());
+    e.start();
+    result r = generate(e, prompt);
+    EXPECT_EQ(r.stats.reused_tokens, 0);
+    return r;
+}
+
+tokens tokenize(engine& e, const std::string& text) {
+    return common_tokenize(e.vocab(), text, true, true);
+}
+
+fs::path temp_dir(const std::string& name) {
+    const fs::path dir = fs::temp_directory_path() / ("keepwarm-test-" + name + "-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    return dir;
+}
+
+// A first turn several windows long, and the next turn: the first prompt, the answer, a new user message.
+struct conversation {
+    tokens first, next;
+};
+
+conversation long_conversation(engine& e, unsigned seed) {
+    conversation c;
+    c.first = tokenize(e, gemma_turns(words(1500, seed), {words(40, seed + 1)}));
+    c.next = tokenize(e, gemma_turns(words(1500, seed), {words(40, seed + 1), words(30, seed + 2)}));
+    return c;
+}
+
+// The tokens the next turn shares with the first prompt.
+int shared(const conversation& c) {
+    return static_cast<int>(std::mismatch(c.first.begin(), c.first.end(), c.next.begin(), c.next.end()).first -
+                            c.first.begin());
+}
+
+}  // namespace
+
+TEST(prompt_cache_swa, the_next_turn_reuses_the_whole_prefix_from_the_slot) {
+    engine e(base_options());
+    e.start();
+    const conversation c = long_conversation(e, 1);
+    ASSERT_GT(shared(c), 3 * k_window);
+    const result expected = cold(c.next);
+    generate(e, c.first);
+    const result r = generate(e, c.next);
+    EXPECT_EQ(r.stats.reused_tokens, shared(c));
+    EXPECT_EQ(r.stats.computed_tokens, static_cast<int>(c.next.size()) - shared(c));
+    expect_same_output(r, expected);
+}
+
+TEST(prompt_cache_swa, a_parked_conversation_comes_back_whole) {
+    engine e(base_options());
+    e.start();
+    const conversation a = long_conversation(e, 11), b = long_conversation(e, 21);
+    const result expected = cold(a.next);
+    generate(e, a.first);
+    generate(e, b.first);  // the only slot takes B: A is parked
+    const result r = generate(e, a.next);
+    EXPECT_EQ(r.stats.reused_device, shared(a))
+        << "the parked sequence shares its cells; reused " << r.stats.reused_tokens << " (ram " << r.stats.reused_ram
+        << ", disk " << r.stats.reused_disk << "), matched " << r.stats.matched_tokens << ", computed "
+        << r.stats.computed_tokens;
+    expect_same_output(r, expected);
+}
+
+// A branch from well inside a parked conversation: the positions in the window before the branch point must still
+// be there, although they were outside the window of the conversation's own last token while it was parked.
+TEST(prompt_cache_swa, a_branch_from_inside_a_parked_conversation_answers_as_a_cold_run) {
+    engine e(base_options());
+    e.start();
+    const conversation a = long_conversation(e, 31), b = long_conversation(e, 41);
+    // The first 900 words of A's 1500-word system prompt, then other text: a branch point about 750 tokens before
+    // A's end.
+    const tokens branch = tokenize(e, gemma_turns(words(900, 31) + "zebra " + words(40, 98), {words(25, 99)}));
+    const int common = static_cast<int>(
+        std::mismatch(a.first.begin(), a.first.end(), branch.begin(), branch.end()).first - a.first.begin());
+    ASSERT_LT(common + k_window, static_cast<int>(a.first.size()));
+    ASSERT_GT(common, 2 * k_window);
+    const result expected = cold(branch);
+    generate(e, a.first);
+    generate(e, b.first);  // A parked; B fills more cells of the one pool
+    generate(e, b.next);
+    const result r = generate(e, branch);
+    EXPECT_EQ(r.stats.reused_tokens, common);
+    expect_same_output(r, expected);
+}
+
+// Blocks larger than the window: a block saved alone holds only its own last window of sliding-window KV.
+TEST(prompt_cache_swa, ram_and_disk_restores_equal_a_cold_run) {
+    const fs::path dir = temp_dir("swa-disk");
+    for (int block : {256, 1024}) {
+        SCOPED_TRACE("block of " + std::to_string(block) + " tokens");
+        engine_options o = base_options();
+        o.cache_parked_sequences = 0;
+        o.idle_to_ram_tokens = 1024;
+        o.cache_block_tokens = block;
+        o.cache_dir = (dir / std::to_string(block)).string();
+        conversation a;
+        result expected;
+        {
+            engine e(o);
+            e.start();
+            a = long_conversation(e, 51);
+            const conversation b = long_conversation(e, 61);
+            expected = cold(a.next);
+            generate(e, a.first);
+            generate(e, b.first);  // no parking: A goes to RAM
+            const result r = generate(e, a.next);
+            EXPECT_GE(r.stats.reused_ram, shared(a) / block * block - block);
+            EXPECT_EQ(r.stats.reused_tokens, shared(a));
+            expect_same_output(r, expected);
+        }
+        engine e(o);  // a restart: A's blocks and its tail come back from disk
+        e.start();
+        const result r = generate(e, a.next);
+        EXPECT_GT(r.stats.reused_disk, 0);
+        EXPECT_GE(r.stats.reused_tokens, shared(a) / block * block);
+        expect_same_output(r, expected);
+    }
+    fs::remove_all(dir);
+}
+
+// llama.cpp's sliding-window cache may give a new token a cell that holds, for one sequence only, a position outside
+// that sequence's window (llama_kv_cache::find_slot), even in a full-size cache. A parked conversation's cells have
+// one sequence, so a prompt computed while its cells lie after the cache's head can take its early positions'
+// sliding-window KV: here X leaves the head at cell 0 when it is evicted, and D fills X's cells and goes on into A's.
+// A branch from inside A must then not reuse what is gone (before the check it did, and answered differently from a
+// cold run: first logits off by 0.88 in a range of 3.9).
+TEST(prompt_cache_swa, a_branch_from_a_parked_conversation_after_the_cache_head_passed_it) {
+    engine_options o = base_options();
+    o.cache_parked_sequences = 1;
+    engine e(o);
+    e.start();
+    const tokens x = tokenize(e, gemma_turns(words(450, 71), {words(20, 72)}));
+    const conversation a = long_conversation(e, 81);
+    const tokens d = tokenize(e, gemma_turns(words(1200, 91), {words(20, 92)}));
+    const tokens branch = tokenize(e, gemma_turns(words(900, 81) + "zebra " + words(40, 98), {words(25, 99)}));
+    const int common = static_cast<int>(
+        std::mismatch(a.first.begin(), a.first.end(), branch.begin(), branch.end()).first - a.first.begin());
+    const result expected = cold(branch);
+    generate(e, x);
+    generate(e, a.first);  // X parked
+    generate(e, d);        // X evicted to RAM (cells from 0 free), A parked, D computed from cell 0 on
+    const result r = generate(e, branch);
+    EXPECT_LE(r.stats.reused_tokens, common);
+    expect_same_output(r, expected);
+}
+
+// The same holes, then A evicted to RAM by the next conversation: the blocks whose sliding-window KV before their end
+// has holes are not kept (before the check they were, and the branch restored from them answered differently).
+TEST(prompt_cache_swa, a_conversation_demoted_after_the_cache_head_passed_it_keeps_only_whole_blocks) {
+    engine_options o = base_options();
+    o.cache_parked_sequences = 1;
+    engine e(o);
+    e.start();
+    const tokens x = tokenize(e, gemma_turns(words(450, 71), {words(20, 72)}));
+    const conversation a = long_conversation(e, 81);
+    const tokens d = tokenize(e, gemma_turns(words(1200, 91), {words(20, 92)}));
+    const tokens f = tokenize(e, gemma_turns(words(300, 93), {words(20, 94)}));
+    const tokens branch = tokenize(e, gemma_turns(words(900, 81) + "zebra " + words(40, 98), {words(25, 99)}));
+    const result expected = cold(branch);
+    generate(e, x);
+    generate(e, a.first);  // X parked
+    generate(e, d);        // X to RAM, A parked, D's SWA KV takes A's early cells
+    generate(e, f);        // D parked in A's place: A to RAM
+    const result r = generate(e, branch);
+    expect_same_output(r, expected);
+}
