@@ -18,6 +18,7 @@ debian_packages=(
     clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients
     python3              # the link check of README.md and docs/ (scripts/check-links.py), bench scripts
+    xz-utils             # bench spec reads the recorded agent trajectories (.jsonl.xz)
 )
 
 missing=()

@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/llama-runtime.h"
 #include "generated-models.h"
+#include "greedy-runs.h"
 #include "test-prose.h"
 
 using namespace keepwarm;
@@ -20,7 +21,13 @@ namespace fs = std::filesystem;
 namespace {
 
 using tokens = std::vector<llama_token>;
+using greedy_runs::expect_same_output;
+using greedy_runs::result;
 using test_prose::words;
+
+result generate(engine& e, const tokens& prompt, int n = 16) {
+    return greedy_runs::generate(e, prompt, n);
+}
 
 constexpr int k_window = 512;
 
@@ -32,57 +39,6 @@ std::string gemma_turns(const std::string& system, const std::vector<std::string
         if (i + 1 < users.size()) out += "Noted: " + words(12, 700 + static_cast<unsigned>(i)) + "<turn|>\n";
     }
     return out;
-}
-
-struct result {
-    tokens generated;
-    generation_stats stats;
-    std::vector<std::vector<float>> logits;
-};
-
-// As in test-prompt-cache.cpp: first-position logits within 3% of their range, and the same greedy tokens unless
-// the cold run had a near tie where they part. KV that lost positions inside the window moves logits far more.
-void expect_same_output(const result& actual, const result& cold) {
-    ASSERT_FALSE(actual.logits.empty());
-    ASSERT_FALSE(cold.logits.empty());
-    ASSERT_EQ(actual.logits[0].size(), cold.logits[0].size());
-    const auto [lo, hi] = std::minmax_element(cold.logits[0].begin(), cold.logits[0].end());
-    const float tolerance = 0.03f * (*hi - *lo);
-    float worst = 0;
-    for (size_t i = 0; i < cold.logits[0].size(); ++i) {
-        worst = std::max(worst, std::fabs(actual.logits[0][i] - cold.logits[0][i]));
-    }
-    EXPECT_LE(worst, tolerance) << "first-position logits differ from the cold run (range " << *hi - *lo << ")";
-    ASSERT_EQ(actual.generated.size(), cold.generated.size());
-    for (size_t i = 0; i < cold.generated.size(); ++i) {
-        if (actual.generated[i] == cold.generated[i]) continue;
-        const auto& l = cold.logits.at(i);
-        const float gap =
-            std::fabs(l[static_cast<size_t>(cold.generated[i])] - l[static_cast<size_t>(actual.generated[i])]);
-        EXPECT_LE(gap, tolerance) << "greedy tokens part at step " << i << " without a near tie";
-        return;
-    }
-}
-
-result generate(engine& e, const tokens& prompt, int n = 16) {
-    auto r = std::make_shared<generation_request>();
-    r->prompt = prompt;
-    r->sampling.temp = 0;
-    r->max_tokens = n;
-    r->keep_logits = n;
-    for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
-    e.submit(r);
-    for (;;) {
-        auto ev = r->output.pop(120s);
-        if (!ev) {
-            ADD_FAILURE() << "no event within 120 s";
-            return {};
-        }
-        if (ev->done) {
-            EXPECT_NE(ev->reason, finish_reason::error) << ev->error;
-            return {ev->generated, ev->stats, ev->logits};
-        }
-    }
 }
 
 std::string swa_model() {

@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/llama-runtime.h"
 #include "generated-models.h"
+#include "greedy-runs.h"
 #include "test-prose.h"
 
 using namespace keepwarm;
@@ -35,68 +36,22 @@ std::string chatml(const std::string& system, const std::vector<std::string>& us
     return out;
 }
 
-struct result {
-    tokens generated;
-    generation_stats stats;
-    std::vector<std::vector<float>> logits;  // per generated position
-};
-
-// Restored KV is not bit-identical to a cold computation (other batch splits sum floats in another order; the
-// checked difference is ~1e-3), so: the first position's logits agree within a tolerance, and the greedy tokens are
-// the same, except that they may part at a step where the cold run itself had a near tie between the two.
-void expect_same_output(const result& actual, const result& cold) {
-    ASSERT_FALSE(actual.logits.empty());
-    ASSERT_FALSE(cold.logits.empty());
-    ASSERT_EQ(actual.logits[0].size(), cold.logits[0].size());
-    const auto [lo, hi] = std::minmax_element(cold.logits[0].begin(), cold.logits[0].end());
-    // 3% of the logits' range: batch-split noise measured here is < 1% on the dense and MoE test models and 0 on
-    // the hybrid one; another prompt's logits differ by far more (tolerance_separates_prompts checks that).
-    const float tolerance = 0.03f * (*hi - *lo);
-    float worst = 0;
-    for (size_t i = 0; i < cold.logits[0].size(); ++i) {
-        worst = std::max(worst, std::fabs(actual.logits[0][i] - cold.logits[0][i]));
-    }
-    EXPECT_LE(worst, tolerance) << "first-position logits differ from the cold run (range " << *hi - *lo << ")";
-    ASSERT_EQ(actual.generated.size(), cold.generated.size());
-    for (size_t i = 0; i < cold.generated.size(); ++i) {
-        if (actual.generated[i] == cold.generated[i]) continue;
-        const auto& l = cold.logits.at(i);
-        const float gap =
-            std::fabs(l[static_cast<size_t>(cold.generated[i])] - l[static_cast<size_t>(actual.generated[i])]);
-        EXPECT_LE(gap, tolerance) << "greedy tokens part at step " << i << " without a near tie";
-        return;
-    }
-}
+using greedy_runs::expect_same_output;
+using greedy_runs::result;
 
 // A greedy request for `n` tokens, never ended early by an end-of-generation token. With `hinted` > 0, the client
 // asked to keep that many prompt tokens cached for `hint_ttl`.
 std::shared_ptr<generation_request> submit(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {},
                                            int hinted = 0, std::chrono::seconds hint_ttl = 300s) {
-    auto r = std::make_shared<generation_request>();
-    r->prompt = prompt;
-    r->tenant = tenant;
+    auto r = greedy_runs::greedy_request(e, prompt, n, tenant);
     r->hinted_tokens = hinted;
     r->hint_ttl = hint_ttl;
-    r->sampling.temp = 0;
-    r->max_tokens = n;
-    r->keep_logits = n;
-    for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
     e.submit(r);
     return r;
 }
 
 result wait_for(generation_request& r) {
-    for (;;) {
-        auto ev = r.output.pop(60s);
-        if (!ev) {
-            ADD_FAILURE() << "no event within 60 s";
-            return {};
-        }
-        if (ev->done) {
-            EXPECT_NE(ev->reason, finish_reason::error) << ev->error;
-            return {ev->generated, ev->stats, ev->logits};
-        }
-    }
+    return greedy_runs::wait_for(r, 60s);
 }
 
 result generate(engine& e, const tokens& prompt, int n = 32, const std::string& tenant = {}, int hinted = 0,

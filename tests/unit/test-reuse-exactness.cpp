@@ -12,6 +12,7 @@
 #include "common.h"
 #include "engine/engine.h"
 #include "generated-models.h"
+#include "greedy-runs.h"
 #include "test-prose.h"
 
 using namespace keepwarm;
@@ -30,35 +31,8 @@ std::string chatml(const std::string& system, const std::vector<std::string>& us
     return out;
 }
 
-struct result {
-    tokens generated;
-    generation_stats stats;
-    std::vector<std::vector<float>> logits;  // per generated position
-};
-
-// A greedy request for `n` tokens (end of generation masked), its logits kept.
-result generate(engine& e, const tokens& prompt, int n, const std::string& tenant = {}) {
-    auto r = std::make_shared<generation_request>();
-    r->prompt = prompt;
-    r->tenant = tenant;
-    r->sampling.temp = 0;
-    r->sampling.seed = 42;
-    r->max_tokens = n;
-    r->keep_logits = n;
-    for (const llama_token t : e.eog_tokens()) r->sampling.logit_bias.push_back({t, -INFINITY});
-    e.submit(r);
-    for (;;) {
-        auto ev = r->output.pop(120s);
-        if (!ev) {
-            ADD_FAILURE() << "no event within 120 s";
-            return {};
-        }
-        if (ev->done) {
-            EXPECT_NE(ev->reason, finish_reason::error) << ev->error;
-            return {ev->generated, ev->stats, ev->logits};
-        }
-    }
-}
+using greedy_runs::generate;
+using greedy_runs::result;
 
 // The largest difference between two runs' logits, over the positions both kept (0: bit for bit the same, as
 // far as a float comparison sees).
