@@ -147,6 +147,8 @@ struct timings_info {
     double prepare_ms = 0;   // parse, render, tokenize (part of setup_ms)
     double sampling_ms = 0;  // in the sampler over every generated token (a grammar's checks included)
     double sampling_max_ms = 0;  // ... the longest one token took
+    int draft_n = 0;             // speculative decoding: draft tokens verified (shown only when > 0, as llama-server)
+    int draft_n_accepted = 0;    // ... of them accepted
 };
 
 // "<prefix><32 random alphanumerics>"; thread-safe.

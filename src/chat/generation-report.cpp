@@ -43,7 +43,9 @@ timings_info timings_of(const generation_report& actual) {
             .queued_ms = st.queued_ms,
             .prepare_ms = st.prepare_ms,
             .sampling_ms = st.sampling_ms,
-            .sampling_max_ms = st.sampling_max_ms};
+            .sampling_max_ms = st.sampling_max_ms,
+            .draft_n = st.draft_tokens,
+            .draft_n_accepted = st.draft_accepted};
 }
 
 }  // namespace keepwarm

@@ -35,6 +35,8 @@ struct generation_report {
     double sampling_max_ms = 0;  // the longest one token's sampling took
     int slot = -1;               // which of this server's slots served it (-1: none, or an upstream did)
     std::string stop_sequence;   // the stop string that ended the generation (empty: none did)
+    int draft_tokens = 0;        // speculative decoding: draft tokens verified (llama-server's draft_n)
+    int draft_accepted = 0;      // ... of them accepted (draft_n_accepted)
     // The operator turned reuse reports off (--no-reuse-report): responses say nothing was reused, so a client cannot
     // read from them what the cache holds. The log and the cache-buster detector still see the real numbers.
     bool reuse_hidden = false;

@@ -55,6 +55,15 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
+const char* draft_source_name(draft_source source) {
+    switch (source) {
+        case draft_source::request: return "request";
+        case draft_source::history: return "history";
+        case draft_source::llama: return "llama";
+    }
+    return "unknown";
+}
+
 void generation_stream::push(generation_event event) {
     {
         std::lock_guard lock(mu_);

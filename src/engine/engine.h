@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +24,12 @@
 #include "llama-cpp.h"
 
 namespace keepwarm {
+
+// Where a draft of speculative decoding came from: the suffix drafter's match in the request's own tokens or in its
+// tenant's earlier conversations (spec/suffix-drafter.h), or one of llama.cpp's n-gram drafters (--spec-type).
+enum class draft_source { request, history, llama };
+inline constexpr size_t draft_source_count = 3;
+const char* draft_source_name(draft_source source);
 
 struct engine_options {
     std::string model_path;
@@ -107,6 +114,14 @@ struct engine_options {
     // Requests that may wait for a slot (0: no limit). One more is refused at once with a 503 and Retry-After, so a
     // burst cannot pile up work that its clients will have given up on before it starts.
     int max_queue = 64;
+    // Speculative decoding (docs/speculative.md). "suffix": keepwarm's drafter over the request and its tenant's
+    // earlier conversations; one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
+    // ngram-cache), through common; "none": off. Hybrid and recurrent models do not draft (their state cannot drop
+    // rejected tokens).
+    std::string spec_type = "suffix";
+    int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)
+    int draft_min = 0;   // a shorter draft is not verified (--draft-min)
+    size_t spec_history_tokens = size_t{1} << 20;  // earlier conversations' tokens the suffix drafter keeps
 };
 
 // What /health says about the engine thread. Read from any thread.
@@ -143,6 +158,15 @@ struct engine_counters {
     std::atomic<uint64_t> sample_us{0};
     std::atomic<uint64_t> slow_stream_steps{0};  // turns that held a generating slot slow_step_log_ms or longer
     std::atomic<uint64_t> padded_steps{0};       // batches filled up to a whole attention tile (pad_to_tile)
+    // Speculative decoding, by where a draft came from (draft_source): drafts the model verified, their tokens, and
+    // the tokens it accepted. Accepted tokens per verifying step = 1 + accepted / drafts.
+    struct draft_counts {
+        std::atomic<uint64_t> drafts{0};
+        std::atomic<uint64_t> tokens{0};
+        std::atomic<uint64_t> accepted{0};
+    };
+    std::array<draft_counts, draft_source_count> drafts;
+    std::atomic<uint64_t> answer_steps{0};  // steps that sampled answer tokens after a request's first, per request
 };
 
 // How long finished requests waited, for /metrics: for a slot (queue), and from their arrival to their first token.

@@ -45,6 +45,13 @@ struct generation_stats {
     double sampling_max_ms = 0;  // the longest one token's sampling took
     int slot = -1;               // which slot served it
     std::string stop_sequence;   // the stop string that ended the generation (empty: none did)
+    // Speculative decoding (docs/speculative.md): draft tokens the model verified (llama-server's draft_n), how many
+    // of them it accepted (draft_n_accepted), and the steps that verified a draft. Each accepted draft token is a
+    // generated token that took no step of its own.
+    int draft_tokens = 0;
+    int draft_accepted = 0;
+    int draft_steps = 0;
+    int decode_steps = 0;  // steps that produced this request's answer tokens after the first (drafting or not)
 };
 
 struct generation_event {
@@ -94,6 +101,13 @@ struct generation_request {
     std::set<llama_token> render_special;  // special tokens rendered as text (e.g. <tool_call>, <think>)
     bool report_progress = false;          // events carry prompt_progress while the prompt is processed
     int keep_logits = 0;  // the raw logits of this many first sampled positions come back with the final event
+    // The most draft tokens one step may verify for this request (llama-server's speculative.n_max): -1, the server's
+    // --draft-max; 0, no drafting. Never more than the server's.
+    int draft_max = -1;
+    // Bench only (keepwarm bench spec, in process; no API sets it): the answer's tokens, emitted in place of what the
+    // sampler would pick (teacher forcing), so that drafting is verified against a recorded model's answer. The
+    // answer ends after the last one. Empty: sample.
+    std::vector<llama_token> forced_answer;
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point submitted;  // set by engine::submit
 

@@ -23,6 +23,8 @@ generation_report report_of(const generation_stats& stats, bool reuse_hidden) {
             .sampling_max_ms = stats.sampling_max_ms,
             .slot = stats.slot,
             .stop_sequence = stats.stop_sequence,
+            .draft_tokens = stats.draft_tokens,
+            .draft_accepted = stats.draft_accepted,
             .reuse_hidden = reuse_hidden};
 }
 
