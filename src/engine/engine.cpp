@@ -238,7 +238,11 @@ engine::engine(engine_options options) : options_(std::move(options)) {
         throw std::invalid_argument("--draft-max must be 0 to 256 and --draft-min at least 0");
     }
     if (options_.spec_type != "none" && options_.draft_max > 0) {
-        if (cache_->needs_checkpoints()) {
+        if (options_.exact_reuse) {
+            // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's
+            // KV in another order than several rows' (docs/speculative.md): not the batches a cold run computes.
+            log::info("engine", "speculative decoding is off: --exact-reuse computes every answer token alone");
+        } else if (cache_->needs_checkpoints()) {
             // A draft's rejected tokens would stay in the recurrent state: rolling back means a checkpoint per
             // position, or recomputing from the last one; neither is built yet.
             log::info("engine",

@@ -119,7 +119,7 @@ struct engine_options {
     // Speculative decoding (docs/speculative.md). "suffix": keepwarm's drafter over the request and its tenant's
     // earlier conversations; one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
     // ngram-cache), through common; "none": off. Hybrid and recurrent models do not draft (their state cannot drop
-    // rejected tokens).
+    // rejected tokens), nor does exact_reuse (a verifying step's rows are not the batches a cold run computes).
     std::string spec_type = "suffix";
     int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)
     int draft_min = 0;   // a shorter draft is not verified (--draft-min)
