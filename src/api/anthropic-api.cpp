@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "api/openai-api.h"
 #include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
@@ -451,6 +452,7 @@ chat_request parse_messages_request(const json& body, endpoint kind) {
     req.max_tokens = int(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
     req.stream = get_bool(body, "stream", "stream").value_or(false);
     req.stop = parse_stop_sequences(body);
+    req.draft_max = parse_speculative(body);  // llama-server's field, read here as on its other endpoints
     req.sampling.temperature = get_unit_interval(body, "temperature");
     req.sampling.top_p = get_unit_interval(body, "top_p");
     if (auto top_k = get_integer(body, "top_k", "top_k")) {

@@ -52,6 +52,7 @@ void parse_switches(const json& body, native_completion_request& req) {
     p.return_progress = get_bool(body, "return_progress", "return_progress").value_or(false);
     get_bool(body, "cache_prompt", "cache_prompt");  // checked, and always true here: keepwarm caches every prompt
     req.return_tokens = get_bool(body, "return_tokens", "return_tokens").value_or(false);
+    p.draft_max = parse_speculative(body);
     if (auto n_probs = get_integer(body, "n_probs", "n_probs"); n_probs && *n_probs > 0) {
         fail("'n_probs' is not supported: keepwarm does not return token probabilities");
     }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 
+#include "api/openai-api.h"
 #include "api/request-limits.h"
 #include "base/request-error.h"
 #include "json/bounded-json.h"
@@ -207,6 +208,7 @@ void parse_options(const json& body, chat_request& req) {
         fail("'options." + std::string(e.what()).substr(1));
     }
     req.stop = parse_stop(o);
+    req.draft_max = parse_speculative(o, "options.");  // llama-server's name, among Ollama's options
 }
 
 // What /api/chat and /api/generate share.

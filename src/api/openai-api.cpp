@@ -393,6 +393,24 @@ std::optional<int> parse_n_predict(const json& body) {
     return int(std::min<int64_t>(*v, std::numeric_limits<int32_t>::max()));
 }
 
+std::optional<int> parse_speculative(const json& fields, const std::string& where) {
+    const auto draft_count = [&](const char* key) -> std::optional<int> {
+        const std::string field = where + key;
+        const std::optional<int64_t> n = get_integer(fields, key, field);
+        if (n && (*n < 0 || *n > max_request_draft_tokens)) {
+            fail(in_quotes(field) + " must be an integer between 0 and " + std::to_string(max_request_draft_tokens));
+        }
+        return n ? std::optional<int>(static_cast<int>(*n)) : std::nullopt;
+    };
+    const std::optional<int> n_max = draft_count("speculative.n_max");
+    draft_count("speculative.n_min");
+    if (auto p_min = get_number(fields, "speculative.p_min", where + "speculative.p_min");
+        p_min && !(*p_min >= 0 && *p_min <= 1)) {
+        fail(in_quotes(where + "speculative.p_min") + " must be a number between 0 and 1");
+    }
+    return n_max;
+}
+
 sampling_options parse_sampling(const json& body) {
     sampling_options s;
     auto as_float = [&](const char* key) -> std::optional<float> {
@@ -528,6 +546,7 @@ chat_request parse_chat_request(const json& body) {
     parse_n(body);
     parse_prompt_cache_key(body, req);
     req.return_progress = get_bool(body, "return_progress", "return_progress").value_or(false);
+    req.draft_max = parse_speculative(body);
     // Token probabilities are not returned yet: a client that asks for them is told, not given an answer without.
     if (get_bool(body, "logprobs", "logprobs").value_or(false)) {
         fail("'logprobs' is not supported: keepwarm does not return token probabilities (send false or leave it out)");
@@ -563,6 +582,7 @@ completion_request parse_completion_request(const json& body) {
     req.max_tokens = parse_max_tokens(body);
     req.stop = parse_stop(body);
     req.sampling = parse_sampling(body);
+    req.draft_max = parse_speculative(body);
     req.echo = get_bool(body, "echo", "echo").value_or(false);
     if (req.echo) {
         fail("'echo' is not supported");
@@ -598,7 +618,7 @@ json usage_json(const usage_info& usage) {
 json timings_json(const timings_info& t) {
     auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
     auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
-    return json{
+    json j{
         {"cache_n", t.cache_n},
         {"prompt_n", t.prompt_n},
         {"prompt_ms", t.prompt_ms},
@@ -618,6 +638,12 @@ json timings_json(const timings_info& t) {
         {"sampling_ms", t.sampling_ms},
         {"sampling_max_ms", t.sampling_max_ms},
     };
+    // As llama-server: the speculative decoding counts only when the request verified drafts.
+    if (t.draft_n > 0) {
+        j["draft_n"] = t.draft_n;
+        j["draft_n_accepted"] = t.draft_n_accepted;
+    }
+    return j;
 }
 
 std::string chat_finish_reason(const common_chat_msg& msg, bool hit_token_limit) {

@@ -28,6 +28,13 @@ std::vector<std::string> parse_stop(const json& body);
 // llama-server's n_predict: -1 or missing is no request limit (nullopt), else a positive integer. Read by the Chat
 // Completions and Completions parsers too, where it wins over max_tokens as in llama-server's oaicompat parsing.
 std::optional<int> parse_n_predict(const json& body);
+// llama-server's speculative decoding fields, flat keys as its schema spells them: "speculative.n_max" (an integer
+// 0..max_request_draft_tokens; 0: no drafting), returned; "speculative.n_min" (0..max_request_draft_tokens) and
+// "speculative.p_min" (0..1) are checked and not applied (the server's --draft-min stands; keepwarm's drafters do not
+// weigh draft tokens by probability). `where` prefixes the field names in messages (Ollama's "options."). The pinned
+// llama-server's schema (server-schema.cpp) holds these fields disabled, with n_max's meaning; keepwarm applies it.
+// Shared by every API's parser.
+std::optional<int> parse_speculative(const json& fields, const std::string& where = "");
 // The sampling fields of an OpenAI body (temperature, top_p, min_p, top_k, penalties, seed, logit_bias, and
 // llama-server's ignore_eos), checked; shared by the Chat Completions and Responses parsers.
 sampling_options parse_sampling(const json& body);

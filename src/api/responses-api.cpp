@@ -394,6 +394,7 @@ parsed_request parse_request(const json& body) {
         echo.max_output_tokens = req.max_tokens;
     }
     req.sampling = parse_sampling(body);
+    req.draft_max = parse_speculative(body);
     parse_reasoning(body, req, echo);
     req.json_schema = parse_text_format(body, echo);
     echo.store = get_bool(body, "store", "store").value_or(true);

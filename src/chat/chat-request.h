@@ -85,7 +85,13 @@ struct chat_request {
     std::string prompt_cache_key;
     // llama-server's return_progress: a stream also carries the prompt's processing progress (prompt_progress).
     bool return_progress = false;
+    // llama-server's speculative.n_max (Ollama: options."speculative.n_max"): the most draft tokens one step may
+    // verify for this request, 0..max_request_draft_tokens; 0 turns speculative decoding off. Unset: the server's.
+    std::optional<int> draft_max;
 };
+
+// The most draft tokens a request may ask one step to verify (speculative.n_max); the server's --draft-max caps it too.
+inline constexpr int max_request_draft_tokens = 1024;
 
 // One piece of a prompt given as text and token ids mixed (llama-server's /completion): text, or one token id.
 struct prompt_piece {
@@ -114,7 +120,8 @@ struct completion_request {
     std::optional<int> max_tokens;
     std::vector<std::string> stop;
     sampling_options sampling;
-    bool echo = false;  // echo=true is rejected with 400
+    bool echo = false;             // echo=true is rejected with 400
+    std::optional<int> draft_max;  // speculative.n_max, as chat_request's
 };
 
 // Throws request_error 400 naming the field when a value is out of range.

@@ -40,6 +40,7 @@ chat_generation::chat_generation(frontend_context& front, local_model& model, co
     prepare_sampling(model_, *gen_, grammar_field(chat_, gen_->sampling));
     gen_->render_special = gen_->sampling.preserved_tokens;
     gen_->max_tokens = chat_.max_tokens.value_or(-1);
+    gen_->draft_max = chat_.draft_max.value_or(-1);
     gen_->stop = rendered_.stop;
     gen_->report_progress = chat_.return_progress && chat_.stream;
 

@@ -79,13 +79,17 @@ void generation_relay::log_request(const generation_event& ev) const {
     if (st.matched_tokens > st.reused_tokens + 1) {
         where += (where.empty() ? "" : ", ") + std::to_string(st.matched_tokens) + " matched";
     }
+    // Speculative decoding: how many of the draft tokens the model verified it accepted.
+    const std::string drafts = st.draft_tokens > 0 ? ", draft " + std::to_string(st.draft_accepted) + "/" +
+                                                         std::to_string(st.draft_tokens) + " accepted"
+                                                   : "";
     log::info(
         "generation",
         "{} slot {}: prompt {} tokens (reused {}{}{}, computed {}) in {} ms (setup {} ms, prepare {}), generated {} "
-        "in {} ms (sampling {} ms, longest {}), {}{}{}",
+        "in {} ms (sampling {} ms, longest {}{}), {}{}{}",
         id_, st.slot, st.prompt_tokens, st.reused_tokens, where.empty() ? "" : ": ", where, st.computed_tokens,
         log::fixed(st.prompt_ms, 0), log::fixed(st.setup_ms, 1), log::fixed(st.prepare_ms, 1), st.generated_tokens,
-        log::fixed(st.generation_ms, 0), log::fixed(st.sampling_ms, 0), log::fixed(st.sampling_max_ms, 1),
+        log::fixed(st.generation_ms, 0), log::fixed(st.sampling_ms, 0), log::fixed(st.sampling_max_ms, 1), drafts,
         finish_reason_name(ev.reason), ev.error.empty() ? "" : ": ", ev.error);
     // The divergence quotes prompt text (this request's and what the cache holds): only when the operator asked.
     if (!st.divergence.empty() && front_.log_prompts) {

@@ -19,9 +19,15 @@ using json = nlohmann::ordered_json;
 
 // llama-server's `llamacpp:` families, with its names, TYPEs and meanings (the pinned tools/server/server-task.cpp's
 // to_metrics), for dashboards built on it. Its two throughput gauges cover the time since the previous scrape, as
-// there (its "bucket" is reset by every GET /metrics); speculative decoding is never used here, so its counters are 0.
+// there (its "bucket" is reset by every GET /metrics); its speculative decoding counters sum every draft source.
 void write_llamacpp_metrics(metrics_text& out, const engine& llm, int busy, llamacpp_scrape_window& window) {
     const engine_counters& c = llm.counters();
+    uint64_t drafts = 0, draft_tokens = 0, draft_accepted = 0;
+    for (const engine_counters::draft_counts& d : c.drafts) {
+        drafts += d.drafts.load();
+        draft_tokens += d.tokens.load();
+        draft_accepted += d.accepted.load();
+    }
     const auto prefix = [](const char* name) { return std::string("llamacpp:") + name; };
     const uint64_t prompt_n = c.computed_tokens.load(), prompt_us = c.prefill_us.load();
     const uint64_t predicted_n = c.generated_tokens.load(), predicted_us = c.decode_us.load();
@@ -39,11 +45,12 @@ void write_llamacpp_metrics(metrics_text& out, const engine& llm, int busy, llam
                 static_cast<double>(decodes));
     out.counter(prefix("n_tokens_max"), "Largest observed sequence length (prompt + generation)",
                 static_cast<double>(c.longest_sequence.load()));
-    out.counter(prefix("spec_decode_num_draft_tokens_total"), "Speculative: Total draft tokens generated", 0);
+    out.counter(prefix("spec_decode_num_draft_tokens_total"), "Speculative: Total draft tokens generated",
+                static_cast<double>(draft_tokens));
     out.counter(prefix("spec_decode_num_accepted_tokens_total"),
-                "Speculative: Total draft tokens accepted by the target model", 0);
+                "Speculative: Total draft tokens accepted by the target model", static_cast<double>(draft_accepted));
     out.counter(prefix("spec_decode_num_drafts_total"), "Speculative: Total speculative decoding verification steps",
-                0);
+                static_cast<double>(drafts));
     double prompt_rate = 0, predicted_rate = 0;
     {
         std::lock_guard lock(window.mu);
@@ -63,6 +70,27 @@ void write_llamacpp_metrics(metrics_text& out, const engine& llm, int busy, llam
     out.gauge(prefix("requests_deferred"), "Number of requests deferred", llm.queued());
     out.gauge(prefix("n_busy_slots_per_decode"), "Average number of busy slots per llama_decode() call",
               static_cast<double>(c.decode_step_slots.load()) / std::max(static_cast<double>(decodes), 1.0));
+}
+
+// Speculative decoding by where the drafts came from (draft_source), and the steps that produced answer tokens: the
+// answer's tokens per step are keepwarm_generated_tokens_total's share of them over keepwarm_answer_steps_total.
+void write_draft_metrics(metrics_text& out, const engine_counters& c) {
+    const auto by_source = [&](const char* name, const char* help, auto count) {
+        out.family(name, "counter", help);
+        for (size_t i = 0; i < draft_source_count; ++i) {
+            out.sample(name, static_cast<double>(count(c.drafts[i])),
+                       {{"source", draft_source_name(static_cast<draft_source>(i))}});
+        }
+    };
+    by_source("keepwarm_draft_drafts_total", "Drafts of speculative decoding the model verified, by their source",
+              [](const engine_counters::draft_counts& d) { return d.drafts.load(); });
+    by_source("keepwarm_draft_tokens_total", "Draft tokens the model verified, by their source",
+              [](const engine_counters::draft_counts& d) { return d.tokens.load(); });
+    by_source("keepwarm_draft_accepted_total", "Draft tokens the model accepted, by their source",
+              [](const engine_counters::draft_counts& d) { return d.accepted.load(); });
+    out.counter("keepwarm_answer_steps_total",
+                "Engine steps that sampled answer tokens after a request's first (drafting or not), per request",
+                c.answer_steps.load());
 }
 
 }  // namespace
@@ -102,6 +130,7 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.counter("keepwarm_padded_steps_total",
                 "Batches under 64 rows filled up to a whole attention tile with throwaway rows (--pad-to-tile)",
                 c.padded_steps.load());
+    write_draft_metrics(out, c);
     out.counter("keepwarm_requests_cancelled_total", "Generations stopped because the client went away",
                 c.cancelled.load());
     out.counter("keepwarm_request_errors_total", "Generations that ended with an error", c.errors.load());

@@ -165,6 +165,7 @@ raw_generation::raw_generation(frontend_context& front, local_model& model, cons
     }
     prepare_sampling(model, *gen_, raw.grammar_field);
     gen_->max_tokens = params_.max_tokens.value_or(-1);
+    gen_->draft_max = params_.draft_max.value_or(-1);
     gen_->stop = params_.stop;
     model.llm->submit(gen_);
     relay_.emplace(*gen_, w, front, model, id_);  // from here on, destroying this object cancels the generation

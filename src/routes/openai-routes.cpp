@@ -108,6 +108,7 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
     raw.params.max_tokens = comp.max_tokens;
     raw.params.stop = std::move(comp.stop);
     raw.params.sampling = std::move(comp.sampling);
+    raw.params.draft_max = comp.draft_max;
     const generation_source_ptr source = open(req, std::move(raw), clock, w, api::gen_completion_id());
     generation_source& completion = *source;
     const std::string& id = completion.id();

@@ -598,3 +598,13 @@ TEST(anthropic_api, messages_blocks_and_text_bytes_are_bounded_before_conversion
     for (size_t i = 0; i <= default_request_limits.max_tools; ++i) body["tools"].push_back(i);
     expect_400(body, "'tools' holds 1025 tools; keepwarm's request limit max_tools is 1024", endpoint::count_tokens);
 }
+
+// Issue 36: llama-server's speculative.n_max on its Anthropic endpoint too; bad values are a 400 naming the field.
+TEST(AnthropicParse, SpeculativeNMax) {
+    EXPECT_FALSE(parse_messages_request(minimal(), endpoint::messages).draft_max.has_value());
+    EXPECT_EQ(parse_messages_request(with("speculative.n_max", 0), endpoint::messages).draft_max, 0);
+    EXPECT_EQ(parse_messages_request(with("speculative.n_max", 5), endpoint::messages).draft_max, 5);
+    expect_400(with("speculative.n_max", 4096), "'speculative.n_max' must be an integer between 0 and 1024");
+    expect_400(with("speculative.n_max", "off"), "'speculative.n_max' must be an integer");
+    expect_400(with("speculative.p_min", 2), "'speculative.p_min' must be a number between 0 and 1");
+}

@@ -142,3 +142,33 @@ TEST(OpenAiNPredict, IsAnAliasOfMaxTokensThatWinsAsInLlamaServer) {
         parse_chat_request(json::parse(R"({"messages":[{"role":"user","content":"a"}],"return_progress":true})"))
             .return_progress);
 }
+
+// Issue 36: /completion's speculative.n_max, as llama-server spells it, and its companions checked.
+TEST(NativeCompletion, SpeculativeNMax) {
+    EXPECT_EQ(parse_native_completion_request(json::parse(R"({"prompt":"a","speculative.n_max":0})")).params.draft_max,
+              0);
+    EXPECT_EQ(parse_native_completion_request(json::parse(R"({"prompt":"a","speculative.n_max":12,
+        "speculative.n_min":2,"speculative.p_min":0.5})"))
+                  .params.draft_max,
+              12);
+    EXPECT_FALSE(parse_native_completion_request(json::parse(R"({"prompt":"a"})")).params.draft_max.has_value());
+    EXPECT_EQ(parse_infill_request(json::parse(R"({"input_prefix":"a","input_suffix":"b","speculative.n_max":3})"))
+                  .completion.params.draft_max,
+              3);
+    expect_400(parse_native_completion_request, R"({"prompt":"a","speculative.n_max":-1})",
+               "'speculative.n_max' must be an integer between 0 and 1024");
+    expect_400(parse_native_completion_request, R"({"prompt":"a","speculative.n_max":"4"})",
+               "'speculative.n_max' must be an integer");
+    expect_400(parse_native_completion_request, R"({"prompt":"a","speculative.p_min":-0.1})",
+               "'speculative.p_min' must be a number between 0 and 1");
+}
+
+TEST(NativeCompletion, TimingsCarryDraftCounts) {
+    native_completion_result r;
+    EXPECT_FALSE(native_completion_json(r)["timings"].contains("draft_n"));
+    r.timings.draft_n = 9;
+    r.timings.draft_n_accepted = 7;
+    const json j = native_completion_json(r);
+    EXPECT_EQ(j["timings"]["draft_n"], 9);
+    EXPECT_EQ(j["timings"]["draft_n_accepted"], 7);
+}

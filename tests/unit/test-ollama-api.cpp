@@ -557,3 +557,20 @@ TEST(ollama_api, chat_and_generate_are_bounded_before_conversion) {
     const json long_prompt = generate_with("prompt", std::string(api::default_request_limits.max_text_bytes + 1, 'p'));
     expect_400(parse_generate_request, long_prompt, "keepwarm's request limit max_text_bytes is 16777216");
 }
+
+// Issue 36: llama-server's speculative.n_max as one of Ollama's options, for chat and generate (raw too).
+TEST(OllamaParse, SpeculativeNMaxOption) {
+    EXPECT_FALSE(parse_chat_request(minimal_chat()).draft_max.has_value());
+    EXPECT_EQ(parse_chat_request(chat_with_options({{"speculative.n_max", 0}})).draft_max, 0);
+    EXPECT_EQ(parse_chat_request(chat_with_options({{"speculative.n_max", 7}, {"temperature", 0}})).draft_max, 7);
+    json raw = generate_with("raw", true);
+    raw["options"] = {{"speculative.n_max", 3}};
+    EXPECT_EQ(parse_generate_request(raw).chat.draft_max, 3);
+    EXPECT_FALSE(parse_chat_request(chat_with("speculative.n_max", 0)).draft_max.has_value())
+        << "Ollama's options live under options; a top-level one is an unknown field, ignored as Ollama does";
+    expect_chat_400(chat_with_options({{"speculative.n_max", -1}}),
+                    "'options.speculative.n_max' must be an integer between 0 and 1024");
+    expect_chat_400(chat_with_options({{"speculative.n_max", "4"}}), "'options.speculative.n_max' must be an integer");
+    expect_chat_400(chat_with_options({{"speculative.p_min", 3}}),
+                    "'options.speculative.p_min' must be a number between 0 and 1");
+}

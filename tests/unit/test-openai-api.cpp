@@ -584,3 +584,60 @@ TEST(openai_api, tools_and_messages_are_counted_before_they_are_read) {
     body["messages"].push_back({{"role", "assistant"}, {"tool_calls", calls}});
     expect_chat_400(body, "the request holds 20001 content parts; keepwarm's request limit max_content_parts is 20000");
 }
+
+// Issue 36: llama-server's per-request speculative.n_max (flat key) reaches the request; 0 turns drafting off, and its
+// companions n_min and p_min are checked. Chat Completions and Completions both read it.
+TEST(OpenAiParse, SpeculativeNMax) {
+    EXPECT_FALSE(parse_chat_request(minimal_chat()).draft_max.has_value()) << "absent: the server's --draft-max";
+    EXPECT_EQ(parse_chat_request(chat_with("speculative.n_max", 0)).draft_max, 0);
+    EXPECT_EQ(parse_chat_request(chat_with("speculative.n_max", 8)).draft_max, 8);
+    EXPECT_EQ(parse_chat_request(chat_with("speculative.n_max", 1024)).draft_max, 1024);
+    EXPECT_EQ(parse_chat_request(chat_with("speculative.n_max", 4.0)).draft_max, 4);
+    EXPECT_FALSE(parse_chat_request(chat_with("speculative.n_max", nullptr)).draft_max.has_value()) << "null: absent";
+    json both = chat_with("speculative.n_max", 6);
+    both["speculative.n_min"] = 2;
+    both["speculative.p_min"] = 0.75;
+    EXPECT_EQ(parse_chat_request(both).draft_max, 6);
+    EXPECT_FALSE(parse_chat_request(chat_with("speculative.n_min", 3)).draft_max.has_value());
+    // A nested object is not llama-server's spelling: ignored like any unknown field.
+    EXPECT_FALSE(parse_chat_request(chat_with("speculative", json{{"n_max", 0}})).draft_max.has_value());
+
+    expect_chat_400(chat_with("speculative.n_max", -1), "'speculative.n_max' must be an integer between 0 and 1024");
+    expect_chat_400(chat_with("speculative.n_max", 1025), "'speculative.n_max' must be an integer between 0 and 1024");
+    expect_chat_400(chat_with("speculative.n_max", 1e30), "'speculative.n_max' must be an integer");
+    expect_chat_400(chat_with("speculative.n_max", 2.5), "'speculative.n_max' must be an integer");
+    expect_chat_400(chat_with("speculative.n_max", "8"), "'speculative.n_max' must be an integer");
+    expect_chat_400(chat_with("speculative.n_max", json::array({8})), "'speculative.n_max' must be an integer");
+    expect_chat_400(chat_with("speculative.n_min", -3), "'speculative.n_min' must be an integer between 0 and 1024");
+    expect_chat_400(chat_with("speculative.n_min", true), "'speculative.n_min' must be an integer");
+    expect_chat_400(chat_with("speculative.p_min", 1.5), "'speculative.p_min' must be a number between 0 and 1");
+    expect_chat_400(chat_with("speculative.p_min", "0.5"), "'speculative.p_min' must be a number");
+
+    const auto completion = [](const char* extra) {
+        return parse_completion_request(json::parse(std::string(R"({"model":"m","prompt":"hi")") + extra + "}"));
+    };
+    EXPECT_EQ(completion(R"(,"speculative.n_max":0)").draft_max, 0);
+    EXPECT_FALSE(completion("").draft_max.has_value());
+    expect_400(parse_completion_request, json::parse(R"({"prompt":"hi","speculative.n_max":2000})"),
+               "'speculative.n_max' must be an integer between 0 and 1024");
+}
+
+// llama-server shows draft_n and draft_n_accepted in timings only when the request verified drafts.
+TEST(OpenAiFormat, TimingsShowDraftsOnlyWhenThereWere) {
+    timings_info t;
+    t.predicted_n = 50;
+    const json without = timings_json(t);
+    EXPECT_FALSE(without.contains("draft_n"));
+    EXPECT_FALSE(without.contains("draft_n_accepted"));
+    t.draft_n = 112;
+    t.draft_n_accepted = 40;
+    const json with_drafts = timings_json(t);
+    EXPECT_EQ(with_drafts["draft_n"], 112);
+    EXPECT_EQ(with_drafts["draft_n_accepted"], 40);
+    EXPECT_EQ(with_drafts["predicted_n"], 50);
+    t.draft_n_accepted = 0;
+    EXPECT_EQ(timings_json(t)["draft_n_accepted"], 0) << "none accepted is still said when drafts were verified";
+    // Every API that carries timings writes them with timings_json: the chat completion and its last chunk too.
+    EXPECT_EQ(chat_completion_json("c", "m", 1, common_chat_msg{}, "stop", {}, t)["timings"]["draft_n"], 112);
+    EXPECT_EQ(completion_json("c", "m", 1, "x", "stop", {}, t)["timings"]["draft_n"], 112);
+}

@@ -367,3 +367,12 @@ TEST(responses_api, input_items_and_unrendered_bytes_are_bounded_before_conversi
             << e.what();
     }
 }
+
+// Issue 36: llama-server's speculative.n_max, read by the Responses parser as by Chat Completions'.
+TEST(responses_api, speculative_n_max_is_read_and_checked) {
+    EXPECT_FALSE(parse(R"({"input":"hi"})").chat.draft_max.has_value());
+    EXPECT_EQ(parse(R"({"input":"hi","speculative.n_max":0})").chat.draft_max, 0);
+    EXPECT_EQ(parse(R"({"input":"hi","speculative.n_max":16})").chat.draft_max, 16);
+    expect_400(R"({"input":"hi","speculative.n_max":-5})", "'speculative.n_max' must be an integer between 0 and 1024");
+    expect_400(R"({"input":"hi","speculative.n_max":{}})", "'speculative.n_max' must be an integer");
+}
