@@ -890,7 +890,7 @@ bool engine::step() {
     // What a generating slot waited for its next token: the batch, the decode and the sampling. Padding rows cost
     // what prompt rows do.
     const double step_ms = ms_between(step_started, clock::now());
-    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms);
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms, turn_.decode_ms);
     learn_row_costs(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest, turn_.decode_ms);
     return true;
 }
@@ -981,12 +981,15 @@ int engine::prompt_budget(int decode_tokens) const {
 // generated tokens only costs about what reading the weights does (and sampling); prompt tokens riding along share
 // that read and add their own compute, which grows with the depth they attend over. Averaged over the last few
 // steps, as a prompt's depth changes slowly and a single step may be slowed by anything else on the machine.
-void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms) {
+void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms, double decode_ms) {
     if (prompt_tokens == 0) {
+        // A draft row's cost is its share of the decode: sampling costs the same per emitted token with or without
+        // drafts (each position is sampled once), and a costly grammar must not make drafts look dear.
         if (draft_rows == 0) {
             if (decode_tokens > 0) update_average(generation_step_ms_, ms);
-        } else if (generation_step_ms_ > 0) {
-            update_average(ms_per_draft_row_, std::max(ms - generation_step_ms_, 0.0) / draft_rows);
+            if (decode_tokens > 0) update_average(generation_decode_ms_, decode_ms);
+        } else if (generation_decode_ms_ > 0) {
+            update_average(ms_per_draft_row_, std::max(decode_ms - generation_decode_ms_, 0.0) / draft_rows);
         }
         return;
     }

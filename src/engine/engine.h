@@ -286,7 +286,7 @@ private:
     int tile_padding_rows(int rows, int prompt_rows, int deepest);
     size_t row_probe(size_t n, int rows_before, size_t deepest);
     void learn_row_costs(int rows, int prompt_rows, int deepest, double ms);
-    void measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms);
+    void measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms, double decode_ms);
     int next_cut(const slot& s) const;
     // Exact reuse: the physical batch size, the unit in which KV is reused and prompts are computed (1: not exact).
     int exact_unit() const { return options_.exact_reuse ? std::min(options_.ubatch_size, options_.batch_size) : 1; }
@@ -312,7 +312,8 @@ private:
     // token adds to it. Engine thread only.
     double generation_step_ms_ = 0;
     double ms_per_prompt_token_ = 0;
-    double ms_per_draft_row_ = 0;  // what a row of draft tokens to verify adds to a step
+    double generation_decode_ms_ = 0;  // ... of which llama_decode
+    double ms_per_draft_row_ = 0;      // what a row of draft tokens to verify adds to a step's llama_decode
     // Speculative decoding (null: off, by --spec-type none or for a model whose state cannot drop rejected tokens).
     std::unique_ptr<draft_sources> drafts_;
     // What a row of a step that carries prompt tokens costs per 1K positions of depth, under a tile and in whole
