@@ -38,8 +38,10 @@ std::vector<replay_turn> render_replay_turns(const chat_renderer& renderer, cons
 struct spec_replay_options {
     std::string traces_path = "../shared/data/agent-traces/swe-agent-gemini3pro-400.jsonl.xz";
     std::string model_path;
-    std::size_t trajectories = 1;
-    std::size_t turns = 12;  // per trajectory, from its start (0: all)
+    // Sized to run in under 10 minutes on bench-dense with 2 CPU threads: ~4.6K answer tokens and ~11K prompt tokens
+    // per pass on the shared trajectories.
+    std::size_t trajectories = 2;
+    std::size_t turns = 8;  // per trajectory, from its start (0: all)
     int context_size = 32768;
     int threads = 0;  // 0: the engine's default
     std::string spec_type = "suffix";
