@@ -144,8 +144,14 @@ std::vector<replay_turn> render_replay_turns(const chat_renderer& renderer, cons
         // The prompt as the API renders the chat so far; the answer as the template continues it (the recorded
         // assistant message as a prefill), whose text past the prompt is what the model would have written.
         replay_turn turn;
-        turn.prompt_text = renderer.render(conversation_until(trajectory, i)).prompt;
-        const std::string continued = renderer.render(conversation_until(trajectory, i + 1)).prompt;
+        std::string continued;
+        try {
+            turn.prompt_text = renderer.render(conversation_until(trajectory, i)).prompt;
+            continued = renderer.render(conversation_until(trajectory, i + 1)).prompt;
+        } catch (const std::exception&) {
+            ++skipped;  // the template refuses this chat (e.g. roles it does not know): the API would answer 400
+            continue;
+        }
         if (continued.size() < turn.prompt_text.size() ||
             continued.compare(0, turn.prompt_text.size(), turn.prompt_text) != 0) {
             ++skipped;

@@ -29,8 +29,8 @@ struct replay_turn {
 };
 
 // The turns of `trajectory`, up to `max_turns` (0: all), while prompt and answer fit in `max_tokens`. A turn the
-// template cannot render as a prefix of its answer (the continuation render does not start with the prompt) is
-// skipped and counted in `skipped`; so is every turn from the first that does not fit.
+// template refuses, or cannot render as a prefix of its answer (the continuation render does not start with the
+// prompt), is skipped and counted in `skipped`; so is every turn from the first that does not fit.
 std::vector<replay_turn> render_replay_turns(const chat_renderer& renderer, const llama_vocab* vocab,
                                              const trajectory_text& trajectory, std::size_t max_turns,
                                              std::size_t max_tokens, std::size_t& skipped);

@@ -272,6 +272,25 @@ TEST_F(spec_command, ReplayTurnsAreTheRenderedChatAndTheRecordedAnswer) {
     EXPECT_EQ(skipped, 2u);
 }
 
+TEST(SpecBenchReplay, EngineNumbersLeaveEachAnswersFirstTokenOut) {
+    spec_mode_result r;
+    // Two answers of 11 and 21 tokens: 10 + 20 decode tokens in 15 steps and 600 ms.
+    r.answer_tokens = 32;
+    r.decode_tokens = 30;
+    r.decode_steps = 15;
+    r.generation_ms = 600;
+    EXPECT_DOUBLE_EQ(r.decode_tokens_per_second(), 50.0);
+    EXPECT_DOUBLE_EQ(r.tokens_per_step(), 2.0);
+    spec_replay_report report;
+    report.on = r;
+    report.off = r;
+    report.off.generation_ms = 1200;
+    EXPECT_DOUBLE_EQ(report.speedup(), 2.0);
+    EXPECT_DOUBLE_EQ(spec_mode_result{}.decode_tokens_per_second(), 0.0);
+    EXPECT_DOUBLE_EQ(spec_mode_result{}.tokens_per_step(), 0.0);
+    EXPECT_DOUBLE_EQ(spec_replay_report{}.speedup(), 0.0);
+}
+
 // Both passes replay every turn with the same forced answers on their own tenants; only the drafting pass drafts.
 TEST_F(spec_command, TheEngineReplaysEachTurnWithDraftingOffAndOn) {
     const command_result r =
