@@ -18,7 +18,7 @@ declare -A allowed=(
     [cache]="base"
     # The draft source of speculative decoding: token streams only, no model, so the engine and the bench share it.
     [spec]="base"
-    [engine]="base cache"
+    [engine]="base cache spec"
     [model]="base engine cache"
     [chat]="base json engine cache"
     [policy]="base json config chat"

@@ -29,6 +29,7 @@
 #include "commands/number-checks.h"
 #include "commands/options-file.h"
 #include "common.h"
+#include "engine/draft-sources.h"
 #include "engine/llama-runtime.h"
 #include "http/api-keys.h"
 #include "http/http-server.h"
@@ -332,6 +333,7 @@ help_groups serve_help_groups() {
         {"Cache",
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
           "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse"}},
+        {"Speculative decoding", {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
         {"Security: keys, tenants, connection limits",
@@ -510,6 +512,25 @@ void add_serve_command(CLI::App& app) {
                     "/health answers 503 when the engine makes no progress within one step for this many seconds")
         ->capture_default_str()
         ->check(positive_real("seconds"));
+    std::vector<std::string> spec_types = draft_sources::types();
+    spec_types.insert(spec_types.begin(), "none");
+    cmd->add_option("--spec-type", e.spec_type,
+                    "Speculative decoding: suffix (keepwarm's drafter over the request and its tenant's earlier "
+                    "conversations), one of llama.cpp's n-gram types, or none. Drafts are verified by the model: "
+                    "answers are the ones decoding without them gives")
+        ->check(CLI::IsMember(spec_types))
+        ->capture_default_str();
+    cmd->add_option("--spec-draft-n-max,--draft-max,--draft,--draft-n", e.draft_max,
+                    "Draft tokens one step may verify per slot; fewer where drafts are often wrong (0: no drafting)")
+        ->check(CLI::Range(0, 256))
+        ->capture_default_str();
+    cmd->add_option("--spec-draft-n-min,--draft-min,--draft-n-min", e.draft_min, "A shorter draft is not verified")
+        ->check(CLI::Range(0, 256))
+        ->capture_default_str();
+    cmd->add_option("--spec-history", e.spec_history_tokens,
+                    "Tokens of earlier conversations (per tenant, oldest dropped first) the suffix drafter keeps")
+        ->check(CLI::Range(size_t{0}, size_t{1} << 28))
+        ->capture_default_str();
     cmd->add_option("--max-queue", e.max_queue,
                     "Requests that may wait for a slot; one more gets a 503 with Retry-After at once (0: no limit)")
         ->capture_default_str()

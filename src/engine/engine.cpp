@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "base/logger.h"
@@ -11,6 +12,7 @@
 #include "cache/block-key.h"
 #include "common.h"
 #include "engine/cpu-threadpool.h"
+#include "engine/draft-control.h"
 #include "engine/llama-runtime.h"
 #include "engine/text-stream.h"
 #include "ggml-backend.h"
@@ -57,9 +59,12 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 
 const char* draft_source_name(draft_source source) {
     switch (source) {
-        case draft_source::request: return "request";
-        case draft_source::history: return "history";
-        case draft_source::llama: return "llama";
+        case draft_source::request:
+            return "request";
+        case draft_source::history:
+            return "history";
+        case draft_source::llama:
+            return "llama";
     }
     return "unknown";
 }
@@ -107,6 +112,15 @@ struct engine::slot {
     double sampling_max_ms = 0;              // ... the longest one
     std::vector<llama_token> generated_ids;  // sampled tokens, for the final event
     std::vector<std::vector<float>> logits;  // request->keep_logits first positions
+    // Speculative decoding: the request's draft source, the draft this step verifies (empty: none), a draft that was
+    // not sent (it did not pay) and is checked against the tokens that follow (shadow_at of them so far), how long
+    // drafts should be, and the request's counts.
+    std::unique_ptr<slot_drafter> drafter;
+    draft_proposal draft;
+    std::vector<llama_token> shadow;
+    size_t shadow_at = 0;
+    draft_control control;
+    int draft_tokens = 0, draft_accepted = 0, draft_steps = 0, decode_steps = 0;
     clock::time_point admitted, prompt_started, first_token;
     clock::time_point last_used;
     // For /slots, kept after the request leaves: its id and prompt size, and when it entered or left (wall clock).
@@ -220,6 +234,20 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                 (options_.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED ? " fa=off" : ""));
     }
     cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
+    if (options_.draft_max < 0 || options_.draft_min < 0 || options_.draft_max > 256) {
+        throw std::invalid_argument("--draft-max must be 0 to 256 and --draft-min at least 0");
+    }
+    if (options_.spec_type != "none" && options_.draft_max > 0) {
+        if (cache_->needs_checkpoints()) {
+            // A draft's rejected tokens would stay in the recurrent state: rolling back means a checkpoint per
+            // position, or recomputing from the last one; neither is built yet.
+            log::info("engine",
+                      "speculative decoding is off: this model's recurrent state cannot drop a draft's "
+                      "rejected tokens");
+        } else {
+            drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens);
+        }
+    }
 
     const llama_vocab* vocab = llama_model_get_vocab(model_.get());
     const bool pieces_bound_text =
@@ -497,6 +525,13 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.generated = 0;
     s.sampling_ms = s.sampling_max_ms = 0;
     s.generated_ids.clear();
+    s.draft = {};
+    s.shadow.clear();
+    s.shadow_at = 0;
+    s.control = {};
+    s.draft_tokens = s.draft_accepted = s.draft_steps = s.decode_steps = 0;
+    s.drafter.reset();
+    if (drafts_ && request->draft_max != 0) s.drafter = drafts_->begin(s.id, request->tenant, prompt);
     s.admitted = clock::now();
     s.prompt_started = {};
     s.request_id = request->request_id;
@@ -659,6 +694,10 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
     st.generation_ms = sampled ? ms_between(s.first_token, now) : 0;
     st.sampling_ms = s.sampling_ms;
     st.sampling_max_ms = s.sampling_max_ms;
+    st.draft_tokens = s.draft_tokens;
+    st.draft_accepted = s.draft_accepted;
+    st.draft_steps = s.draft_steps;
+    st.decode_steps = s.decode_steps;
 
     counters_.prompt_tokens += st.prompt_tokens;
     counters_.reused_tokens += st.reused_tokens;
@@ -686,8 +725,16 @@ void engine::finish(slot& s, finish_reason reason, const std::string& error) {
         }
     }
     // The KV of a failed step is in an unknown state: forget it. Otherwise prompt + generated tokens stay cached.
+    if (drafts_ && reason != finish_reason::error && s.prompt_done == request->prompt.size()) {
+        // What this request added to its conversation: the prompt it computed and its answer.
+        std::vector<llama_token> added(request->prompt.begin() + s.reused, request->prompt.end());
+        added.insert(added.end(), event.generated.begin(), event.generated.end());
+        drafts_->remember(request->tenant, added);
+    }
     cache_->release_slot(s.id, reason == finish_reason::error);
     s.follow = -1;
+    s.drafter.reset();
+    s.draft = {};
 
     s.sampler.reset();
     s.text.reset();
@@ -716,6 +763,7 @@ bool engine::step() {
         int count;
     };
     std::vector<contribution> parts;
+    int draft_rows = 0;
     // Exact reuse: a prompt chunk is computed alone, as in a cold run, while generated tokens wait a step (in a batch
     // with other rows, ggml may take other kernel paths for the chunk's rows).
     const auto waits_for_leader = [&](const slot& s) {
@@ -733,7 +781,8 @@ bool engine::step() {
         if (!s.busy() || s.pending < 0 || prompt_alone) continue;
         common_batch_add(batch_, s.pending, static_cast<llama_pos>(s.cached.size()), {s.id}, true);
         s.batch_index = batch_.n_tokens - 1;
-        parts.push_back({&s, s.batch_index, 1});
+        parts.push_back({&s, s.batch_index, 1});  // the pending token; a draft's rows follow it, settled at sampling
+        draft_rows += add_draft(s, options_.batch_size / 2 - batch_.n_tokens);
     }
     const int decode_tokens = batch_.n_tokens;
     const int budget = decode_tokens + prompt_budget(decode_tokens);
@@ -775,7 +824,7 @@ bool engine::step() {
     }
     if (batch_.n_tokens == 0) return false;
 
-    turn_.generated_tokens = decode_tokens;
+    turn_.generated_tokens = decode_tokens - draft_rows;
     turn_.prompt_tokens = batch_.n_tokens - decode_tokens;
     turn_.deepest = static_cast<int>(*std::max_element(batch_.pos, batch_.pos + batch_.n_tokens));
     turn_.padding = tile_padding_rows(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest);
@@ -837,7 +886,7 @@ bool engine::step() {
     // What a generating slot waited for its next token: the batch, the decode and the sampling. Padding rows cost
     // what prompt rows do.
     const double step_ms = ms_between(step_started, clock::now());
-    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, step_ms);
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms);
     learn_row_costs(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest, turn_.decode_ms);
     return true;
 }
@@ -928,15 +977,19 @@ int engine::prompt_budget(int decode_tokens) const {
 // generated tokens only costs about what reading the weights does (and sampling); prompt tokens riding along share
 // that read and add their own compute, which grows with the depth they attend over. Averaged over the last few
 // steps, as a prompt's depth changes slowly and a single step may be slowed by anything else on the machine.
-void engine::measure_step(int prompt_tokens, int decode_tokens, double ms) {
+void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms) {
     if (prompt_tokens == 0) {
-        if (decode_tokens > 0) update_average(generation_step_ms_, ms);
+        if (draft_rows == 0) {
+            if (decode_tokens > 0) update_average(generation_step_ms_, ms);
+        } else if (generation_step_ms_ > 0) {
+            update_average(ms_per_draft_row_, std::max(ms - generation_step_ms_, 0.0) / draft_rows);
+        }
         return;
     }
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
     // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
     if (prompt_tokens < enough || prompt_tokens + decode_tokens < attention_tile) return;
-    const double fixed = decode_tokens > 0 ? generation_step_ms_ : 0;
+    const double fixed = decode_tokens > 0 ? generation_step_ms_ + draft_rows * ms_per_draft_row_ : 0;
     update_average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
 }
 
@@ -989,12 +1042,36 @@ void engine::learn_row_costs(int rows, int prompt_rows, int deepest, double ms) 
     if (!tiled) padded_since_probe_ = 0;
 }
 
-// Samples the slot's next token from the last decode's logits and hands its text to the request.
+// Samples the slot's next token from the last decode's logits and hands its text to the request. With a draft, the
+// rows after the pending token hold the draft's tokens: each position is sampled with the request's own sampler
+// (grammar included) and the draft is accepted up to the first token the sampler did not pick, so the answer is the
+// one decoding without the draft gives (at temperature 0 the same tokens; with sampling, the same distribution).
 void engine::sample(slot& s) {
+    if (s.generated > 0) s.decode_steps++;
+    counters_.answer_steps += s.generated > 0 ? 1 : 0;
+    const std::vector<llama_token>& draft = s.draft.tokens;
+    std::vector<llama_token> picked;
+    for (size_t i = 0; i <= draft.size(); ++i) {
+        const std::optional<llama_token> token = draw(s, s.batch_index + static_cast<int>(i), i);
+        if (!token) return;  // the request ended (finish() dropped the draft's cells with the slot's KV)
+        picked.push_back(*token);
+        if (i == draft.size() || *token != draft[i] || llama_vocab_is_eog(vocab(), *token)) break;
+    }
+    settle_draft(s, picked.size() - 1);
+    for (const llama_token token : picked) {
+        if (!emit(s, token)) return;
+    }
+}
+
+std::optional<llama_token> engine::draw(slot& s, int row, size_t ahead) {
     const llama_vocab* vocab = llama_model_get_vocab(model_.get());
     if (static_cast<int>(s.logits.size()) < s.request->keep_logits) {
-        const float* row = llama_get_logits_ith(ctx_.get(), s.batch_index);
-        s.logits.emplace_back(row, row + llama_vocab_n_tokens(vocab));
+        const float* logits = llama_get_logits_ith(ctx_.get(), row);
+        s.logits.emplace_back(logits, logits + llama_vocab_n_tokens(vocab));
+    }
+    if (const auto& forced = s.request->forced_answer; !forced.empty()) {
+        const size_t at = static_cast<size_t>(s.generated) + ahead;  // emit() ends the answer after the last one
+        return at < forced.size() ? forced[at] : forced.back();
     }
     const auto sample_started = clock::now();
     // The engine thread serves every slot: a request whose grammar costs this much per token would hold them all.
@@ -1003,7 +1080,7 @@ void engine::sample(slot& s) {
     const auto deadline =
         sample_started + std::chrono::duration_cast<clock::duration>(
                              std::chrono::duration<double, std::milli>(std::min(options_.sample_ms_limit, 1e9)));
-    const llama_token token = s.sampler->sample(ctx_.get(), s.batch_index, deadline);
+    const llama_token token = s.sampler->sample(ctx_.get(), row, deadline);
     const double took = ms_between(sample_started, clock::now());
     s.sampling_ms += took;
     s.sampling_max_ms = std::max(s.sampling_max_ms, took);
@@ -1017,15 +1094,32 @@ void engine::sample(slot& s) {
                       took, grammar ? " under the request's grammar (response format or tools)" : "",
                       options_.sample_ms_limit);
         finish(s, finish_reason::error, why);
-        return;
+        return std::nullopt;
     }
     s.sampler->accept(token);
+    return token;
+}
+
+bool engine::emit(slot& s, llama_token token) {
+    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
     if (s.generated == 0) s.first_token = clock::now();
     s.generated++;
+    if (s.drafter) {
+        s.drafter->push(std::span<const llama_token>(&token, 1));
+        if (!s.shadow.empty()) {  // a draft that was not sent, checked against what the model produced instead
+            if (token == s.shadow[s.shadow_at] && ++s.shadow_at < s.shadow.size()) {
+                // right so far
+            } else {
+                s.control.record(s.shadow.size(), s.shadow_at);
+                s.shadow.clear();
+                s.shadow_at = 0;
+            }
+        }
+    }
 
     if (llama_vocab_is_eog(vocab, token)) {
         finish(s, finish_reason::stop);
-        return;
+        return false;
     }
     s.generated_ids.push_back(token);
     const bool special = s.request->render_special.count(token) > 0;
@@ -1036,17 +1130,74 @@ void engine::sample(slot& s) {
     if (!text.empty() || s.generated == 1) s.request->output.push({.text = std::move(text)});
     if (s.text->stopped()) {
         finish(s, finish_reason::stop);
-    } else if (const int limit = s.request->max_tokens >= 0 ? s.request->max_tokens : options_.default_max_tokens;
-               limit >= 0 && s.generated >= limit) {
-        finish(s, finish_reason::length);
-    } else if (static_cast<int>(s.cached.size()) + 1 >= slot_context_size_) {
-        finish(s, finish_reason::length);
-    } else {
-        s.pending = token;
-        // A long answer's attention spans the idle conversations' cells too: out of its way, as for a long prompt
-        // (seq_rm moves the cache's head down, so the answer's next tokens fill the cells they leave).
-        if (options_.idle_to_ram_tokens > 0 && s.generated == options_.idle_to_ram_tokens) making_way_ = true;
+        return false;
     }
+    if (s.generated >= answer_limit(*s.request)) {
+        finish(s, finish_reason::length);
+        return false;
+    }
+    if (static_cast<int>(s.cached.size()) + 1 >= slot_context_size_) {
+        finish(s, finish_reason::length);
+        return false;
+    }
+    s.pending = token;
+    // A long answer's attention spans the idle conversations' cells too: out of its way, as for a long prompt
+    // (seq_rm moves the cache's head down, so the answer's next tokens fill the cells they leave).
+    if (options_.idle_to_ram_tokens > 0 && s.generated == options_.idle_to_ram_tokens) making_way_ = true;
+    return true;
+}
+
+// The tokens a request may generate: its max_tokens, the server's default, or the bench's forced answer's length.
+int engine::answer_limit(const generation_request& request) const {
+    if (!request.forced_answer.empty()) return static_cast<int>(request.forced_answer.size());
+    const int limit = request.max_tokens >= 0 ? request.max_tokens : options_.default_max_tokens;
+    return limit >= 0 ? limit : std::numeric_limits<int>::max();
+}
+
+int engine::add_draft(slot& s, int room) {
+    s.draft = {};
+    if (!s.drafter) return 0;
+    // Every draft token verified is one more token sampled: within the answer's limit and the slot's context, with
+    // the pending token's own next one.
+    const int request_max =
+        s.request->draft_max < 0 ? options_.draft_max : std::min(s.request->draft_max, options_.draft_max);
+    const int left =
+        std::min(answer_limit(*s.request) - s.generated, slot_context_size_ - 2 - static_cast<int>(s.cached.size()));
+    const int limit = std::min({request_max, left - 1, room});
+    if (limit < std::max(1, options_.draft_min)) return 0;
+    draft_proposal proposal = s.drafter->propose(static_cast<size_t>(limit));
+    const size_t length = draft_control::best_length(s.control.acceptance(), generation_step_ms_, ms_per_draft_row_,
+                                                     proposal.tokens.size());
+    if (length == 0 || length < static_cast<size_t>(options_.draft_min)) {
+        if (s.shadow.empty() && !proposal.tokens.empty()) s.shadow = std::move(proposal.tokens);
+        return 0;
+    }
+    proposal.tokens.resize(length);
+    const auto first = static_cast<llama_pos>(s.cached.size()) + 1;  // the pending token is at cached.size()
+    for (size_t i = 0; i < length; ++i) {
+        common_batch_add(batch_, proposal.tokens[i], first + static_cast<llama_pos>(i), {s.id}, true);
+    }
+    s.draft = std::move(proposal);
+    return static_cast<int>(length);
+}
+
+void engine::settle_draft(slot& s, size_t accepted) {
+    const std::vector<llama_token>& draft = s.draft.tokens;
+    if (draft.empty()) return;
+    const std::span<const llama_token> kept(draft.data(), accepted);
+    s.cached.insert(s.cached.end(), kept.begin(), kept.end());
+    cache_->append(s.id, kept);
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), s.id, static_cast<llama_pos>(s.cached.size()), -1);
+    s.control.record(draft.size(), accepted);
+    s.drafter->accepted(accepted);
+    s.draft_tokens += static_cast<int>(draft.size());
+    s.draft_accepted += static_cast<int>(accepted);
+    s.draft_steps++;
+    auto& counts = counters_.drafts[static_cast<size_t>(s.draft.source)];
+    counts.drafts++;
+    counts.tokens += draft.size();
+    counts.accepted += accepted;
+    s.draft = {};
 }
 
 }  // namespace keepwarm

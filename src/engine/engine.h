@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "cache/prompt-cache.h"
 #include "engine/costly-grammars.h"
 #include "engine/cpu-threadpool.h"
+#include "engine/draft-sources.h"
 #include "engine/generation.h"
 #include "llama-cpp.h"
 
@@ -260,6 +262,15 @@ private:
     void admit_queued();
     void admit(std::shared_ptr<generation_request> request);
     void sample(slot& s);
+    // sample()'s parts: the token of the batch row `row` (the sampler's, or the bench's forced one `ahead` tokens past
+    // those emitted), or nothing when the request ended on it; then handing a token to the request (false: it ended).
+    std::optional<llama_token> draw(slot& s, int row, size_t ahead);
+    bool emit(slot& s, llama_token token);
+    // Speculative decoding: adds the slot's draft to the batch after its pending token, as long as it pays (at most
+    // `room` rows); then, once sampled, keeps the accepted draft tokens' KV and drops the rest.
+    int add_draft(slot& s, int room);
+    int answer_limit(const generation_request& request) const;
+    void settle_draft(slot& s, size_t accepted);
     void fail_busy_slots(const std::string& why);
     void publish_slot_status();
     static slot_status status_of(const slot& s);
@@ -275,7 +286,7 @@ private:
     int tile_padding_rows(int rows, int prompt_rows, int deepest);
     size_t row_probe(size_t n, int rows_before, size_t deepest);
     void learn_row_costs(int rows, int prompt_rows, int deepest, double ms);
-    void measure_step(int prompt_tokens, int decode_tokens, double ms);
+    void measure_step(int prompt_tokens, int decode_tokens, int draft_rows, double ms);
     int next_cut(const slot& s) const;
     // Exact reuse: the physical batch size, the unit in which KV is reused and prompts are computed (1: not exact).
     int exact_unit() const { return options_.exact_reuse ? std::min(options_.ubatch_size, options_.batch_size) : 1; }
@@ -301,6 +312,9 @@ private:
     // token adds to it. Engine thread only.
     double generation_step_ms_ = 0;
     double ms_per_prompt_token_ = 0;
+    double ms_per_draft_row_ = 0;  // what a row of draft tokens to verify adds to a step
+    // Speculative decoding (null: off, by --spec-type none or for a model whose state cannot drop rejected tokens).
+    std::unique_ptr<draft_sources> drafts_;
     // What a row of a step that carries prompt tokens costs per 1K positions of depth, under a tile and in whole
     // tiles, to choose whether to fill a batch up to a tile (engine_options::pad_to_tile). 0: not seen yet.
     double sub_tile_row_cost_ = 0;

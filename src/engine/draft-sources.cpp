@@ -1,0 +1,126 @@
+// See draft-sources.h.
+#include "engine/draft-sources.h"
+
+#include <stdexcept>
+
+#include "engine/engine.h"
+#include "spec/suffix-drafter.h"
+#include "speculative.h"
+
+namespace keepwarm {
+
+namespace {
+
+constexpr std::size_t llama_draft_limit = 1024;  // common_speculative_accept counts in 16 bits; --draft-max is far less
+
+class suffix_slot_drafter final : public slot_drafter {
+public:
+    suffix_slot_drafter(const spec::token_history& history, const std::string& tenant) : drafter_(history, tenant) {}
+
+    void push(std::span<const llama_token> tokens) override { drafter_.append(tokens); }
+
+    draft_proposal propose(std::size_t max_tokens) override {
+        spec::suffix_draft d = drafter_.propose(max_tokens);
+        return {.tokens = std::move(d.tokens),
+                .source = d.from_history ? draft_source::history : draft_source::request};
+    }
+
+    void accepted(std::size_t /*n*/) override {}
+
+private:
+    spec::suffix_drafter drafter_;
+};
+
+// One sequence of llama.cpp's common_speculative: the tokens so far, all but the last of which the drafter sees as the
+// target's cache (llama-server's n_past and id_last).
+class llama_slot_drafter final : public slot_drafter {
+public:
+    llama_slot_drafter(common_speculative* spec, llama_seq_id seq, std::span<const llama_token> prompt)
+        : spec_(spec), seq_(seq), tokens_(prompt.begin(), prompt.end()) {
+        common_speculative_begin(spec_, seq_, tokens_);
+    }
+
+    void push(std::span<const llama_token> tokens) override {
+        tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    }
+
+    draft_proposal propose(std::size_t max_tokens) override {
+        draft_proposal out{.tokens = {}, .source = draft_source::llama};
+        if (tokens_.size() < 2 || max_tokens == 0) return out;
+        const llama_token last = tokens_.back();
+        tokens_.pop_back();
+        result_.clear();
+        common_speculative_get_draft_params(spec_, seq_) = {
+            /* .drafting = */ true,
+            /* .n_max    = */ static_cast<int32_t>(std::min(max_tokens, llama_draft_limit)),
+            /* .n_past   = */ static_cast<llama_pos>(tokens_.size()),
+            /* .id_last  = */ last,
+            /* .prompt   = */ &tokens_,
+            /* .result   = */ &result_,
+        };
+        common_speculative_draft(spec_);
+        tokens_.push_back(last);
+        out.tokens.assign(result_.begin(),
+                          result_.begin() + static_cast<std::ptrdiff_t>(std::min(result_.size(), max_tokens)));
+        return out;
+    }
+
+    void accepted(std::size_t n) override {
+        common_speculative_accept(spec_, seq_, static_cast<uint16_t>(std::min(n, llama_draft_limit)));
+    }
+
+private:
+    common_speculative* spec_;
+    llama_seq_id seq_;
+    llama_tokens tokens_;
+    llama_tokens result_;
+};
+
+const std::vector<common_speculative_type>& llama_ngram_types() {
+    static const std::vector<common_speculative_type> types = {
+        COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE, COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K,
+        COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V, COMMON_SPECULATIVE_TYPE_NGRAM_MOD, COMMON_SPECULATIVE_TYPE_NGRAM_CACHE};
+    return types;
+}
+
+}  // namespace
+
+std::vector<std::string> draft_sources::types() {
+    std::vector<std::string> names{"suffix"};
+    for (const common_speculative_type t : llama_ngram_types()) names.push_back(common_speculative_type_to_str(t));
+    return names;
+}
+
+draft_sources::draft_sources(const std::string& type, int slots, std::size_t history_tokens)
+    : type_(type), history_(spec::token_history_options{.token_budget = history_tokens, .key_tokens = 1}) {
+    if (type == "suffix") return;
+    for (const common_speculative_type t : llama_ngram_types()) {
+        if (common_speculative_type_to_str(t) != type) continue;
+        common_params_speculative params;  // llama-server's defaults for the type
+        params.types = {t};
+        llama_ = common_speculative_init(params, static_cast<uint32_t>(slots));
+        if (!llama_) throw std::runtime_error("llama.cpp made no drafter of type " + type);
+        return;
+    }
+    std::string known = "none";
+    for (const std::string& name : types()) known += ", " + name;
+    throw std::invalid_argument("unknown --spec-type '" + type + "' (" + known + ")");
+}
+
+draft_sources::~draft_sources() {
+    if (llama_) common_speculative_free(llama_);
+}
+
+std::unique_ptr<slot_drafter> draft_sources::begin(int slot, const std::string& tenant,
+                                                   std::span<const llama_token> prompt) {
+    if (llama_) return std::make_unique<llama_slot_drafter>(llama_, static_cast<llama_seq_id>(slot), prompt);
+    auto drafter = std::make_unique<suffix_slot_drafter>(history_, tenant);
+    drafter->push(prompt);
+    return drafter;
+}
+
+void draft_sources::remember(const std::string& tenant, std::span<const llama_token> tokens) {
+    if (!llama_) history_.add_stream(tenant, tokens);
+}
+
+}  // namespace keepwarm

@@ -1,0 +1,68 @@
+// Speculative decoding's draft sources, one per request in a slot: fed the request's tokens as they become known
+// (its prompt at admission, then every token the model produces), asked after each step for what is likely to
+// follow. The engine verifies a draft with the model and tells the source how much of it was right.
+// - suffix: keepwarm's drafter (spec/suffix-drafter.h) over the request's own tokens and its tenant's earlier
+//   conversations (a spec::token_history the engine keeps and feeds).
+// - llama.cpp's n-gram drafters (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) through
+//   common/speculative.h, driven as llama-server drives them: one common_speculative for all slots, a sequence each.
+// Threading: engine thread only.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llama-cpp.h"
+#include "spec/token-history.h"
+
+struct common_speculative;
+
+namespace keepwarm {
+
+enum class draft_source;
+
+struct draft_proposal {
+    std::vector<llama_token> tokens;  // empty: nothing worth proposing
+    draft_source source{};
+};
+
+class slot_drafter {
+public:
+    virtual ~slot_drafter() = default;
+    // Tokens of the request in order: the prompt first, then each token the model produced.
+    virtual void push(std::span<const llama_token> tokens) = 0;
+    // At most `max_tokens` tokens to follow those pushed so far.
+    virtual draft_proposal propose(std::size_t max_tokens) = 0;
+    // The model accepted the first `n` tokens of the last proposal that was verified.
+    virtual void accepted(std::size_t n) = 0;
+};
+
+// The engine's drafting, whatever its type: makes each request's drafter and keeps what they share.
+class draft_sources {
+public:
+    // `type`: "suffix" or one of llama.cpp's n-gram type names; throws std::invalid_argument for anything else,
+    // naming the accepted ones. `slots`: sequences drafted for at once.
+    draft_sources(const std::string& type, int slots, std::size_t history_tokens);
+    ~draft_sources();
+
+    // A drafter for the request in `slot` of `tenant`, fed `prompt` already.
+    std::unique_ptr<slot_drafter> begin(int slot, const std::string& tenant, std::span<const llama_token> prompt);
+    // A request of `tenant` ended normally: what it added to its conversation (the prompt tokens it computed and
+    // its answer) joins the tenant's history, for the suffix drafter of its later requests.
+    void remember(const std::string& tenant, std::span<const llama_token> tokens);
+
+    const std::string& type() const { return type_; }
+    const spec::token_history_stats& history_stats() const { return history_.stats(); }
+
+    // The types --spec-type accepts besides "none": "suffix", then llama.cpp's n-gram types.
+    static std::vector<std::string> types();
+
+private:
+    std::string type_;
+    spec::token_history history_;
+    common_speculative* llama_ = nullptr;  // llama.cpp's n-gram types (null: suffix)
+};
+
+}  // namespace keepwarm
