@@ -17,6 +17,16 @@ keepwarm first on odd ones, so drift in machine load hits both sides alike; each
            ignore_eos: timings.predicted_per_second (= predicted_n / predicted_ms). keepwarm's predicted_ms
            runs from the first generated token to the last, which spans predicted_n - 1 decodes, so the
            results also give decode steps/s = (predicted_n - 1) / predicted_ms, the like-for-like number.
+
+--spec-traffic (speculative decoding on ordinary traffic, issue 36): instead of llama-bench, four servers side by
+side on the same model and settings: keepwarm with its default drafting, keepwarm --spec-type none, llama-server
+(which does not draft by default) and llama-server --spec-type ngram-mod. Each gets the same prompts (--prompts of
+them, a distinct lead word each, so no prompt is cached) and decodes the random model's own answer: max_tokens N,
+ignore_eos, temperature 0, where drafts are almost never right. Per prompt the four take turns in an order that
+rotates, so drift in machine load hits all alike. Decode tokens/s = (predicted_n - 1) / predicted_ms: the tokens
+after the first (which comes from the prefill), the like-for-like number. Also the drafts (timings.draft_n,
+draft_n_accepted). The goal it serves: keepwarm drafting within 3% of keepwarm not drafting, and no worse than
+llama-server with or without ngram-mod.
 """
 
 import argparse
@@ -26,6 +36,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -272,6 +283,177 @@ class KeepwarmBench:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# --spec-traffic: drafting on ordinary traffic, keepwarm and llama-server side by side
+
+SPEC_SERVERS = ("keepwarm", "keepwarm-spec-none", "llama-server", "llama-server-ngram-mod")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spec_server_cmd(name, args, port):
+    common = ["-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads), "-c",
+              str(args.ctx), "-np", "1", "-b", str(args.batch), "-ub", str(args.ubatch), "-ctk", args.spec_kv, "-ctv",
+              args.spec_kv]
+    if name.startswith("keepwarm"):
+        cmd = [args.keepwarm, "serve", *common, "--cache-disk", "0"]
+        return cmd + (["--spec-type", "none"] if name == "keepwarm-spec-none" else [])
+    cmd = [args.llama_server, *common, "-fa", "auto"]
+    return cmd + (["--spec-type", "ngram-mod"] if name == "llama-server-ngram-mod" else [])
+
+
+class SpecServer:
+    """One server process on a port of its own, ready once /health answers 200."""
+
+    def __init__(self, name, args, work_dir):
+        self.name = name
+        self.port = free_port()
+        self.cmd = spec_server_cmd(name, args, self.port)
+        self.log_path = os.path.join(work_dir, f"spec-traffic-{name}.log")
+        self.proc = None
+
+    def __enter__(self):
+        log(f"starting {self.name}: " + " ".join(self.cmd))
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd="/")
+        deadline = time.time() + 300
+        while True:
+            if self.proc.poll() is not None:
+                with open(self.log_path) as f:
+                    tail = f.read()[-3000:]
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before it was ready:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.time() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"{self.name} was not ready within 300 s (log: {self.log_path})")
+            time.sleep(0.25)
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def decode(self, prompt, n_gen):
+        body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=1800) as r:
+                reply = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{self.name}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}") from None
+        t = reply.get("timings") or {}
+        return {"predicted_n": t.get("predicted_n", 0), "predicted_ms": t.get("predicted_ms") or 0,
+                "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
+
+
+def spec_traffic(args):
+    """Decode tokens/s of the four servers on the same prompts; returns the results object."""
+    work_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(work_dir, exist_ok=True)
+    prompts = [LEAD_WORDS[i % len(LEAD_WORDS)] + ("" if i < len(LEAD_WORDS) else str(i // len(LEAD_WORDS) + 1)) +
+               " " + " ".join(FILLER[(i + j) % len(FILLER)] for j in range(args.spec_prompt_words))
+               for i in range(args.spec_prompts + 1)]
+    results = {
+        "mode": "spec-traffic",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "physical_cores": physical_cores(),
+                    "loadavg_start": loadavg()},
+        "model": args.model,
+        "settings": {"threads": args.threads, "n_gen": args.n_gen, "prompts": args.spec_prompts, "kv": args.spec_kv,
+                     "ctx": args.ctx, "n_batch": args.batch, "n_ubatch": args.ubatch},
+        "servers": {},
+    }
+    names = [n.strip() for n in args.spec_servers.split(",") if n.strip()]
+    for n in names:
+        if n not in SPEC_SERVERS:
+            raise SystemExit(f"parity: unknown server {n} (--spec-servers: {', '.join(SPEC_SERVERS)})")
+    samples = {name: [] for name in names}
+    servers = []
+    try:
+        for name in names:
+            servers.append(SpecServer(name, args, work_dir).__enter__())
+        for s in servers:
+            s.decode(prompts[-1], 8)  # warm-up, on a prompt the measured ones do not share
+        for i, prompt in enumerate(prompts[:-1]):
+            order = servers[i % len(servers):] + servers[:i % len(servers)]
+            line = []
+            for s in order:
+                r = s.decode(prompt, args.n_gen)
+                samples[s.name].append(r)
+                line.append(f"{s.name} {rate(r['predicted_n'] - 1, r['predicted_ms']) or 0:.1f}")
+            log(f"prompt {i + 1}/{args.spec_prompts}: decode tokens/s " + ", ".join(line))
+    finally:
+        for s in reversed(servers):
+            s.__exit__(None, None, None)
+    results["machine"]["loadavg_end"] = loadavg()
+    for s in servers:
+        results["servers"][s.name] = {"cmd": s.cmd}
+    for name, rs in samples.items():
+        tokens = sum(max(r["predicted_n"] - 1, 0) for r in rs)
+        ms = sum(r["predicted_ms"] for r in rs)
+        per_prompt = [rate(r["predicted_n"] - 1, r["predicted_ms"]) for r in rs if r["predicted_n"] > 1]
+        results["servers"][name].update({
+            "decode_tokens": tokens, "decode_ms": round(ms, 1), "decode_tokens_per_second": rate(tokens, ms),
+            "median_of_prompts": statistics.median(per_prompt) if per_prompt else None,
+            "draft_n": sum(r["draft_n"] for r in rs), "draft_n_accepted": sum(r["draft_n_accepted"] for r in rs),
+            "samples": [round(x, 2) for x in per_prompt]})
+
+    def ratio(a, b):
+        # The median of per-prompt ratios: each pair ran next to each other.
+        pairs = [rate(x["predicted_n"] - 1, x["predicted_ms"]) / rate(y["predicted_n"] - 1, y["predicted_ms"])
+                 for x, y in zip(samples[a], samples[b])
+                 if x["predicted_n"] > 1 and y["predicted_n"] > 1 and x["predicted_ms"] and y["predicted_ms"]]
+        return statistics.median(pairs) if pairs else None
+
+    comparisons = [("keepwarm", "keepwarm-spec-none", 0.97), ("keepwarm", "llama-server", 1.0),
+                   ("keepwarm", "llama-server-ngram-mod", 1.0), ("keepwarm-spec-none", "llama-server", None),
+                   ("llama-server-ngram-mod", "llama-server", None)]
+    results["ratios"] = [{"numerator": a, "denominator": b, "median_of_prompts": ratio(a, b), "goal": goal}
+                         for a, b, goal in comparisons if a in samples and b in samples]
+
+    def f(x, d=1):
+        return "-" if x is None else f"{x:.{d}f}"
+
+    lines = ["| server | decode tokens/s | median of prompts | draft_n | accepted |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name in names:
+        r = results["servers"][name]
+        lines.append(f"| {name} | {f(r['decode_tokens_per_second'], 2)} | {f(r['median_of_prompts'], 2)} | "
+                     f"{r['draft_n']} | {r['draft_n_accepted']} |")
+    lines += ["", "| ratio | median of per-prompt ratios | goal |", "| --- | ---: | --- |"]
+    for r in results["ratios"]:
+        goal = "-" if r["goal"] is None else f">= {r['goal']:.2f}"
+        met = "" if r["goal"] is None or r["median_of_prompts"] is None else (
+            " (met)" if r["median_of_prompts"] >= r["goal"] else " (NOT met)")
+        lines.append(f"| {r['numerator']} / {r['denominator']} | {f(r['median_of_prompts'], 3)} | {goal}{met} |")
+    results["table_md"] = "\n".join(lines)
+    notes = [
+        f"Model {os.path.basename(args.model)}, {args.threads} threads, KV {args.spec_kv}, {args.spec_prompts} prompts "
+        f"of ~{args.spec_prompt_words} words, {args.n_gen} tokens each (ignore_eos, temperature 0: the random "
+        f"model's own answers), one slot per server, the four taking turns per prompt in a rotating order.",
+        f"Machine: {results['machine']['cpu']}, {results['machine']['logical_cpus']} CPUs, load average "
+        f"{results['machine']['loadavg_start']} -> {results['machine']['loadavg_end']}.",
+        "decode tokens/s = (predicted_n - 1) / predicted_ms summed over the prompts; ratios are medians of "
+        "per-prompt ratios.",
+    ] + [f"{name}: `" + " ".join(results["servers"][name]["cmd"]) + "`" for name in names]
+    return results, notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def summarize(lb, kw):
@@ -287,7 +469,16 @@ def summarize(lb, kw):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--llama-bench", help="llama-bench binary (not needed with --spec-traffic)")
+    ap.add_argument("--spec-traffic", action="store_true",
+                    help="decode tokens/s of keepwarm with and without drafting and llama-server with and without "
+                         "--spec-type ngram-mod on the random model's own answers (see above)")
+    ap.add_argument("--llama-server", help="llama-server binary (--spec-traffic)")
+    ap.add_argument("--spec-prompts", type=int, default=8, help="--spec-traffic: prompts, each decoded by all four")
+    ap.add_argument("--spec-prompt-words", type=int, default=200, help="--spec-traffic: words per prompt")
+    ap.add_argument("--spec-kv", default="f16", help="--spec-traffic: the KV cache type of all four")
+    ap.add_argument("--spec-servers", default=",".join(SPEC_SERVERS),
+                    help="--spec-traffic: which of the four, comma separated (default: all)")
     ap.add_argument("--keepwarm", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=physical_cores())
@@ -300,6 +491,26 @@ def main():
     ap.add_argument("--ctx", type=int, default=4096, help="keepwarm --ctx-size")
     ap.add_argument("--out", required=True, help="JSON results file (a .md table is written next to it)")
     args = ap.parse_args()
+    if args.spec_traffic:
+        if not args.llama_server:
+            ap.error("--spec-traffic needs --llama-server")
+        args.llama_server = os.path.abspath(args.llama_server)
+        args.keepwarm = os.path.abspath(args.keepwarm)
+        args.model = os.path.abspath(args.model)
+        results, notes = spec_traffic(args)
+        with open(args.out, "w") as fo:
+            json.dump(results, fo, indent=2)
+        md = os.path.splitext(args.out)[0] + ".md"
+        with open(md, "w") as fo:
+            fo.write(results["table_md"] + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+        print(results["table_md"])
+        print()
+        for n in notes:
+            print(n)
+        print(f"\nresults: {args.out} (and {md})")
+        return
+    if not args.llama_bench:
+        ap.error("--llama-bench is required (or --spec-traffic)")
     args.llama_bench = os.path.abspath(args.llama_bench)
     args.keepwarm = os.path.abspath(args.keepwarm)
     args.model = os.path.abspath(args.model)

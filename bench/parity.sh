@@ -3,7 +3,12 @@
 # threads and KV cache type. Prints a table (test, llama-bench t/s, keepwarm t/s, ratio) and writes JSON + Markdown.
 #
 #   bench/parity.sh [--preset bench-dense] [--model FILE.gguf] [--threads N] [--kv f16,q8_0] [--reps 3]
-#                   [--keepwarm PATH] [--out FILE.json] [--regen] [-- extra args for bench/parity.py]
+#                   [--keepwarm PATH] [--out FILE.json] [--regen] [--spec-traffic] [-- extra args for bench/parity.py]
+#
+# --spec-traffic: speculative decoding on ordinary traffic instead (the random model's own answers, where drafts are
+# almost never right): decode tokens/s of keepwarm with and without drafting and of the pinned llama-server
+# (bench/build-llama-server.sh) with and without --spec-type ngram-mod, same prompts, and their ratios
+# (-n tokens per answer, --spec-prompts N, --spec-kv TYPE after --).
 #
 # Steps: build llama-bench (bench/build-llama-bench.sh, cached by llama.cpp commit); find keepwarm (default
 # build/keepwarm, built in Release if missing); generate the model with `keepwarm mkmodel --preset P` into
@@ -21,6 +26,7 @@ model=""
 keepwarm="${KEEPWARM_BIN:-}"
 out=""
 regen=0
+spec_traffic=0
 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -29,16 +35,21 @@ while [[ $# -gt 0 ]]; do
         --keepwarm) keepwarm="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --regen) regen=1; shift ;;
+        --spec-traffic) spec_traffic=1; shift ;;
         --threads|--kv|--reps|-p|-n|--ctx|--batch|--ubatch) extra+=("$1" "$2"); shift 2 ;;
         --) shift; extra+=("$@"); break ;;
-        -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) log "unknown option $1 (see --help)"; exit 2 ;;
     esac
 done
 
 command -v python3 >/dev/null || { log "python3 is required"; exit 1; }
 
-llama_bench="$("$here/build-llama-bench.sh")"
+if [[ "$spec_traffic" == 1 ]]; then
+    llama_server="$("$here/build-llama-server.sh")"
+else
+    llama_bench="$("$here/build-llama-bench.sh")"
+fi
 
 if [[ -z "$keepwarm" ]]; then
     keepwarm="$repo/build/keepwarm"
@@ -63,7 +74,14 @@ fi
 [[ -s "$model" ]] || { log "no model at $model"; exit 1; }
 
 if [[ -z "$out" ]]; then
-    out="$kw_dir/bench/parity-$(basename "$model" .gguf)-$(date +%Y%m%d-%H%M%S).json"
+    kind=parity
+    [[ "$spec_traffic" == 1 ]] && kind=parity-spec
+    out="$kw_dir/bench/$kind-$(basename "$model" .gguf)-$(date +%Y%m%d-%H%M%S).json"
+fi
+
+if [[ "$spec_traffic" == 1 ]]; then
+    exec python3 "$here/parity.py" --spec-traffic --llama-server "$llama_server" --keepwarm "$keepwarm" \
+        --model "$model" --out "$out" "${extra[@]}"
 fi
 
 exec python3 "$here/parity.py" --llama-bench "$llama_bench" --keepwarm "$keepwarm" --model "$model" --out "$out" \

@@ -15,6 +15,7 @@
 
 #include "base/command-exit.h"
 #include "bench/report-text.h"
+#include "bench/spec-replay.h"
 #include "common.h"
 #include "engine/llama-runtime.h"
 #include "llama-cpp.h"
@@ -399,6 +400,7 @@ std::string format_spec_json(const spec_bench_report& report) {
 void add_spec_bench_command(CLI::App& bench) {
     struct cli_options {
         spec_bench_options run;
+        spec_replay_options replay;
         bool offline = false;
         std::string drafters;
         std::string json_path;
@@ -406,22 +408,40 @@ void add_spec_bench_command(CLI::App& bench) {
     auto o = std::make_shared<cli_options>();
     CLI::App* cmd = bench.add_subcommand(
         "spec",
-        "Speculative decoding on recorded agent trajectories: tokens per model step of keepwarm's drafter and "
-        "llama.cpp's n-gram drafters (--offline: teacher-forced replay, no model run)");
-    cmd->add_flag("--offline", o->offline, "Replay the recorded answers without a model (the only mode so far)");
-    cmd->add_option("-m,--model", o->run.model_path, "GGUF model file whose vocabulary tokenizes the trajectories")
+        "Speculative decoding on recorded agent trajectories, teacher-forced: each answer replayed through the engine "
+        "with drafting off and on (decode tokens/s, tokens per step), or with --offline, without a model run, tokens "
+        "per model step of keepwarm's drafter and llama.cpp's n-gram drafters");
+    cmd->add_flag("--offline", o->offline, "Replay the recorded answers through the drafters alone, without a model");
+    cmd->add_option("-m,--model", o->run.model_path,
+                    "GGUF model file (--offline: only its vocabulary tokenizes the trajectories)")
         ->required();
     cmd->add_option("--traces", o->run.traces_path, "Trajectories, JSON lines (.xz is decompressed with xz)")
         ->capture_default_str();
-    cmd->add_option("--trajectories", o->run.trajectories, "How many trajectories to replay, from the file's start")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--max-draft", o->run.max_draft, "The longest draft, in tokens")
+    CLI::Option* trajectories =
+        cmd->add_option("--trajectories", o->run.trajectories,
+                        "How many trajectories to replay, from the file's start (default: 20 offline, " +
+                            std::to_string(o->replay.trajectories) + " through the engine)")
+            ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-draft", o->run.max_draft,
+                    "The longest draft, in tokens (through the engine: its --draft-max)")
         ->capture_default_str()
         ->check(CLI::Range(std::size_t{1}, max_draft_limit));
+    cmd->add_option("--turns", o->replay.turns,
+                    "Through the engine: the assistant turns replayed per trajectory, from its start (0: all)")
+        ->capture_default_str();
+    cmd->add_option("-c,--ctx-size", o->replay.context_size,
+                    "Through the engine: its context; turns past it are skipped")
+        ->capture_default_str()
+        ->check(CLI::Range(256, 1 << 22));
+    cmd->add_option("-t,--threads", o->replay.threads, "Through the engine: CPU threads (0: one per physical core)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1024));
+    cmd->add_option("--spec-type", o->replay.spec_type,
+                    "Through the engine: the drafter of the drafting pass (serve's --spec-type)")
+        ->capture_default_str();
     cmd->add_option("--drafters", o->drafters,
-                    "Comma-separated drafters (default: keepwarm,ngram-simple,ngram-map-k,ngram-mod,ngram-cache; also "
-                    "keepwarm-no-history, ngram-map-k4v)");
+                    "--offline: comma-separated drafters (default: keepwarm,ngram-simple,ngram-map-k,ngram-mod,"
+                    "ngram-cache; also keepwarm-no-history, ngram-map-k4v)");
     cmd->add_option("--min-share", o->run.keepwarm.min_share,
                     "keepwarm: draft a token while this share of the matched occurrences agree on it")
         ->capture_default_str()
@@ -441,10 +461,32 @@ void add_spec_bench_command(CLI::App& bench) {
                   "llama.cpp's drafters start afresh for each trajectory (default: kept for the run, as one server "
                   "slot keeps them)");
     cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
-    cmd->callback([o] {
+    cmd->callback([o, trajectories] {
         if (!o->offline) {
-            fail_command(command,
-                         "only --offline is implemented: the replay through the engine comes with verification");
+            if (!o->drafters.empty()) fail_command(command, "--drafters is for --offline");
+            if (o->replay.spec_type == "none") {
+                fail_command(command, "--spec-type none leaves nothing to compare: name a drafter");
+            }
+            o->replay.traces_path = o->run.traces_path;
+            o->replay.model_path = o->run.model_path;
+            if (trajectories->count() > 0) o->replay.trajectories = o->run.trajectories;
+            o->replay.draft_max = static_cast<int>(o->run.max_draft);
+            spec_replay_report report;
+            try {
+                report = run_spec_replay(o->replay, std::cerr);
+            } catch (const std::exception& e) {
+                fail_command(command, e.what());
+            }
+            std::cout << "\n" << format_spec_replay_table(report);
+            if (!o->json_path.empty()) {
+                report_text::write_report_file(command, o->json_path, format_spec_replay_json(report) + "\n",
+                                               std::cerr);
+            }
+            if (!report.off.error.empty() || !report.on.error.empty()) {
+                fail_command(command,
+                             "a turn failed: " + (report.off.error.empty() ? report.on.error : report.off.error));
+            }
+            return;
         }
         if (!o->drafters.empty()) {
             o->run.drafters = report_text::split_list(o->drafters);

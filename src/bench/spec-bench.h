@@ -118,7 +118,7 @@ spec_bench_report run_spec_bench(const spec_bench_options& options, std::ostream
 std::string format_spec_table(const spec_bench_report& report);
 std::string format_spec_json(const spec_bench_report& report);
 
-// Adds `spec` under the `bench` command.
+// Adds `spec` under the `bench` command: --offline here, the replay through the engine in bench/spec-replay.h.
 void add_spec_bench_command(CLI::App& bench);
 
 }  // namespace keepwarm::bench

@@ -1,7 +1,8 @@
 // `keepwarm bench spec --offline` (bench/spec-bench.h): the teacher-forced replay's arithmetic with drafters that
 // are always right, never right or silent; the command on tests/fixtures/spec/ (two synthetic trajectories, the
 // first's answers repeating a command from their prompts) with the tiny test model's vocabulary, plain and xz; and
-// each mistake reported as one line with exit status 1.
+// each mistake reported as one line with exit status 1. The replay through the engine (bench/spec-replay.h): the
+// turns as the chat template renders them, and both passes on the tiny test model.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,7 +19,11 @@
 
 #include "base/logger.h"
 #include "bench/spec-bench.h"
+#include "bench/spec-replay.h"
+#include "common.h"
+#include "engine/llama-runtime.h"
 #include "generated-models.h"
+#include "llama-cpp.h"
 
 using namespace keepwarm;
 using namespace keepwarm::bench;
@@ -204,9 +209,12 @@ TEST_F(spec_command, ReadsTracesCompressedWithXz) {
 }
 
 TEST_F(spec_command, MistakesEndWithOneLineAndStatusOne) {
-    const command_result online = run_spec("-m " + model + " --traces " + fixture);
-    EXPECT_EQ(online.exit_code, 1);
-    EXPECT_NE(online.err.find("--offline"), std::string::npos) << online.err;
+    const command_result drafters = run_spec("-m " + model + " --traces " + fixture + " --drafters keepwarm");
+    EXPECT_EQ(drafters.exit_code, 1);
+    EXPECT_NE(drafters.err.find("--offline"), std::string::npos) << drafters.err;
+    const command_result none = run_spec("-m " + model + " --traces " + fixture + " --spec-type none");
+    EXPECT_EQ(none.exit_code, 1);
+    EXPECT_NE(none.err.find("nothing to compare"), std::string::npos) << none.err;
     const command_result unknown = run_spec("--offline -m " + model + " --traces " + fixture + " --drafters eagle");
     EXPECT_EQ(unknown.exit_code, 1);
     EXPECT_NE(unknown.err.find("unknown drafter 'eagle'"), std::string::npos) << unknown.err;
@@ -218,4 +226,103 @@ TEST_F(spec_command, MistakesEndWithOneLineAndStatusOne) {
     EXPECT_NE(no_model.err.find("vocabulary"), std::string::npos) << no_model.err;
     EXPECT_NE(run_spec("--offline -m " + model + " --max-draft 0").exit_code, 0);
     EXPECT_NE(run_spec("--offline -m " + model + " --min-share 2").exit_code, 0);
+}
+
+// The engine replay (bench/spec-replay.h): each assistant turn of the fixture's first trajectory becomes the chat so
+// far as the API renders it for the tiny model's template (Qwen3's), and the recorded answer as that template
+// continues it, ending with the end-of-turn token.
+TEST_F(spec_command, ReplayTurnsAreTheRenderedChatAndTheRecordedAnswer) {
+    init_llama_runtime(false);
+    llama_model_params params = llama_model_default_params();
+    params.vocab_only = true;
+    const llama_model_ptr vocab_model(llama_model_load_from_file(model.c_str(), params));
+    ASSERT_TRUE(vocab_model);
+    const llama_vocab* vocab = llama_model_get_vocab(vocab_model.get());
+    const chat_renderer renderer(vocab_model.get());
+    const trajectory_text trajectory = read_trajectories(fixture, 1)[0];
+
+    std::size_t skipped = 0;
+    const std::vector<replay_turn> turns = render_replay_turns(renderer, vocab, trajectory, 0, 1 << 20, skipped);
+    ASSERT_EQ(turns.size(), 2u);
+    EXPECT_EQ(skipped, 0u);
+    const std::vector<std::size_t> assistant_at = {2, 4};
+    for (std::size_t t = 0; t < turns.size(); ++t) {
+        const replay_turn& turn = turns[t];
+        EXPECT_EQ(turn.prompt, common_tokenize(vocab, turn.prompt_text, true, true));
+        const std::string generation_prompt = "<|im_start|>assistant\n";
+        ASSERT_GE(turn.prompt_text.size(), generation_prompt.size());
+        EXPECT_EQ(turn.prompt_text.substr(turn.prompt_text.size() - generation_prompt.size()), generation_prompt);
+        // The prompt holds every message before the answer, not the answer itself.
+        EXPECT_NE(turn.prompt_text.find(trajectory.messages[assistant_at[t] - 1].content), std::string::npos);
+        EXPECT_EQ(turn.prompt_text.find(trajectory.messages[assistant_at[t]].content), std::string::npos);
+        ASSERT_FALSE(turn.forced_answer.empty());
+        EXPECT_EQ(turn.forced_answer.back(), llama_vocab_eot(vocab));
+        const std::string answer = common_detokenize(vocab, turn.forced_answer, true);
+        EXPECT_NE(answer.find(trajectory.messages[assistant_at[t]].content), std::string::npos) << answer;
+        EXPECT_EQ(answer.substr(answer.size() - 10), "<|im_end|>");
+    }
+    // The second prompt extends the first by its answer.
+    EXPECT_NE(turns[1].prompt_text.find(trajectory.messages[2].content), std::string::npos);
+
+    // One turn per trajectory at most; and a context too small for the first answer skips both.
+    skipped = 0;
+    EXPECT_EQ(render_replay_turns(renderer, vocab, trajectory, 1, 1 << 20, skipped).size(), 1u);
+    EXPECT_EQ(skipped, 0u);
+    EXPECT_TRUE(render_replay_turns(renderer, vocab, trajectory, 0, turns[0].prompt.size() + 1, skipped).empty());
+    EXPECT_EQ(skipped, 2u);
+}
+
+TEST(SpecBenchReplay, EngineNumbersLeaveEachAnswersFirstTokenOut) {
+    spec_mode_result r;
+    // Two answers of 11 and 21 tokens: 10 + 20 decode tokens in 15 steps and 600 ms.
+    r.answer_tokens = 32;
+    r.decode_tokens = 30;
+    r.decode_steps = 15;
+    r.generation_ms = 600;
+    EXPECT_DOUBLE_EQ(r.decode_tokens_per_second(), 50.0);
+    EXPECT_DOUBLE_EQ(r.tokens_per_step(), 2.0);
+    spec_replay_report report;
+    report.on = r;
+    report.off = r;
+    report.off.generation_ms = 1200;
+    EXPECT_DOUBLE_EQ(report.speedup(), 2.0);
+    EXPECT_DOUBLE_EQ(spec_mode_result{}.decode_tokens_per_second(), 0.0);
+    EXPECT_DOUBLE_EQ(spec_mode_result{}.tokens_per_step(), 0.0);
+    EXPECT_DOUBLE_EQ(spec_replay_report{}.speedup(), 0.0);
+}
+
+// Both passes replay the turn with the same forced answer on their own tenants; only the drafting pass drafts, and on
+// the fixture's first answer, which repeats a command from its prompt, its drafts are accepted.
+TEST_F(spec_command, TheEngineReplaysEachTurnWithDraftingOffAndOn) {
+    const command_result r = run_spec("-m " + model + " --traces " + fixture +
+                                      " --trajectories 1 --turns 1 -c 4096 -t 2 --json " + json_path);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("decode tokens/s on/off"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" off |"), std::string::npos) << r.out;
+    const nlohmann::json report = read_json(json_path);
+    EXPECT_EQ(report["mode"], "engine");
+    EXPECT_EQ(report["trajectories"], 1);
+    EXPECT_EQ(report["turns"], 1);
+    EXPECT_EQ(report["skipped_turns"], 0);
+    const nlohmann::json& off = report["off"];
+    const nlohmann::json& on = report["on"];
+    for (const nlohmann::json* m : {&off, &on}) {
+        EXPECT_EQ((*m)["answers"], 1) << (*m)["mode"];
+        EXPECT_EQ((*m)["error"], "") << (*m)["mode"];
+        // The recorded answer came back token for token.
+        EXPECT_EQ((*m)["verbatim"], 1) << (*m)["mode"];
+        EXPECT_GT((*m)["answer_tokens"].get<std::size_t>(), 10u) << (*m)["mode"];
+        // The first token of the answer comes from the prefill and is not a decode token.
+        EXPECT_EQ((*m)["decode_tokens"].get<std::size_t>() + 1, (*m)["answer_tokens"].get<std::size_t>());
+        EXPECT_TRUE((*m)["turn_seconds_mean"].is_number());
+    }
+    EXPECT_EQ(off["answer_tokens"], on["answer_tokens"]) << "the same forced answer, drafting or not";
+    EXPECT_EQ(off["draft_tokens"], 0) << "draft_max 0 drafts nothing";
+    EXPECT_EQ(off["draft_steps"], 0);
+    // Without drafts every decode token takes a step; the drafting pass takes fewer.
+    EXPECT_EQ(off["decode_steps"], off["decode_tokens"]);
+    EXPECT_GT(on["draft_accepted"].get<std::size_t>(), 0u);
+    EXPECT_LT(on["decode_steps"].get<std::size_t>(), off["decode_steps"].get<std::size_t>());
+    EXPECT_GT(on["tokens_per_step"].get<double>(), 1.0);
+    EXPECT_DOUBLE_EQ(off["tokens_per_step"].get<double>(), 1.0);
 }
