@@ -350,7 +350,8 @@ TEST(engine_limits, the_steps_a_stream_waits_for_are_measured_and_a_slow_one_is_
     };
 
     {
-        auto e = limited_engine([](engine_options&) {});  // slow steps: a second or more (--log-slow-steps)
+        // Slow steps: a second or more (--log-slow-steps). No drafts: each token a step of its own.
+        auto e = limited_engine([](engine_options& o) { o.spec_type = "none"; });
         auto r = plain_request(*e, "Tell me a story", 5);
         e->submit(r);
         EXPECT_EQ(final_event(*r).stats.generated_tokens, 5);
@@ -365,7 +366,10 @@ TEST(engine_limits, the_steps_a_stream_waits_for_are_measured_and_a_slow_one_is_
         EXPECT_TRUE(steps_logged().empty()) << steps_logged().front();
     }
     {
-        auto e = limited_engine([](engine_options& o) { o.slow_step_log_ms = 0.001; });  // every step is slow
+        auto e = limited_engine([](engine_options& o) {
+            o.slow_step_log_ms = 0.001;  // every step is slow
+            o.spec_type = "none";
+        });
         auto stream = plain_request(*e, "Tell me a story", 3);
         e->submit(stream);
         final_event(*stream);
@@ -604,6 +608,7 @@ TEST(engine_scheduling, a_generating_slot_keeps_getting_tokens_while_another_pro
             o.context_size = 4096;
             o.ubatch_size = 512;
             o.step_ms_target = target_ms;
+            o.spec_type = "none";  // the stream's tokens count its steps: one token each, no drafts
         });
         auto stream = plain_request(*e, "Tell a story that never ends.", 100000);
         stream->request_id = "stream";
