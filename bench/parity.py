@@ -346,8 +346,9 @@ class SpecServer:
                 self.proc.wait()
         self.log.close()
 
-    def decode(self, prompt, n_gen):
-        body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True}
+    def decode(self, prompt, n_gen, temperature=0.0):
+        # Seeded, so that each server samples the same way at a temperature above 0.
+        body = {"prompt": prompt, "max_tokens": n_gen, "temperature": temperature, "seed": 7, "ignore_eos": True}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:
@@ -392,7 +393,7 @@ def spec_traffic(args):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             line = []
             for s in order:
-                r = s.decode(prompt, args.n_gen)
+                r = s.decode(prompt, args.n_gen, args.spec_temperature)
                 samples[s.name].append(r)
                 line.append(f"{s.name} {rate(r['predicted_n'] - 1, r['predicted_ms']) or 0:.1f}")
             log(f"prompt {i + 1}/{args.spec_prompts}: decode tokens/s " + ", ".join(line))
@@ -443,8 +444,8 @@ def spec_traffic(args):
     results["table_md"] = "\n".join(lines)
     notes = [
         f"Model {os.path.basename(args.model)}, {args.threads} threads, KV {args.spec_kv}, {args.spec_prompts} prompts "
-        f"of ~{args.spec_prompt_words} words, {args.n_gen} tokens each (ignore_eos, temperature 0: the random "
-        f"model's own answers), one slot per server, the four taking turns per prompt in a rotating order.",
+        f"of ~{args.spec_prompt_words} words, {args.n_gen} tokens each (ignore_eos, temperature {args.spec_temperature:g}"
+        f"{': the random model' + chr(39) + 's own greedy answers' if args.spec_temperature == 0 else ', seed 7: noise the drafts cannot guess'}), one slot per server, the four taking turns per prompt in a rotating order.",
         f"Machine: {results['machine']['cpu']}, {results['machine']['logical_cpus']} CPUs, load average "
         f"{results['machine']['loadavg_start']} -> {results['machine']['loadavg_end']}.",
         "decode tokens/s = (predicted_n - 1) / predicted_ms summed over the prompts; ratios are medians of "
@@ -476,6 +477,9 @@ def main():
     ap.add_argument("--llama-server", help="llama-server binary (--spec-traffic)")
     ap.add_argument("--spec-prompts", type=int, default=8, help="--spec-traffic: prompts, each decoded by all four")
     ap.add_argument("--spec-prompt-words", type=int, default=200, help="--spec-traffic: words per prompt")
+    ap.add_argument("--spec-temperature", type=float, default=0.0,
+                    help="--spec-traffic: sampling temperature (0: greedy answers, which a random model repeats; 1: "
+                    "noise, where drafts are never right)")
     ap.add_argument("--spec-kv", default="f16", help="--spec-traffic: the KV cache type of all four")
     ap.add_argument("--spec-servers", default=",".join(SPEC_SERVERS),
                     help="--spec-traffic: which of the four, comma separated (default: all)")
