@@ -47,6 +47,19 @@ def main(folder):
         print("| KV | depth | prefill tokens/s | decode tokens/s |\n| --- | ---: | ---: | ---: |")
         for r in depth["results"]:
             print(f"| {r['kv']} | {r['depth']:,} | {r['pp_tps']:,.0f} | {r['tg_tps']:,.1f} |")
+    for name in ("spec-bench-dense.json", "spec-8b.json"):
+        spec = load(os.path.join(folder, name))
+        if not spec or "off" not in spec:
+            continue
+        print(f"\n### speculative decoding, replayed trajectories ({os.path.basename(spec['model'])}; the outputs are "
+              "recorded, not this model's)\n")
+        print("| drafting | answer tokens | decode tokens/s | tokens/step | drafted | accepted | turn s mean |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for side in (spec["off"], spec["on"]):
+            print(f"| {side['mode']} | {side['answer_tokens']} | {side['decode_tokens_per_second']:.1f} | "
+                  f"{side['tokens_per_step']:.3f} | {side['draft_tokens']} | {side['draft_accepted']} | "
+                  f"{side['turn_seconds_mean']:.2f} |")
+        print(f"\ndecode tokens/s on / off: {spec['decode_speedup']:.3f}x")
     gauntlet = load(os.path.join(folder, "gauntlet-bench-dense.json"))
     if gauntlet:
         print("\n### gauntlet on bench-dense (shortened: see gpu-check.sh)\n")

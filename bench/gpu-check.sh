@@ -28,7 +28,9 @@
 #   6. the gauntlet (`keepwarm bench gauntlet --launch`, keepwarm vs llama-server) on bench-dense, shortened;
 #   7. a mixture-of-experts model whose experts are kept in host memory for some blocks (--n-cpu-moe 0, half, all;
 #      qwen3moe in Qwen3-30B-A3B's block shape, 16 of its 48 blocks, q4_0: 5.4 GiB), keepwarm vs llama-server,
-#      against what `keepwarm bench experts` predicts for an expert cache in the same GPU memory (bench/gpu-moe.py).
+#      against what `keepwarm bench experts` predicts for an expert cache in the same GPU memory (bench/gpu-moe.py);
+#   8. speculative decoding: `keepwarm bench spec` replays recorded agent trajectories (../shared/data/agent-traces,
+#      or $KEEPWARM_TRACES) through the engine with drafting off and on, on bench-dense and the 8B shape.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -187,7 +189,7 @@ gen8b() {
         --ctx 65536 --vocab qwen2 --template Qwen-Qwen3-0.6B --type q4_0 -o "$models/qwen3-8b-shape-q4_0.gguf"
 }
 gen8b_pid=""
-if [[ -z "$steps" || ",$steps," == *",ttft-8b,"* || ",$steps," == *",depth-8b,"* ]]; then
+if [[ -z "$steps" || ",$steps," == *",ttft-8b,"* || ",$steps," == *",depth-8b,"* || ",$steps," == *",spec-8b,"* ]]; then
     gen8b >"$out/mkmodel-8b.log" 2>&1 &
     gen8b_pid=$!
 fi
@@ -302,6 +304,20 @@ step gauntlet-bench-dense 150 "$keepwarm" bench gauntlet --launch --servers keep
 # --- 7. experts in host memory ------------------------------------------------------------------------------
 [[ -z "$genmoe_pid" ]] || wait "$genmoe_pid" || log "the MoE model was not generated: $out/mkmodel-moe.log"
 step moe-offload 180 moe
+
+# --- 8. speculative decoding ---------------------------------------------------------------------------------
+traces="${KEEPWARM_TRACES:-$repo/../shared/data/agent-traces/swe-agent-gemini3pro-400.jsonl.xz}"
+replay_size=(--trajectories 2 --turns 8)
+((quick)) && replay_size=(--trajectories 1 --turns 2)
+if [[ -s "$traces" ]]; then
+    step spec-bench-dense 90 "$keepwarm" bench spec -m "$models/bench-dense.gguf" --traces "$traces" "${replay_size[@]}" \
+        --json "$out/spec-bench-dense.json"
+    step spec-8b 150 "$keepwarm" bench spec -m "$models/qwen3-8b-shape-q4_0.gguf" --traces "$traces" "${replay_size[@]}" \
+        --json "$out/spec-8b.json"
+else
+    log "spec: skipped (no recorded trajectories at $traces; set KEEPWARM_TRACES)"
+    record spec-bench-dense '{"status": "skipped: no recorded trajectories"}'
+fi
 
 python3 "$here/gpu-check-report.py" "$out" | tee "$out/gpu-check.md"
 log "done in $(($(date +%s) - started)) s; results in $out"
