@@ -92,6 +92,9 @@ json openai_body(const chat_request& chat, const std::string& model) {
     // The routing key goes on (an Anthropic client's breakpoints have no OpenAI form: only keepwarm's own routing and
     // an Anthropic-dialect upstream see them).
     if (!chat.prompt_cache_key.empty()) body["prompt_cache_key"] = chat.prompt_cache_key;
+    // llama-server's per-request drafting limit (keepwarm's too), only where the client set it: a client that sends it
+    // expects an upstream that reads it.
+    if (chat.draft_max) body["speculative.n_max"] = *chat.draft_max;
     return body;
 }
 

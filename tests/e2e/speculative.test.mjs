@@ -11,6 +11,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, curl, metrics } from './harness.mjs';
 
+// The harness runs every server on one thread: on several, a lone decode row whose attention spans 512 KV cells or
+// more takes ggml's split-KV path (per-thread chunks, then a reduction) and a verifying step of several rows does
+// not, so a greedy answer may part at a near tie (docs/speculative.md; test-speculative shows it).
 let server;  // the default: drafting on
 let plain;   // --spec-type none
 let plainError;  // why it did not start (a build without the engine's --spec-type: the test naming it fails)
@@ -28,9 +31,11 @@ const repeated = (phrase, times) => Array.from({ length: times }, () => phrase).
 const loopText = repeated('red green blue yellow red green blue yellow', 12);
 const countText = repeated('one two three four five six seven eight', 12);
 
-// Every drafting run's draft counts, for the suite-wide check at the end.
+// Every drafting run's draft counts on the shared server, for the suite-wide check at the end (runs on a server of
+// their own are not in its /metrics).
 const drafted = { runs: 0, draft_n: 0, accepted: 0 };
-function recordDrafts(timings) {
+function recordDrafts(timings, on = server) {
+    if (on !== server) return;
     drafted.runs++;
     drafted.draft_n += timings?.draft_n ?? 0;
     drafted.accepted += timings?.draft_n_accepted ?? 0;
@@ -150,7 +155,7 @@ const off = { 'speculative.n_max': 0 };
 async function compare(api, body, stream, { on = server, crossServer = false } = {}) {
     await apis[api](on.url, { ...body, ...off }, false);
     const spec = await apis[api](on.url, body, stream);
-    recordDrafts(spec.timings);
+    recordDrafts(spec.timings, on);
     const noDraft = await apis[api](on.url, { ...body, ...off }, stream);
     const what = `${api} ${stream ? 'stream' : 'whole'}`;
     assert.equal(spec.text, noDraft.text, `${what}: drafting changed the answer (n_max 0 differs)`);
@@ -262,29 +267,30 @@ test('with tools and a grammar, drafting calls the same tool with the same argum
     for (const stream of [false, true]) await compare('anthropic', { ...loopChat, tools }, stream, { on: own });
 });
 
-test('two requests decoded together (two slots) answer as each does alone without drafting', async () => {
-    // Two prompts whose answers have no near-tie within the limit: countText's answer has one ("PB" or "เลือก" after
-    // about 77 tokens) that flips with whatever shares the step's batch, drafting or not (llama.cpp's CPU kernels are
-    // not batch-invariant), which this test is not about.
+test('two requests decoded together (two slots) answer with drafting as without', async () => {
+    // Each pair is compared with the same pair decoded together just before without drafting: a random model's
+    // near-tie may flip with how a warm prompt's KV was computed (the cache's tiers, which part a restore recomputes),
+    // which is not drafting's doing (tests/unit/test-speculative.cpp checks pairs bit for bit in the engine).
     const alphaChat = { ...loopChat, messages: [{ role: 'user', content: repeated('alpha beta gamma delta', 24) }] };
     const bodies = [loopChat, alphaChat];
-    const alone = [];
-    for (const body of bodies) await apis.openai(server.url, { ...body, ...off }, false);  // warm, as compare() does
-    for (const body of bodies) alone.push(await apis.openai(server.url, { ...body, ...off }, false));
+    const pairOff = () => Promise.all(bodies.map((body) => apis.openai(server.url, { ...body, ...off }, false)));
+    await pairOff();  // warm, as compare() does
     for (const stream of [false, true]) {
+        const baseline = await pairOff();
         const together = await Promise.all(bodies.map((body) => apis.openai(server.url, body, stream)));
         together.forEach((r, i) => {
             recordDrafts(r.timings);
-            assert.equal(r.text, alone[i].text, `request ${i} ${stream ? 'streamed' : 'whole'}`);
+            assert.equal(r.text, baseline[i].text, `request ${i} ${stream ? 'streamed' : 'whole'}`);
         });
         assert.ok(together.some((r) => r.timings?.draft_n > 0),
             `neither request drafted: ${JSON.stringify(together.map((r) => r.timings))}`);
     }
-    // And the same two with drafting off for one of them: each request has its own n_max.
+    // And with drafting off for one of them: each request has its own n_max.
+    const baseline = await pairOff();
     const mixed = await Promise.all([apis.openai(server.url, { ...bodies[0], ...off }, false),
                                      apis.openai(server.url, bodies[1], false)]);
-    assert.equal(mixed[0].text, alone[0].text, 'the request without drafting, beside one drafting');
-    assert.equal(mixed[1].text, alone[1].text, 'the request drafting, beside one without');
+    assert.equal(mixed[0].text, baseline[0].text, 'the request without drafting, beside one drafting');
+    assert.equal(mixed[1].text, baseline[1].text, 'the request drafting, beside one without');
     assert.equal(mixed[0].timings?.draft_n, undefined, 'the request with n_max 0 drafted nothing');
 });
 

@@ -122,6 +122,33 @@ TEST(speculative, two_slots_drafting_at_once_give_each_its_own_answer) {
     EXPECT_GT(a_drafted.stats.draft_accepted + b_drafted.stats.draft_accepted, 0);
 }
 
+// One request drafting beside one that does not: each answers as it does alone without drafts.
+TEST(speculative, a_drafting_request_beside_one_without_answers_as_alone) {
+    const engine_options o = base_options(dense_model());
+    engine e(o);
+    e.start();
+    const tokens a = tokenize(e, chat_prompt);
+    const tokens b = tokenize(
+        e,
+        "<|im_start|>user\nalpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta gamma "
+        "delta<|im_end|>\n<|im_start|>assistant\n");
+    run(e, a, 120, 0);
+    run(e, b, 120, 0);
+    const result a_alone = run(e, a, 120, 0);
+    const result b_alone = run(e, b, 120, 0);
+    auto ra = request(e, a, 120, 0);
+    auto rb = request(e, b, 120, -1);
+    e.submit(ra);
+    e.submit(rb);
+    const result a_beside = greedy_runs::wait_for(*ra);
+    const result b_drafted = greedy_runs::wait_for(*rb);
+    EXPECT_EQ(first_difference(a_alone, a_beside), a_alone.logits.size());
+    EXPECT_EQ(first_difference(b_alone, b_drafted), b_alone.logits.size());
+    EXPECT_EQ(a_beside.generated, a_alone.generated);
+    EXPECT_EQ(b_drafted.generated, b_alone.generated);
+    EXPECT_GT(b_drafted.stats.draft_tokens, 0);
+}
+
 // With sampling, each position is sampled once with the request's sampler whether its token was drafted or not, so a
 // seeded answer is the same token for token: drafts change how many steps it takes, never what it says.
 TEST(speculative, sampled_answers_follow_the_same_draws_with_and_without_drafts) {

@@ -301,3 +301,14 @@ TEST(UpstreamDialects, CacheHintsGoOnToTheUpstream) {
     EXPECT_EQ(back.prompt_cache_key, "session-9");
     EXPECT_TRUE(back.hint.has_value());
 }
+
+// A client's per-request drafting limit (llama-server's speculative.n_max) reaches an OpenAI-dialect upstream (a
+// llama-server or keepwarm behind the proxy), and is not invented where the client set none.
+TEST(UpstreamDialects, DraftLimitGoesOnToAnOpenAiUpstream) {
+    chat_request sent = agent_turn();
+    EXPECT_EQ(build_call(upstream_dialect::openai, sent, "m", "").body.find("speculative"), std::string::npos);
+    sent.draft_max = 0;
+    const chat_request back =
+        api::parse_chat_request(json::parse(build_call(upstream_dialect::openai, sent, "m", "").body));
+    EXPECT_EQ(back.draft_max, 0);
+}
