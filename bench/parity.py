@@ -135,6 +135,17 @@ def run_llama_bench(args, kv, test):
 # keepwarm
 
 
+
+def stop_process(proc):
+    """SIGTERM, then SIGKILL after 30 s: a server started by this bench, if it still runs."""
+    if proc and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
 class KeepwarmServer:
     def __init__(self, args, kv):
         self.cmd = [args.keepwarm, "serve", "-m", args.model, "--host", "127.0.0.1", "--port", "0",
@@ -172,13 +183,7 @@ class KeepwarmServer:
         return self
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def post(self, path, body, timeout=600):
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
@@ -337,13 +342,7 @@ class SpecServer:
             time.sleep(0.25)
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
     def decode(self, prompt, n_gen, temperature=0.0):

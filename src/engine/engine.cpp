@@ -1061,8 +1061,10 @@ void engine::learn_row_costs(int rows, int prompt_rows, int deepest, double ms) 
 // (grammar included) and the draft is accepted up to the first token the sampler did not pick, so the answer is the
 // one decoding without the draft gives (at temperature 0 the same tokens; with sampling, the same distribution).
 void engine::sample(slot& s) {
-    if (s.generated > 0) s.decode_steps++;
-    counters_.answer_steps += s.generated > 0 ? 1 : 0;
+    if (s.generated > 0) {
+        s.decode_steps++;
+        counters_.answer_steps++;
+    }
     const std::vector<llama_token>& draft = s.draft.tokens;
     std::vector<llama_token> picked;
     for (size_t i = 0; i <= draft.size(); ++i) {
@@ -1120,14 +1122,14 @@ bool engine::emit(slot& s, llama_token token) {
     s.generated++;
     if (s.drafter) {
         s.drafter->push(std::span<const llama_token>(&token, 1));
-        if (!s.shadow.empty()) {  // a draft that was not sent, checked against what the model produced instead
-            if (token == s.shadow[s.shadow_at] && ++s.shadow_at < s.shadow.size()) {
-                // right so far
-            } else {
-                s.control.record(s.shadow.size(), s.shadow_at);
-                s.shadow.clear();
-                s.shadow_at = 0;
-            }
+        // A draft that was not sent, checked against what the model produced instead: recorded once it is wrong or
+        // used up.
+        const bool shadow_goes_on =
+            !s.shadow.empty() && token == s.shadow[s.shadow_at] && ++s.shadow_at < s.shadow.size();
+        if (!s.shadow.empty() && !shadow_goes_on) {
+            s.control.record(s.shadow.size(), s.shadow_at);
+            s.shadow.clear();
+            s.shadow_at = 0;
         }
     }
 
@@ -1169,8 +1171,7 @@ int engine::answer_limit(const generation_request& request) const {
 }
 
 int engine::add_draft(slot& s, int room) {
-    s.draft = {};
-    if (!s.drafter) return 0;
+    if (!s.drafter) return 0;  // s.draft was cleared by step()
     // Every draft token verified is one more token sampled: within the answer's limit and the slot's context, with
     // the pending token's own next one.
     const int request_max =
