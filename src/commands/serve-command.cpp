@@ -448,7 +448,7 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--checkpoint-every", e.checkpoint_interval,
                     "Hybrid models: tokens of a prompt between recurrent-state checkpoints, the most a restore "
-                    "recomputes (0: --cache-block on a CPU, --batch-size on a GPU)")
+                    "recomputes (0: --ubatch-size on a CPU, --batch-size on a GPU, rounded up to whole --cache-block)")
         ->check(whole_number(0, 1 << 20, "tokens"))
         ->capture_default_str();
     cmd->add_option("--idle-to-ram-at", e.idle_to_ram_tokens,

@@ -772,10 +772,24 @@ TEST(prompt_cache, hybrid_checkpoints_follow_their_interval_and_restore_from_the
     EXPECT_LT(checkpoints[1], checkpoints[0]);
 }
 
-TEST(prompt_cache, the_checkpoint_interval_defaults_to_the_block_size_on_a_cpu_and_the_batch_on_a_gpu) {
-    const engine_options o = base_options(hybrid_model());
-    engine e(o);
-    EXPECT_EQ(e.options().checkpoint_interval, gpu_devices().empty() ? o.cache_block_tokens : o.batch_size);
+// Each checkpoint ends a prompt chunk: a CPU computes a hybrid prompt in whole physical batches (256-token chunks,
+// the block size, were half of one), a GPU in whole logical ones; rounded up to whole blocks either way.
+TEST(prompt_cache, the_checkpoint_interval_defaults_to_whole_batches_in_whole_blocks) {
+    const bool gpu = !gpu_devices().empty();
+    struct sizes {
+        int block, batch, ubatch, cpu_interval;
+    };
+    for (const sizes c : {sizes{256, 2048, 512, 512}, sizes{256, 2048, 384, 512}, sizes{256, 2048, 128, 256},
+                          sizes{128, 256, 512, 256}}) {
+        engine_options o = base_options(hybrid_model());
+        o.cache_block_tokens = c.block;
+        o.batch_size = c.batch;
+        o.ubatch_size = c.ubatch;
+        engine e(o);
+        const int gpu_interval = (c.batch + c.block - 1) / c.block * c.block;
+        EXPECT_EQ(e.options().checkpoint_interval, gpu ? gpu_interval : c.cpu_interval)
+            << "block " << c.block << ", batch " << c.batch << ", ubatch " << c.ubatch;
+    }
 }
 
 namespace {
@@ -790,6 +804,11 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
     o.cache_block_tokens = block;
     o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
     if (from_disk) o.cache_dir = dir.string();
+    // A dense model reuses up to the last prompt token; a hybrid one up to its last checkpoint before it.
+    int interval = 0;
+    const auto expected_reuse = [&](int k) {
+        return model == hybrid_model() ? (k * block - 1) / interval * interval : k * block - 1;
+    };
     for (const int k : {1, 2, 4}) {
         fs::remove_all(dir);
         tokens prompt;
@@ -800,11 +819,11 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
             ASSERT_GT(longer.size(), size_t{4 * block + 64});
             prompt.assign(longer.begin(), longer.begin() + k * block);
             generate(e, longer, 4);
+            interval = e.options().checkpoint_interval;
             if (!from_disk) {
                 generate(e, tokenize(e, words(40, 92)), 4);  // takes the only slot: the longer prompt goes to RAM
                 const result r = generate(e, prompt, 8);
-                EXPECT_EQ(r.stats.reused_tokens, model == hybrid_model() ? (k - 1) * block : k * block - 1)
-                    << k << " blocks";
+                EXPECT_EQ(r.stats.reused_tokens, expected_reuse(k)) << k << " blocks";
                 EXPECT_EQ(r.stats.reused_ram + r.stats.reused_device, r.stats.reused_tokens) << k << " blocks";
                 EXPECT_LE(r.stats.reused_device, 1) << "the other prompt shares at most the first token";
                 expect_same_output(r, cold(model, prompt, 8));
@@ -814,7 +833,7 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
         engine e(o);  // restarted on the same cache folder
         e.start();
         const result r = generate(e, prompt, 8);
-        EXPECT_EQ(r.stats.reused_tokens, model == hybrid_model() ? (k - 1) * block : k * block - 1) << k << " blocks";
+        EXPECT_EQ(r.stats.reused_tokens, expected_reuse(k)) << k << " blocks";
         EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens) << k << " blocks";
         expect_same_output(r, cold(model, prompt, 8));
     }
