@@ -593,8 +593,8 @@ function request(base, method, route, body, { timeoutMs }) {
     });
 }
 
-// A streamed chat completion. `onContent(ms, text)` is called at each event that carries content (ms: since the
-// request was sent); `signal` ends the request early, which resolves with what had arrived (aborted: true).
+// A streamed chat completion. `onContent(ms, text)` is called at each event that carries content or reasoning (ms:
+// since the request was sent); `signal` ends the request early, which resolves with what had arrived (aborted: true).
 // With --keep-alive, the agent whose connections every streamed request reuses.
 const keepAliveAgent = new http.Agent({ keepAlive: true });
 
@@ -661,10 +661,11 @@ function streamChatOnce(base, body, timeoutMs, { onContent, signal, agent = fals
                         if (j.timings) timings = j.timings;
                         if (j.usage) usage = j.usage;
                         const d = j.choices?.[0]?.delta;
-                        if (d?.content) {
-                            content += d.content;
-                            onContent?.(performance.now() - t0, d.content);
-                        }
+                        if (d?.content) content += d.content;
+                        // A thinking model (the Qwen3.5 template opens the answer with <think>) streams its tokens
+                        // as reasoning: they are the stream's tokens all the same.
+                        const text = (d?.reasoning_content ?? '') + (d?.content ?? '');
+                        if (text) onContent?.(performance.now() - t0, text);
                     }
                 }
             });

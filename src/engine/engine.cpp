@@ -187,6 +187,7 @@ engine::engine(engine_options options) : options_(std::move(options)) {
         std::min(options_.ubatch_size, options_.batch_size) >= attention_tile) {
         padding_seq_ = static_cast<llama_seq_id>(cparams.n_seq_max++);
     }
+    prompt_rows_apart_ = llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get());
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
     // Sliding-window layers keep every position's KV (llama.cpp's default for the C API, llama-server's --swa-full),
     // not only the last window: a later prompt may branch from anywhere inside a cached conversation, and then needs
@@ -820,7 +821,7 @@ bool engine::step() {
         const size_t cut = static_cast<size_t>(next_cut(s));
         const size_t left = cut - s.prompt_done;
         size_t n = prompt_chunk(left, static_cast<size_t>(budget - batch_.n_tokens), decode_tokens,
-                                static_cast<size_t>(options_.batch_size - batch_.n_tokens));
+                                static_cast<size_t>(options_.batch_size - batch_.n_tokens), prompt_rows_apart_);
         n = row_probe(n, batch_.n_tokens, s.prompt_done + n - 1);
         if (options_.exact_reuse) {
             // From a multiple of the physical batch (restore_prefix), in whole ones but the prompt's last: the
@@ -957,8 +958,20 @@ void engine::account(const loop_turn& turn, double total_ms) {
 // unit goes first, while the prompt is shallow and attention cheap; after it, chunks are whole units, and the
 // step that ends the prompt fills its tiles like the others. (The last piece used to go with the last chunk, for
 // one tile more: with a one-tile budget at 12K deep, that step held a stream 148 ms where the others took 75-85.)
-size_t engine::prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space) {
+size_t engine::prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space, bool rows_apart) {
     if (left <= room) return left;
+    if (rows_apart && decode_tokens > 0) {
+        // The chunk's first row goes with the generated rows, one row per sequence; the rest are a physical batch of
+        // their own: whole tiles. (Shaped for a shared batch, a one-tile budget made it 1 + 62 rows, both under a
+        // tile, and a hybrid prefill beside a stream took 2.6x as long as alone.) Each step takes one row more than
+        // its tiles, so there is no fixed odd piece to send first: a last piece under a tile goes with the chunk
+        // before it.
+        const size_t tile = attention_tile;
+        if (room < 1 + tile) return std::min(room, space);
+        const size_t chunk = 1 + (room - 1) / tile * tile;
+        if (left - chunk <= tile && left <= space) return left;  // what would be left: under a tile beside the lead
+        return chunk;
+    }
     const size_t unit = static_cast<size_t>(attention_tile - std::min(decode_tokens, attention_tile / 2));
     const size_t odd = left % unit;
     if (room >= odd + unit) return odd + (room - odd) / unit * unit;
@@ -977,16 +990,20 @@ size_t engine::prompt_chunk(size_t left, size_t room, int decode_tokens, size_t 
 int engine::prompt_budget(int decode_tokens) const {
     const int busy = static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](auto& sp) { return sp->busy(); }));
     if (busy <= 1 && queued() == 0) return options_.batch_size;
+    // The generated rows share the prompt's tiles, or (prompt_rows_apart_) take one prompt row into their own
+    // physical batch.
+    const int beside = prompt_rows_apart_ ? 0 : decode_tokens;
+    const int lead = prompt_rows_apart_ && decode_tokens > 0 ? 1 : 0;
     int total = std::min(options_.ubatch_size, options_.batch_size);
     if (decode_tokens > 0 && options_.step_ms_target > 0 && ms_per_prompt_token_ > 0) {
         // Whole attention tiles (see attention_tile), one at least.
-        const double fits = decode_tokens + (options_.step_ms_target - generation_step_ms_) / ms_per_prompt_token_;
+        const double fits = beside + (options_.step_ms_target - generation_step_ms_) / ms_per_prompt_token_;
         const int tiles = static_cast<int>(std::min(fits, static_cast<double>(total))) / attention_tile;
         total = std::min(total, std::max(1, tiles) * attention_tile);
     }
     // Some prompt in every step, however many slots generate.
     constexpr int fewest = 16;
-    return std::min(std::max(total - decode_tokens, fewest), options_.batch_size - decode_tokens);
+    return std::min(std::max(total - beside + lead, fewest), options_.batch_size - decode_tokens);
 }
 
 // Learns what steps cost, as step time = generation step + prompt tokens x cost per prompt token. A step of
@@ -1007,7 +1024,8 @@ void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, 
     }
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
     // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
-    if (prompt_tokens < enough || prompt_tokens + decode_tokens < attention_tile) return;
+    const int tiled_rows = prompt_rows_apart_ ? prompt_tokens - (decode_tokens > 0 ? 1 : 0) : prompt_tokens + decode_tokens;
+    if (prompt_tokens < enough || tiled_rows < attention_tile) return;
     const double fixed = decode_tokens > 0 ? generation_step_ms_ + draft_rows * ms_per_draft_row_ : 0;
     update_average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);
 }

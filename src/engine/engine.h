@@ -236,8 +236,10 @@ public:
 
     // How many of `left` prompt tokens (before the next cut) the next step carries, with `room` left in its budget,
     // `decode_tokens` generated tokens in it and `space` left in the batch: chunks fill whole attention tiles beside
-    // the decode rows, the piece that does not goes first (see engine.cpp).
-    static size_t prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space);
+    // the decode rows, the piece that does not goes first (see engine.cpp). `rows_apart`: the model's memory splits a
+    // batch by sequence (recurrent and hybrid models), so the chunk's rows after its first are a physical batch of
+    // their own, and fill whole tiles there.
+    static size_t prompt_chunk(size_t left, size_t room, int decode_tokens, size_t space, bool rows_apart = false);
     // How many throwaway rows fill a batch of `rows` under an attention tile to a whole one (0: none): where, at the
     // costs per row and per 1K positions of depth the steps before measured, a tile costs clearly less (see
     // engine_options::pad_to_tile).
@@ -321,6 +323,10 @@ private:
     double sub_tile_row_cost_ = 0;
     double tile_row_cost_ = 0;
     llama_seq_id padding_seq_ = -1;    // the throwaway rows' sequence (-1: no padding for this model)
+    // Recurrent and hybrid models: llama.cpp splits a batch into physical batches of as many rows from each sequence
+    // (split_equal), so a step's generated rows and the first row of a prompt chunk are one physical batch, and the
+    // chunk's other rows another.
+    bool prompt_rows_apart_ = false;
     uint64_t padded_since_probe_ = 0;  // batches filled up since a batch under a tile was last measured
     bool probing_rows_ = false;        // this step's prompt chunk was cut to measure the row-by-row cost
     // A long prompt was admitted: idle conversations are being moved to RAM, out of its way. Engine thread only.

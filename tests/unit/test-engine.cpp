@@ -494,6 +494,35 @@ TEST(engine_scheduling, prompt_chunks_fill_whole_tiles_and_the_odd_piece_goes_fi
     EXPECT_EQ(keepwarm::engine::prompt_chunk(60, 16, 50, 40), 16u);
 }
 
+// A hybrid model's memory splits a batch by sequence: the decode row and the chunk's first row are one physical batch,
+// the chunk's other rows another. Those fill whole tiles in every step; the last step takes what is left, at least a
+// tile. (Shaped for a shared batch, the chunks were 1 + 62 rows, both under a tile.)
+TEST(engine_scheduling, a_hybrid_prompt_beside_a_stream_fills_whole_tiles_after_its_first_row) {
+    for (const bool one_tile : {false, true}) {
+        for (const size_t prompt : {size_t{12298}, size_t{12302}, size_t{4097}, size_t{640}, size_t{129}}) {
+            SCOPED_TRACE(prompt);
+            SCOPED_TRACE(one_tile ? "one tile throughout" : "four tiles down to one");
+            size_t done = 0;
+            while (done < prompt) {
+                const int tiles = one_tile ? 1 : done < 2000 ? 4 : done < 5000 ? 3 : done < 8000 ? 2 : 1;
+                const size_t room = static_cast<size_t>(tiles * 64 + 1);  // prompt_budget: the lead row and tiles
+                const size_t n = keepwarm::engine::prompt_chunk(prompt - done, room, 1, 2047, true);
+                ASSERT_GE(n, 65u) << "at " << done << ": under a tile after the lead row";
+                if (done + n < prompt) {
+                    EXPECT_LE(n, room);
+                    EXPECT_EQ((n - 1) % 64, 0u) << "at " << done << ": " << n << " tokens";
+                }
+                done += n;
+            }
+            EXPECT_EQ(done, prompt);
+        }
+    }
+    // Alone, as any prompt: the odd piece first, then whole tiles.
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(12301, 2048, 0, 2048, true), 13u + 31 * 64);
+    // A budget under a tile and the lead: what fits.
+    EXPECT_EQ(keepwarm::engine::prompt_chunk(1000, 16, 50, 2000, true), 16u);
+}
+
 TEST(engine_scheduling, a_batch_under_a_tile_is_filled_up_where_a_tile_costs_clearly_less) {
     // Costs per row and 1K positions of depth about as a 2-core Zen host measured them 16-20K deep: ~5 ms row by row,
     // ~0.4 ms in tiles. 28 prompt rows + 1 generated: 29 x 5 > 1.25 x 64 x 0.4, so fill 35 rows.
