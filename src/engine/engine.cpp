@@ -1024,7 +1024,8 @@ void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, 
     }
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
     // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
-    const int tiled_rows = prompt_rows_apart_ ? prompt_tokens - (decode_tokens > 0 ? 1 : 0) : prompt_tokens + decode_tokens;
+    const int tiled_rows =
+        prompt_rows_apart_ ? prompt_tokens - (decode_tokens > 0 ? 1 : 0) : prompt_tokens + decode_tokens;
     if (prompt_tokens < enough || tiled_rows < attention_tile) return;
     const double fixed = decode_tokens > 0 ? generation_step_ms_ + draft_rows * ms_per_draft_row_ : 0;
     update_average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);

@@ -322,7 +322,7 @@ private:
     // tiles, to choose whether to fill a batch up to a tile (engine_options::pad_to_tile). 0: not seen yet.
     double sub_tile_row_cost_ = 0;
     double tile_row_cost_ = 0;
-    llama_seq_id padding_seq_ = -1;    // the throwaway rows' sequence (-1: no padding for this model)
+    llama_seq_id padding_seq_ = -1;  // the throwaway rows' sequence (-1: no padding for this model)
     // Recurrent and hybrid models: llama.cpp splits a batch into physical batches of as many rows from each sequence
     // (split_equal), so a step's generated rows and the first row of a prompt chunk are one physical batch, and the
     // chunk's other rows another.
