@@ -75,7 +75,9 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
     if (can_truncate_) n_swa_ = std::max(0, llama_model_n_swa(model));
     const int n = sequences_needed(options_);
     scratch_ = n - 1;
-    for (int i = 0; i < n - 1; ++i) {
+    if (options_.guard_window_cells) guard_ = n - 2;
+    const int device_sequences = options_.slots + options_.parked_sequences;
+    for (int i = 0; i < device_sequences; ++i) {
         device_sequence s;
         s.seq = i;
         s.tip = tree_.root();
@@ -171,6 +173,7 @@ void prompt_cache::hold(device_sequence& s, node* tip) {
 
 void prompt_cache::drop(device_sequence& s) {
     llama_memory_seq_rm(llama_get_memory(ctx_), s.seq, -1, -1);
+    guard_stale_ = true;
     node* tip = s.tip;
     for (node* n = tip; !tree::is_root(n); n = n->parent) n->value.holders--;
     s.tip = tree::root_of(tip);  // empty, still in its tenant's tree
@@ -193,6 +196,7 @@ void prompt_cache::truncate(device_sequence& s, int length) {
         return;
     }
     llama_memory_seq_rm(llama_get_memory(ctx_), s.seq, length, -1);
+    guard_stale_ = true;
     node* old_tip = s.tip;
     node* new_tip = tree_.node_ending_at(old_tip, static_cast<size_t>(length));
     for (node* n = old_tip; n != new_tip; n = n->parent) n->value.holders--;
@@ -214,6 +218,8 @@ void prompt_cache::append(int slot, std::span<const llama_token> tokens) {
     if (tokens.empty()) return;
     device_sequence& s = seq(slot);
     node* tip = s.tip;
+    const auto end = static_cast<int>(tip->depth + tokens.size());
+    guard(s.seq, end - static_cast<int>(tokens.size()), end);
     if (!tree::is_root(tip) && tip->children.empty() && tip->value.holders == 1) {
         tree_.extend_leaf(tip, tokens);  // the common case: a conversation growing its own path
         return;
@@ -479,10 +485,26 @@ bool prompt_cache::restore_block(llama_seq_id slot, const std::vector<uint8_t>& 
         bytes = &with_empty_recurrent;
     }
     // No eviction here: the restore plan points into the tree. acquire() made room before it started.
+    refresh_guard();  // the block's cells are placed now
     const bool ok = llama_state_seq_set_data(ctx_, bytes->data(), bytes->size(), scratch_) != 0;
     if (ok) llama_memory_seq_cp(mem, scratch_, slot, p0, p1);
     llama_memory_seq_rm(mem, scratch_, -1, -1);
+    if (ok) guard(slot, p0, p1);
     return ok;
+}
+
+void prompt_cache::guard(llama_seq_id seq, int p0, int p1) {
+    if (guard_ >= 0) llama_memory_seq_cp(llama_get_memory(ctx_), seq, guard_, p0, p1);
+}
+
+void prompt_cache::refresh_guard() {
+    if (guard_ < 0 || !guard_stale_) return;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    llama_memory_seq_rm(mem, guard_, -1, -1);
+    for (const device_sequence& s : sequences_) {
+        if (!tree::is_root(s.tip)) llama_memory_seq_cp(mem, s.seq, guard_, -1, -1);
+    }
+    guard_stale_ = false;
 }
 
 bool prompt_cache::restore_checkpoint(llama_seq_id slot, const std::vector<uint8_t>& payload) {

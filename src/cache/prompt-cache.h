@@ -45,6 +45,9 @@ struct prompt_cache_options {
     std::filesystem::path disk_dir;  // empty: no disk tier
     uint64_t disk_budget = 16ull << 30;
     std::string model_fingerprint;  // model file + KV format: disk entries of another model are never loaded
+    // Sliding-window models: one more sequence shares every cached cell, so that llama.cpp never hands one to a new
+    // token (see prompt_cache::guard_).
+    bool guard_window_cells = false;
 };
 
 // Where the reused prompt tokens of one request came from.
@@ -106,7 +109,7 @@ class prompt_cache {
 public:
     // Sequences the llama context must be created with (n_seq_max).
     static int sequences_needed(const prompt_cache_options& options) {
-        return options.slots + options.parked_sequences + 1;
+        return options.slots + options.parked_sequences + 1 + (options.guard_window_cells ? 1 : 0);
     }
 
     // `ctx` must outlive the cache and have kv_unified and sequences_needed() sequences. Opens the disk tier and
@@ -129,6 +132,9 @@ public:
                               std::string_view tenant = {}) const;
     // Tokens just decoded into `slot` at the end of its sequence (prompt or generated).
     void append(int slot, std::span<const llama_token> tokens);
+    // Call right before llama_decode (which places new tokens in cells): on sliding-window models, brings the guard
+    // up to date after cells were freed (see guard_). Nothing to do for other models.
+    void before_decode() { refresh_guard(); }
     // The slot's request ended; its KV stays cached. With `discard`, its KV is in an unknown state: drop it.
     void release_slot(int slot, bool discard);
     // A client asked to keep the first `tokens` positions of what `slot` holds (a cache hint): until `ttl` from now,
@@ -281,6 +287,17 @@ private:
     prompt_cache_options options_;
     bool can_truncate_ = true;
     llama_seq_id scratch_ = 0;
+    // Sliding-window models (prompt_cache_options::guard_window_cells; else -1): a sequence that shares every cell a
+    // device sequence holds. llama.cpp's find_slot gives a cell that exactly one sequence holds to a new token once
+    // the cell is outside that sequence's window, full-size SWA cache or not: two slots overwrote each other's
+    // conversations' early SWA cells, whose prompts then recomputed past the hole (swa_window_intact). A cell held by
+    // two sequences is never taken. New cells join the guard when decoded (append) or restored (restore_block);
+    // cells freed by a device sequence still have the guard, which is rebuilt before the next placement
+    // (refresh_guard: before_decode, restore_block).
+    llama_seq_id guard_ = -1;
+    bool guard_stale_ = false;  // cells were freed since the guard was last rebuilt
+    void guard(llama_seq_id seq, int p0, int p1);
+    void refresh_guard();
     std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
     // Sliding-window models (0: none, or hybrid): the window, and the serialized size of the SWA part of the scratch
     // sequence holding one cell and each further cell (measured on first use; 0: not yet).

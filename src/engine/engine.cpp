@@ -168,7 +168,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                        .disk_dir = options_.cache_dir,
                                        .disk_budget = options_.cache_disk_bytes,
                                        .model_fingerprint = {}};
-    if (options_.slots + options_.cache_parked_sequences + 2 > 256) {
+    cache_options.guard_window_cells = llama_model_n_swa(model_.get()) > 0 && !llama_model_is_recurrent(model_.get()) &&
+                                       !llama_model_is_hybrid(model_.get());
+    if (prompt_cache::sequences_needed(cache_options) + 1 > 256) {
         throw std::invalid_argument("--parallel plus --cache-parked must stay below 256 sequences");
     }
     cparams.n_seq_max = static_cast<uint32_t>(prompt_cache::sequences_needed(cache_options));
@@ -848,8 +850,12 @@ bool engine::step() {
     for (int k = 0; k < turn_.padding; ++k) common_batch_add(batch_, batch_.token[0], k, {padding_seq_}, false);
     if (turn_.padding > 0) counters_.padded_steps++;
     const auto decode_started = clock::now();
+    cache_->before_decode();
     int rc = llama_decode(ctx_.get(), batch_);
-    while (rc == 1 && cache_->make_room()) rc = llama_decode(ctx_.get(), batch_);  // KV full: free idle cells
+    while (rc == 1 && cache_->make_room()) {  // KV full: free idle cells
+        cache_->before_decode();
+        rc = llama_decode(ctx_.get(), batch_);
+    }
     if (turn_.padding > 0) llama_memory_seq_rm(llama_get_memory(ctx_.get()), padding_seq_, -1, -1);
     counters_.decode_steps++;
     counters_.decode_step_slots += parts.size();
