@@ -1,0 +1,253 @@
+// gpt-oss end to end (tiny-gpt-oss: alternating 128-token sliding-window and full layers, attention sinks, MoE, the
+// harmony template): chat answers whole and streamed, a tool call round trip, the Responses API over several turns,
+// and the cost of harmony to the prefix cache. The template drops an earlier answer's analysis channel from the
+// history, so a next turn can reuse the prompt up to the previous answer and no further; keepwarm must reuse all of
+// that, and recompute no more than the pinned llama-server on the same conversation.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, readdirSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { curl, startServer, testModel, waitFor } from './harness.mjs';
+
+let server;
+let openai;
+before(async () => {
+    server = await startServer(['-c', '8192', '-np', '1'], { preset: 'tiny-gpt-oss' });
+    openai = server.client();
+});
+after(() => server?.stop());
+
+const model = 'tiny-gpt-oss';
+const filler = ['cache', 'prefix', 'token', 'agent', 'model', 'tool', 'the', 'of', 'and', 'to'];
+// About 1,500 tokens: a dozen windows of the sliding-window layers.
+const system = Array.from({ length: 1500 }, (_, i) => filler[(i * 7 + (i >> 3)) % filler.length]).join(' ');
+
+async function tokenIds(text) {
+    const { status, body } = await curl(`${server.url}/tokenize`, { method: 'POST', body: { content: text } });
+    assert.equal(status, 200, JSON.stringify(body));
+    return body.tokens;
+}
+
+async function singleToken(text) {
+    const ids = await tokenIds(text);
+    assert.equal(ids.length, 1, `${JSON.stringify(text)} is one token: ${ids}`);
+    return ids[0];
+}
+
+test('a chat answer: the harmony prompt, and the same greedy text whole and streamed', async () => {
+    const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Tell me about the sea.' }];
+    const { body: rendered } = await curl(`${server.url}/apply-template`, { method: 'POST', body: { messages } });
+    // The template writes harmony's system message itself; the request's system text is the developer message.
+    assert.match(rendered.prompt, /^<\|start\|>system<\|message\|>.*Reasoning: medium/s);
+    assert.match(rendered.prompt, /<\|start\|>developer<\|message\|># Instructions\n\nBe brief\.\n\n<\|end\|>/);
+    assert.ok(rendered.prompt.endsWith('<|start|>user<|message|>Tell me about the sea.<|end|><|start|>assistant'),
+              rendered.prompt.slice(-120));
+
+    const params = { model, messages, temperature: 0, max_tokens: 12, ignore_eos: true };
+    const whole = await openai.chat.completions.create(params);
+    assert.equal(whole.usage.completion_tokens, 12);
+    assert.equal(whole.choices[0].finish_reason, 'length');
+    const text = (whole.choices[0].message.reasoning_content ?? '') + (whole.choices[0].message.content ?? '');
+    assert.ok(text.length > 0, JSON.stringify(whole.choices[0].message));
+
+    const stream = await openai.chat.completions.create({ ...params, stream: true });
+    let content = '';
+    let reasoning = '';
+    for await (const chunk of stream) {
+        content += chunk.choices[0]?.delta?.content ?? '';
+        reasoning += chunk.choices[0]?.delta?.reasoning_content ?? '';
+    }
+    assert.equal(content, whole.choices[0].message.content ?? '');
+    assert.equal(reasoning, whole.choices[0].message.reasoning_content ?? '');
+});
+
+// A trailing assistant message is continued (llama-server's prefill): in the analysis channel while it has only
+// reasoning, in the final channel once it has content. The harmony parser must put each channel in its own field.
+// The whole message holds the prefill and its continuation; a stream sends the continuation (llama-server streams
+// the prefill too), so the stream must be what the whole message adds to the prefill, or all of it.
+test('a continued answer: the analysis channel comes back as reasoning_content, the final one as content', async () => {
+    const user = { role: 'user', content: 'Hi' };
+    const params = { model, temperature: 0, max_tokens: 8, ignore_eos: true };
+    async function both(prefill) {
+        const messages = [user, { role: 'assistant', ...prefill }];
+        const whole = (await openai.chat.completions.create({ ...params, messages })).choices[0].message;
+        const streamed = { content: '', reasoning_content: '' };
+        for await (const chunk of await openai.chat.completions.create({ ...params, messages, stream: true })) {
+            streamed.content += chunk.choices[0]?.delta?.content ?? '';
+            streamed.reasoning_content += chunk.choices[0]?.delta?.reasoning_content ?? '';
+        }
+        for (const field of ['content', 'reasoning_content']) {
+            const all = whole[field] ?? '';
+            assert.ok(all === streamed[field] || all === prefill[field] + streamed[field],
+                      `${field}: whole ${JSON.stringify(all)}, streamed ${JSON.stringify(streamed[field])}`);
+        }
+        return whole;
+    }
+    const thinking = await both({ reasoning_content: 'The user greets.', content: '' });
+    assert.ok(thinking.reasoning_content.startsWith('The user greets.') &&
+              thinking.reasoning_content.length > 'The user greets.'.length, JSON.stringify(thinking));
+    assert.equal(thinking.content ?? '', '');
+
+    const answering = await both({ reasoning_content: 'The user greets.', content: 'Hello' });
+    assert.equal(answering.reasoning_content, 'The user greets.');
+    assert.ok(answering.content.startsWith('Hello') && answering.content.length > 'Hello'.length,
+              JSON.stringify(answering));
+});
+
+// Random weights never call a tool on their own. A required call makes the template's grammar write harmony's call
+// header and arguments (`<|start|>assistant to=functions.NAME<|channel|>...<|message|>{...}<|call|>`), and a few
+// biased tokens steer the model through it quickly: " to" (the recipient rather than a channel first), <|message|>
+// (no content type), and the quote and brace that close the arguments. The grammar decides what may come; the bias
+// only picks among what it allows.
+test('a tool call round trip: a forced call parsed from harmony, its result back, the next turn reuses the prompt',
+     async () => {
+    const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+    const bias = {};
+    bias[await singleToken(' to')] = 30;
+    bias[await singleToken('<|message|>')] = 40;
+    for (const t of ['"', '}', '"}']) bias[await singleToken(t)] = 50;
+    const messages = [{ role: 'system', content: system }, { role: 'user', content: 'What is the weather in Paris?' }];
+    const first = await openai.chat.completions.create({ model, messages, tools, tool_choice: 'required',
+        temperature: 0, max_tokens: 100, logit_bias: bias });
+    const choice = first.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.equal(call.function.name, 'get_weather');
+    assert.equal(typeof JSON.parse(call.function.arguments).city, 'string');
+
+    messages.push(choice.message, { role: 'tool', tool_call_id: call.id, content: 'Sunny, 21 C' });
+    // The history renders the call in the role header and the result as the function's message to the assistant.
+    const { body: rendered } = await curl(`${server.url}/apply-template`, { method: 'POST', body: { messages } });
+    const header = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>';
+    assert.ok(rendered.prompt.includes(header), rendered.prompt.slice(-300));
+    const args = rendered.prompt.slice(rendered.prompt.indexOf(header) + header.length);
+    assert.match(args, /^\{"city": ?"[^"]*"\}<\|call\|>/);
+    assert.ok(rendered.prompt.endsWith(
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"Sunny, 21 C"<|end|>' +
+        '<|start|>assistant'), rendered.prompt.slice(-200));
+
+    const second = await openai.chat.completions.create({ model, messages, tools, temperature: 0, max_tokens: 8,
+                                                          ignore_eos: true });
+    assert.equal(second.usage.completion_tokens, 8);
+    // The whole first prompt, generation prompt included: the call re-renders from `<|start|>assistant` on.
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens,
+              `cached ${second.usage.prompt_tokens_details.cached_tokens} of the first's ${first.usage.prompt_tokens}`);
+});
+
+// Codex's way: the whole conversation as input each turn, with the reasoning items it got back.
+test('the Responses API over three turns: reasoning items in the input, each turn reuses the one before', async () => {
+    const input = [{ role: 'user', content: [{ type: 'input_text', text: 'Tell me about the sea.' }] }];
+    const params = { model, instructions: system, temperature: 0, max_output_tokens: 16 };
+    let previous;
+    for (const [i, question] of ['And the sky?', 'And rivers?', ''].entries()) {
+        const r = await openai.responses.create({ ...params, input });
+        assert.equal(r.object, 'response');
+        assert.equal(r.status, 'incomplete');
+        assert.equal(r.usage.output_tokens, 16);
+        const message = r.output.find((item) => item.type === 'message');
+        assert.ok(message, JSON.stringify(r.output));
+        if (previous) {
+            assert.ok(r.usage.input_tokens > previous.usage.input_tokens);
+            assert.ok(r.usage.input_tokens_details.cached_tokens >= previous.usage.input_tokens,
+                      `turn ${i + 1}: cached ${r.usage.input_tokens_details.cached_tokens} of the previous turn's ` +
+                      `${previous.usage.input_tokens}`);
+        }
+        previous = r;
+        if (!question) break;
+        // What a real gpt-oss answers: its analysis channel as a reasoning item, then the final message.
+        input.push({ type: 'reasoning', id: `rs_${i}`, summary: [],
+                     content: [{ type: 'reasoning_text', text: `The user asks question ${i + 1}. Answer briefly.` }] },
+                   { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: `Answer ${i + 1}.` }] },
+                   { role: 'user', content: [{ type: 'input_text', text: question }] });
+    }
+});
+
+// The pinned llama-server from bench/build-llama-server.sh: LLAMA_SERVER, else where that script leaves it.
+function findLlamaServer() {
+    if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
+    const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
+    if (!existsSync(root)) return null;
+    for (const entry of readdirSync(root)) {
+        const candidate = path.join(root, entry, 'tools', 'llama-server');
+        if (entry.startsWith('llama.cpp-') && existsSync(candidate)) return candidate;
+    }
+    return null;
+}
+
+async function freePort() {
+    const s = net.createServer();
+    await new Promise((resolve) => s.listen(0, '127.0.0.1', resolve));
+    const { port } = s.address();
+    await new Promise((resolve) => s.close(resolve));
+    return port;
+}
+
+// A conversation whose answers had reasoning: each turn appends the previous answer as a real gpt-oss would have
+// given it (analysis in reasoning_content, the final channel in content) and a new user message. `ask(messages)`
+// returns { prompt, cached } for one turn of `answer` generated tokens.
+async function converse(ask) {
+    const messages = [{ role: 'system', content: system }, { role: 'user', content: 'Tell me about the sea.' }];
+    const turns = [await ask(messages)];
+    for (const [i, question] of ['And the sky?', 'And rivers?'].entries()) {
+        messages.push({ role: 'assistant', reasoning_content: `The user asks about topic ${i + 1}. Keep it short.`,
+                        content: `Here is answer ${i + 1}.` },
+                      { role: 'user', content: question });
+        turns.push(await ask(messages));
+    }
+    return turns;
+}
+
+// 300 generated tokens per answer: the slot's KV runs more than two windows past the point where the next prompt
+// parts from it, so the sliding-window layers must still hold what came before that point.
+const answer = 300;
+
+test('the next turn after an answer with reasoning reuses everything before it, and recomputes no more than ' +
+     'llama-server', async () => {
+    const llamaServer = findLlamaServer();
+    assert.ok(llamaServer,
+              'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
+
+    const ours = await converse(async (messages) => {
+        const r = await openai.chat.completions.create({ model, messages, temperature: 0, max_tokens: answer,
+                                                         ignore_eos: true });
+        assert.equal(r.usage.completion_tokens, answer);
+        return { prompt: r.usage.prompt_tokens, cached: r.usage.prompt_tokens_details.cached_tokens };
+    });
+
+    // llama-server's chat route answers 500 when the output is not harmony (random weights), so its turns go through
+    // its own template route and /completion: the same rendering and the same token sequence reach its cache.
+    const port = await freePort();
+    const proc = spawn(llamaServer, ['-m', await testModel('tiny-gpt-oss'), '--port', String(port), '-t', '1',
+                                     '-c', '8192', '-np', '1'], { stdio: 'ignore' });
+    const url = `http://127.0.0.1:${port}`;
+    let theirs;
+    try {
+        assert.ok(await waitFor(async () => (await curl(`${url}/health`).catch(() => ({}))).status === 200));
+        theirs = await converse(async (messages) => {
+            const { body: rendered } = await curl(`${url}/apply-template`, { method: 'POST', body: { messages } });
+            const { status, body } = await curl(`${url}/completion`, { method: 'POST', body: {
+                prompt: rendered.prompt, temperature: 0, n_predict: answer, ignore_eos: true, cache_prompt: true } });
+            assert.equal(status, 200, JSON.stringify(body));
+            return { prompt: body.timings.cache_n + body.timings.prompt_n, cached: body.timings.cache_n };
+        });
+    } finally {
+        proc.kill('SIGTERM');
+    }
+
+    const report = (turns) => turns.map((t) => `${t.prompt - t.cached} of ${t.prompt}`).join(', ');
+    console.log(`recomputed per turn: keepwarm ${report(ours)}; llama-server ${report(theirs)}`);
+    for (let i = 1; i < ours.length; i++) {
+        assert.equal(ours[i].prompt, theirs[i].prompt, `turn ${i + 1}: both render the same prompt`);
+        // Everything before the previous answer, and its generation prompt `<|start|>assistant` too: the history
+        // re-renders that answer as `<|channel|>final<|message|>...<|end|>`, without its analysis channel.
+        assert.ok(ours[i].cached >= ours[i - 1].prompt,
+                  `turn ${i + 1}: reused ${ours[i].cached}, the previous prompt was ${ours[i - 1].prompt}`);
+        assert.ok(ours[i].prompt - ours[i].cached <= theirs[i].prompt - theirs[i].cached,
+                  `turn ${i + 1}: keepwarm recomputed ${report([ours[i]])}, llama-server ${report([theirs[i]])}`);
+    }
+});
