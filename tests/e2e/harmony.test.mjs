@@ -5,12 +5,12 @@
 // that, and recompute no more than the pinned llama-server on the same conversation.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { curl, startServer, testModel, waitFor } from './harness.mjs';
+import { binary, curl, startServer, tempDir, testModel, waitFor } from './harness.mjs';
 
 let server;
 let openai;
@@ -250,4 +250,41 @@ test('the next turn after an answer with reasoning reuses everything before it, 
         assert.ok(ours[i].prompt - ours[i].cached <= theirs[i].prompt - theirs[i].cached,
                   `turn ${i + 1}: keepwarm recomputed ${report([ours[i]])}, llama-server ${report([theirs[i]])}`);
     }
+});
+
+// Agents with tool rounds (`keepwarm bench gauntlet`, no cache killers): once a turn has its final answer, the
+// template drops what came before each of that turn's tool calls (their analysis), so the next user turn parts from
+// the cached prompt in the middle of the previous turn, where the first tool call began, not at its end. The
+// sliding-window layers must still hold the window before that point. Computed / ideal: what keepwarm computed over
+// what a cache holding every earlier prompt would have to.
+async function gauntletRatio(parallel) {
+    const dir = tempDir('harmony-gauntlet');
+    const json = path.join(dir, 'report.json');
+    const args = ['bench', 'gauntlet', '--system-tokens', '512', '--tools', '4', '--agents', '2', '--turns', '2',
+                  '--tool-rounds', '1', '--answer-tokens', '8', '--tool-result-tokens', '100', '--killers', 'none',
+                  '--api', 'openai', '--launch', '--servers', 'keepwarm', '-m', await testModel('tiny-gpt-oss'),
+                  '-c', '8192', '--parallel', String(parallel), '-t', '1', '--work-dir', path.join(dir, 'work'),
+                  '--json', json];
+    const r = await new Promise((resolve) => execFile(binary, args, { timeout: 300_000, maxBuffer: 64 << 20 },
+        (error, stdout, stderr) => resolve({ code: error ? error.code : 0, stderr })));
+    assert.equal(r.code, 0, r.stderr);
+    const [summary] = JSON.parse(readFileSync(json, 'utf8')).targets;
+    assert.equal(summary.failures, 0);
+    return summary.computed_over_ideal;
+}
+
+test('agents with tool rounds, one slot: the next user turn reuses the prompt up to its first tool call', async () => {
+    const ratio = await gauntletRatio(1);
+    assert.ok(ratio <= 1.2, `computed / ideal ${ratio}`);
+});
+
+// Two slots decoding together: llama.cpp places one sequence's new tokens in cells that hold another sequence's
+// positions outside that sequence's own window (llama_kv_cache::find_slot), which with a 128-token window is nearly
+// all of a conversation; keepwarm sees the window before the next turn's start is gone and recomputes the whole
+// prompt (computed / ideal 3.3 here; 1.0 with one slot, 1.55 on tiny-swa's 512-token window).
+test('agents with tool rounds, two slots: the same reuse while another conversation computes', {
+    todo: 'the engine must keep the window before each prompt end out of llama.cpp\'s reach (see the gpt-oss report)',
+}, async () => {
+    const ratio = await gauntletRatio(2);
+    assert.ok(ratio <= 1.2, `computed / ideal ${ratio}`);
 });
