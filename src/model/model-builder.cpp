@@ -273,7 +273,8 @@ void add_harmony_tokens(gguf_context* meta, const model_spec& spec) {
     }
     for (const auto& token : harmony) {
         if (std::find(texts.begin(), texts.end(), token) != texts.end()) {
-            throw std::runtime_error("the " + spec.vocab + " vocab already has " + token);
+            throw std::invalid_argument("the " + spec.vocab + " vocab already has " + token +
+                                        ": gpt-oss takes a vocab without harmony's tokens (e.g. qwen2)");
         }
         texts.push_back(token);
         types.push_back(control);

@@ -440,6 +440,10 @@ TEST(ModelBuilder, BadArgumentsAreClearErrors) {
                                             s.n_ff_exp = 64;
                                         }),
                                         "experts-used");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.arch = "gpt-oss"; }), "gpt-oss needs experts");
+    model_spec harmony_twice = preset_spec("tiny-gpt-oss");
+    harmony_twice.vocab = "phi-3";  // has <|end|> already
+    expect_error<std::invalid_argument>(harmony_twice, "vocab already has <|end|>");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.llama_source_dir = "/nonexistent/llama.cpp"; }),
                                         "llama.cpp source tree not found");
     expect_error<std::runtime_error>(small_spec(), "cannot write", "/nonexistent-dir/model.gguf");
