@@ -39,7 +39,7 @@ namespace {
 // Bump when the generator changes what it writes for a given spec, so cached demo models are regenerated.
 constexpr uint32_t k_generator_version = 1;
 
-const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "gemma3"};
+const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "gemma3", "gpt-oss"};
 const std::vector<std::string> k_types = {"f32", "f16", "q8_0", "q4_0"};
 
 std::string join(const std::vector<std::string>& items) {
@@ -245,11 +245,65 @@ void copy_tokenizer(gguf_context* meta, const model_spec& spec) {
     }
 }
 
+// gpt-oss speaks harmony (<|start|>assistant<|channel|>analysis<|message|>...<|end|>), and its o200k_harmony
+// tokenizer is not among llama.cpp's vocab files. The Qwen vocab gets harmony's special tokens appended as control
+// tokens, so the template's markup tokenizes to single tokens and common/chat's harmony parser sees the same token
+// stream as with the real tokenizer. llama-vocab.cpp finds them by their text: <|return|> and <|call|> end generation,
+// and with both present it drops <|end|> from the end-of-generation set, as for the real gpt-oss (an answer goes on
+// after its analysis message's <|end|>). EOS is <|return|> and BOS <|startoftext|>, as in released gpt-oss GGUFs;
+// the template writes neither.
+void add_harmony_tokens(gguf_context* meta, const model_spec& spec) {
+    static const std::vector<std::string> harmony = {"<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                                                     "<|start|>",       "<|end|>",    "<|message|>",   "<|call|>"};
+    constexpr int32_t control = 3;  // LLAMA_TOKEN_TYPE_CONTROL
+
+    const int64_t tokens_id = gguf_find_key(meta, "tokenizer.ggml.tokens");
+    const int64_t types_id = gguf_find_key(meta, "tokenizer.ggml.token_type");
+    if (tokens_id < 0 || types_id < 0) throw std::runtime_error("the " + spec.vocab + " vocab has no token types");
+    const size_t n_old = gguf_get_arr_n(meta, tokens_id);
+    if (gguf_get_arr_type(meta, types_id) != GGUF_TYPE_INT32 || gguf_get_arr_n(meta, types_id) != n_old) {
+        throw std::runtime_error("the " + spec.vocab + " vocab's token types do not match its tokens");
+    }
+
+    std::vector<std::string> texts;
+    std::vector<int32_t> types;
+    for (size_t i = 0; i < n_old; ++i) {
+        texts.emplace_back(gguf_get_arr_str(meta, tokens_id, i));
+        types.push_back(static_cast<const int32_t*>(gguf_get_arr_data(meta, types_id))[i]);
+    }
+    for (const auto& token : harmony) {
+        if (std::find(texts.begin(), texts.end(), token) != texts.end()) {
+            throw std::invalid_argument("the " + spec.vocab + " vocab already has " + token +
+                                        ": gpt-oss takes a vocab without harmony's tokens (e.g. qwen2)");
+        }
+        texts.push_back(token);
+        types.push_back(control);
+    }
+    std::vector<const char*> ptrs;
+    for (const auto& t : texts) ptrs.push_back(t.c_str());
+    gguf_set_arr_str(meta, "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+    gguf_set_arr_data(meta, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+    if (const int64_t scores_id = gguf_find_key(meta, "tokenizer.ggml.scores"); scores_id >= 0) {
+        std::vector<float> scores(static_cast<const float*>(gguf_get_arr_data(meta, scores_id)),
+                                  static_cast<const float*>(gguf_get_arr_data(meta, scores_id)) + n_old);
+        scores.resize(texts.size(), 0.0f);
+        gguf_set_arr_data(meta, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
+    }
+    auto id_of = [&](const std::string& token) {
+        return uint32_t(std::find(texts.begin(), texts.end(), token) - texts.begin());
+    };
+    gguf_set_val_u32(meta, "tokenizer.ggml.bos_token_id", id_of("<|startoftext|>"));
+    gguf_set_val_u32(meta, "tokenizer.ggml.eos_token_id", id_of("<|return|>"));
+    gguf_set_val_bool(meta, "tokenizer.ggml.add_bos_token", false);
+    set_u32(meta, spec.arch + ".vocab_size", uint32_t(texts.size()));
+}
+
 // The type llama.cpp creates a tensor with before any quantization. Matrices start as F16 unless F32 was asked for:
 // it halves the temporary file, and llama_model_quantize converts from F16 as readily as from F32. Vectors, the
-// MoE router and the delta-net convolution stay F32, as in released GGUFs (ggml's ssm_conv needs F32).
+// MoE router and the delta-net convolution stay F32, as in released GGUFs (ggml's ssm_conv needs F32), and so do
+// biases, gpt-oss's per-expert ones included (a matrix of one bias row per expert).
 ggml_type initial_type(const model_spec& spec, const std::string& name, size_t n_dims) {
-    if (spec.type == "f32" || n_dims < 2) return GGML_TYPE_F32;
+    if (spec.type == "f32" || n_dims < 2 || ends_with(name, ".bias")) return GGML_TYPE_F32;
     if (name.find("ffn_gate_inp") != std::string::npos || name.find("ssm_conv1d") != std::string::npos) {
         return GGML_TYPE_F32;
     }
@@ -270,16 +324,54 @@ void add_tensor_info(gguf_context* ctx, const model_spec& spec, const std::strin
     gguf_add_tensor(ctx, &t);
 }
 
+// gpt-oss blocks: biased attention projections with a learned sink logit per head, a post-attention norm in place of
+// the FFN norm, and biased experts (router included) with no shared FFN.
+void add_gpt_oss_layers(gguf_context* m, const model_spec& s) {
+    const int64_t n_embd = s.n_embd, hd = s.resolved_head_dim();
+    const int64_t q_dim = hd * s.n_head, kv_dim = hd * s.n_head_kv;
+    const int64_t n_exp = s.n_expert, ff_exp = s.n_ff_exp;
+    for (uint32_t il = 0; il < s.n_layer; ++il) {
+        const std::string blk = "blk." + std::to_string(il) + ".";
+        auto add = [&](const std::string& name, std::initializer_list<int64_t> ne) {
+            add_tensor_info(m, s, blk + name, ne);
+        };
+        add("attn_norm.weight", {n_embd});
+        add("attn_q.weight", {n_embd, q_dim});
+        add("attn_q.bias", {q_dim});
+        add("attn_k.weight", {n_embd, kv_dim});
+        add("attn_k.bias", {kv_dim});
+        add("attn_v.weight", {n_embd, kv_dim});
+        add("attn_v.bias", {kv_dim});
+        add("attn_output.weight", {q_dim, n_embd});
+        add("attn_output.bias", {n_embd});
+        add("attn_sinks.weight", {s.n_head});
+        add("post_attention_norm.weight", {n_embd});
+        add("ffn_gate_inp.weight", {n_embd, n_exp});
+        add("ffn_gate_inp.bias", {n_exp});
+        add("ffn_gate_exps.weight", {n_embd, ff_exp, n_exp});
+        add("ffn_gate_exps.bias", {ff_exp, n_exp});
+        add("ffn_down_exps.weight", {ff_exp, n_embd, n_exp});
+        add("ffn_down_exps.bias", {n_embd, n_exp});
+        add("ffn_up_exps.weight", {n_embd, ff_exp, n_exp});
+        add("ffn_up_exps.bias", {ff_exp, n_exp});
+    }
+}
+
 // llama_model_init_from_user expects the metadata to list every tensor the model will have: it checks the count,
 // takes each one's type from here, and leaves out optional tensors that are not listed (qwen35's fused qkv and
 // gate projections are optional to the loader but needed by its graph). No output.weight: embeddings are tied, as in
-// the small Qwen3 models, which keeps the file half the size.
+// the small Qwen3 models, which keeps the file half the size; gpt-oss's loader requires its own.
 void add_tensor_list(gguf_context* m, const model_spec& s) {
     const int64_t n_embd = s.n_embd, n_ff = s.n_ff, hd = s.resolved_head_dim();
     const int64_t q_dim = hd * s.n_head, kv_dim = hd * s.n_head_kv;
     const int64_t n_vocab = int64_t(gguf_get_val_u32(m, gguf_find_key(m, (s.arch + ".vocab_size").c_str())));
     add_tensor_info(m, s, "token_embd.weight", {n_embd, n_vocab});
     add_tensor_info(m, s, "output_norm.weight", {n_embd});
+    if (s.arch == "gpt-oss") {
+        add_tensor_info(m, s, "output.weight", {n_embd, n_vocab});
+        add_gpt_oss_layers(m, s);
+        return;
+    }
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const std::string blk = "blk." + std::to_string(il) + ".";
         auto add = [&](const std::string& name, std::initializer_list<int64_t> ne) {
@@ -354,10 +446,10 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
     set_u32(m, a + ".attention.head_count_kv", spec.n_head_kv);
     set_u32(m, a + ".attention.key_length", head_dim);
     set_u32(m, a + ".attention.value_length", head_dim);
-    set_f32(m, a + ".attention.layer_norm_rms_epsilon", 1e-6f);
-    set_f32(m, a + ".rope.freq_base", a == "qwen35" ? 10000000.0f : 1000000.0f);
+    set_f32(m, a + ".attention.layer_norm_rms_epsilon", a == "gpt-oss" ? 1e-5f : 1e-6f);
+    set_f32(m, a + ".rope.freq_base", a == "qwen35" ? 10000000.0f : a == "gpt-oss" ? 150000.0f : 1000000.0f);
 
-    if (a == "qwen3moe") {
+    if (a == "qwen3moe" || a == "gpt-oss") {
         set_u32(m, a + ".expert_count", spec.n_expert);
         set_u32(m, a + ".expert_used_count", spec.n_expert_used);
         set_u32(m, a + ".expert_feed_forward_length", spec.n_ff_exp);
@@ -384,7 +476,17 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
         set_f32(m, a + ".rope.freq_base_swa", 10000.0f);
     }
 
+    if (a == "gpt-oss") {
+        // Both kinds of layer rotate with one base; gpt-oss stretches a 4096-token rope to its context with YaRN.
+        set_u32(m, a + ".attention.sliding_window", spec.sliding_window);
+        set_u32(m, a + ".attention.sliding_window_pattern", spec.sliding_window_pattern);
+        gguf_set_val_str(m, (a + ".rope.scaling.type").c_str(), "yarn");
+        set_f32(m, a + ".rope.scaling.factor", float(std::max(1u, spec.n_ctx_train / 4096)));
+        set_u32(m, a + ".rope.scaling.original_context_length", std::min(4096u, spec.n_ctx_train));
+    }
+
     copy_tokenizer(m, spec);
+    if (a == "gpt-oss") add_harmony_tokens(m, spec);
     gguf_set_val_str(m, "tokenizer.chat_template", read_file(template_path(spec)).c_str());
     add_tensor_list(m, spec);
     return meta;
@@ -429,7 +531,7 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny", "tiny-hybrid", "tiny-moe", "tiny-swa", "bench-dense", "bench-hybrid"};
+    return {"tiny", "tiny-hybrid", "tiny-moe", "tiny-swa", "tiny-gpt-oss", "bench-dense", "bench-hybrid"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -463,6 +565,22 @@ model_spec preset_spec(const std::string& name) {
         spec.sliding_window_pattern = 6;
         spec.vocab = "gemma-4";
         spec.chat_template = "google-gemma-4-31B-it";
+        return spec;
+    }
+    if (name == "tiny-gpt-oss") {
+        // gpt-oss's layout (sliding-window and full layers alternating, window 128 as released, attention sinks, a
+        // biased MoE of 4 experts in 32 shrunk to 2 in 8) with the harmony template; the Qwen tokenizer plus harmony's
+        // special tokens stands in for o200k_harmony (see add_harmony_tokens).
+        spec.arch = "gpt-oss";
+        spec.n_head_kv = 2;
+        spec.n_head = 8;
+        spec.head_dim = 64;
+        spec.n_expert = 8;
+        spec.n_expert_used = 2;
+        spec.n_ff_exp = 256;
+        spec.sliding_window = 128;
+        spec.sliding_window_pattern = 2;
+        spec.chat_template = "openai-gpt-oss-120b";
         return spec;
     }
     if (name == "bench-dense" || name == "bench-hybrid") {
@@ -513,17 +631,17 @@ void validate_spec(const model_spec& s) {
     require(s.n_ff >= 1, "ff must be at least 1");
     require(s.n_ctx_train >= 16, "ctx must be at least 16, got " + std::to_string(s.n_ctx_train));
 
-    const bool moe = s.arch == "qwen3moe";
+    const bool moe = s.arch == "qwen3moe" || s.arch == "gpt-oss";
     if (moe) {
         require(s.n_expert >= 1 && s.n_expert <= 1024,
-                "qwen3moe needs experts between 1 and 1024, got " + std::to_string(s.n_expert));
+                s.arch + " needs experts between 1 and 1024, got " + std::to_string(s.n_expert));
         require(s.n_expert_used >= 1 && s.n_expert_used <= s.n_expert, "experts-used must be between 1 and experts (" +
                                                                            std::to_string(s.n_expert) + "), got " +
                                                                            std::to_string(s.n_expert_used));
-        require(s.n_ff_exp >= 1, "qwen3moe needs expert-ff of at least 1");
+        require(s.n_ff_exp >= 1, s.arch + " needs expert-ff of at least 1");
     } else {
         require(s.n_expert == 0 && s.n_expert_used == 0 && s.n_ff_exp == 0,
-                "experts, experts-used and expert-ff only apply to qwen3moe, not " + s.arch);
+                "experts, experts-used and expert-ff only apply to qwen3moe and gpt-oss, not " + s.arch);
     }
     if (s.arch == "qwen35") {
         require(head_dim % 8 == 0, "qwen35 needs a head size divisible by 8 (a quarter of it is rotated), got " +
@@ -536,9 +654,9 @@ void validate_spec(const model_spec& s) {
         require(s.ssm_time_step_rank % s.ssm_group_count == 0,
                 "ssm value heads (time step rank) must be a multiple of the key heads (group count)");
     }
-    if (s.arch == "gemma3") {
-        require(s.sliding_window >= 1, "gemma3 needs a sliding window of at least 1 token");
-        require(s.sliding_window_pattern >= 1, "gemma3 needs a sliding window pattern of at least 1");
+    if (s.arch == "gemma3" || s.arch == "gpt-oss") {
+        require(s.sliding_window >= 1, s.arch + " needs a sliding window of at least 1 token");
+        require(s.sliding_window_pattern >= 1, s.arch + " needs a sliding window pattern of at least 1");
     }
     if (s.type == "q8_0" || s.type == "q4_0") {
         // Rows are quantized in blocks of 32; llama.cpp would silently fall back to another type otherwise.
@@ -582,7 +700,7 @@ std::string spec_hash(const model_spec& s) {
          << '|' << s.ssm_state_size << '|' << s.ssm_group_count << '|' << s.ssm_time_step_rank << '|' << s.vocab << '|'
          << s.chat_template << '|' << s.type << '|' << s.seed << '|' << s.preset;
     // Only where it applies, so the digests (and cached files) of the other architectures stay what they were.
-    if (s.arch == "gemma3") text << '|' << s.sliding_window << '|' << s.sliding_window_pattern;
+    if (s.arch == "gemma3" || s.arch == "gpt-oss") text << '|' << s.sliding_window << '|' << s.sliding_window_pattern;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(text.str())));
     return hex;

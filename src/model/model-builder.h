@@ -12,7 +12,8 @@ namespace keepwarm {
 struct model_spec {
     std::string preset;          // only used to name the model; empty for a hand-made shape
     std::string arch = "qwen3";  // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid),
-                                 // gemma3 (dense, sliding-window attention with a full-attention layer every so often)
+                                 // gemma3 (dense, sliding-window attention with a full-attention layer every so often),
+                                 // gpt-oss (MoE, sliding-window and full layers alternating, attention sinks)
 
     uint32_t n_layer = 4;
     uint32_t n_embd = 512;  // embedding_length ("width")
@@ -22,7 +23,7 @@ struct model_spec {
     uint32_t n_ff = 1536;   // feed_forward_length
     uint32_t n_ctx_train = 32768;
 
-    // qwen3moe
+    // qwen3moe, gpt-oss
     uint32_t n_expert = 0;
     uint32_t n_expert_used = 0;
     uint32_t n_ff_exp = 0;  // expert_feed_forward_length
@@ -34,8 +35,9 @@ struct model_spec {
     uint32_t ssm_group_count = 2;     // linear-attention key heads
     uint32_t ssm_time_step_rank = 4;  // linear-attention value heads; inner size = state size * value heads
 
-    // gemma3: each layer attends to the last sliding_window positions, except every sliding_window_pattern-th layer,
-    // which attends to all of them (Gemma 3: window 1024, one full layer in 6).
+    // gemma3, gpt-oss: each layer attends to the last sliding_window positions, except every
+    // sliding_window_pattern-th layer, which attends to all of them (Gemma 3: window 1024, one full layer in 6;
+    // gpt-oss: window 128, every other layer full).
     uint32_t sliding_window = 512;
     uint32_t sliding_window_pattern = 6;
 
@@ -52,7 +54,8 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-swa, bench-dense, bench-hybrid. Throws std::invalid_argument for other names.
+// tiny, tiny-hybrid, tiny-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws std::invalid_argument for
+// other names.
 model_spec preset_spec(const std::string& name);
 
 // Throws std::invalid_argument naming the first problem (unknown arch/vocab/template/type, inconsistent heads, ...).

@@ -268,6 +268,58 @@ TEST(ModelBuilder, SlidingWindowModelHasGemmaTokenizerAndDecodesPastItsWindow) {
     }
 }
 
+// gpt-oss's layout: sliding-window (128) and full layers alternating, sinks, biased MoE, harmony template and tokens.
+// The harmony markup must be single control tokens with llama.cpp's gpt-oss end-of-generation rules (<|return|> and
+// <|call|> end an answer, <|end|> does not), or common/chat's harmony parser would not see what a real model writes.
+TEST(ModelBuilder, GptOssModelSpeaksHarmonyAndDecodesPastItsWindow) {
+    const std::string path = shared_model(preset_spec("tiny-gpt-oss"));
+    const model_report r = inspect_model(path);
+    EXPECT_EQ(r.architecture, "gpt-oss");
+    EXPECT_EQ(r.sliding_window, 128u);
+    EXPECT_EQ(r.n_expert, 8u);
+    EXPECT_EQ(r.n_expert_used, 2u);
+    ASSERT_EQ(r.layers.size(), 4u);
+    for (uint32_t il = 0; il < 4; ++il) {
+        EXPECT_EQ(r.layers[il], il % 2 == 0 ? layer_kind::sliding_window : layer_kind::full_attention) << il;
+    }
+
+    loaded_model m = load(path, 1024);
+    EXPECT_EQ(llama_model_n_swa(m.model.get()), 128);
+    const char* tmpl = llama_model_chat_template(m.model.get(), nullptr);
+    ASSERT_NE(tmpl, nullptr);
+    EXPECT_NE(std::string(tmpl).find("<|channel|>analysis"), std::string::npos);
+    const llama_vocab* vocab = llama_model_get_vocab(m.model.get());
+    auto single = [&](const std::string& text) {
+        const std::vector<llama_token> tokens = tokenize(m.model.get(), text);
+        EXPECT_EQ(tokens.size(), 1u) << text;
+        return tokens.empty() ? LLAMA_TOKEN_NULL : tokens[0];
+    };
+    for (const char* text : {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"}) {
+        EXPECT_FALSE(llama_vocab_is_eog(vocab, single(text))) << text;
+    }
+    EXPECT_FALSE(llama_vocab_is_eog(vocab, single("<|end|>"))) << "an analysis message's end goes on to the answer";
+    EXPECT_TRUE(llama_vocab_is_eog(vocab, single("<|return|>")));
+    EXPECT_TRUE(llama_vocab_is_eog(vocab, single("<|call|>")));
+    EXPECT_EQ(llama_vocab_eos(vocab), single("<|return|>"));
+    EXPECT_EQ(tokenize(m.model.get(), "<|start|>assistant<|channel|>final<|message|>hello world<|end|>").size(), 8u);
+
+    // 300 tokens (the window more than twice over) then 4 greedy steps: every logit finite.
+    std::vector<llama_token> prompt;
+    for (int i = 0; i < 300; ++i) prompt.push_back(1000 + i % 5000);
+    ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(prompt.data(), int32_t(prompt.size()))), 0);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (int step = 0; step < 4; ++step) {
+        const float* logits = llama_get_logits_ith(m.ctx.get(), -1);
+        ASSERT_NE(logits, nullptr);
+        llama_token best = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            ASSERT_TRUE(std::isfinite(logits[i])) << "logit " << i << " at step " << step;
+            if (logits[i] > logits[best]) best = i;
+        }
+        ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(&best, 1)), 0) << "step " << step;
+    }
+}
+
 TEST(ModelInspect, DenseKnownShape) {
     model_spec spec = small_spec();
     spec.n_layer = 3;
@@ -355,6 +407,7 @@ TEST(ModelBuilder, PresetsAreValid) {
     }
     EXPECT_EQ(preset_spec("bench-dense").n_layer, 12u);
     EXPECT_EQ(preset_spec("bench-hybrid").arch, "qwen35");
+    EXPECT_EQ(preset_spec("tiny-gpt-oss").arch, "gpt-oss");
     EXPECT_NE(spec_hash(preset_spec("tiny")), spec_hash(preset_spec("tiny-hybrid")));
 }
 
@@ -387,6 +440,10 @@ TEST(ModelBuilder, BadArgumentsAreClearErrors) {
                                             s.n_ff_exp = 64;
                                         }),
                                         "experts-used");
+    expect_error<std::invalid_argument>(with([](model_spec& s) { s.arch = "gpt-oss"; }), "gpt-oss needs experts");
+    model_spec harmony_twice = preset_spec("tiny-gpt-oss");
+    harmony_twice.vocab = "phi-3";  // has <|end|> already
+    expect_error<std::invalid_argument>(harmony_twice, "vocab already has <|end|>");
     expect_error<std::invalid_argument>(with([](model_spec& s) { s.llama_source_dir = "/nonexistent/llama.cpp"; }),
                                         "llama.cpp source tree not found");
     expect_error<std::runtime_error>(small_spec(), "cannot write", "/nonexistent-dir/model.gguf");
