@@ -310,14 +310,13 @@ async function concurrentAgents(url) {
     return Promise.all([agent(1), agent(2)]);
 }
 
-// Two slots decoding together: llama.cpp places one sequence's new tokens in cells that hold another sequence's
+// Two slots decoding together: llama.cpp would place one sequence's new tokens in cells that hold another sequence's
 // positions outside that sequence's own window (llama_kv_cache::find_slot), which with a 128-token window is nearly
-// all of a conversation; keepwarm sees the window before the next turn's start is gone and recomputes the whole
-// prompt. llama-server keeps each slot's KV apart (kv_unified false) and loses nothing here, though it cannot share
-// the agents' common system prompt as keepwarm does.
-test('two agents at once with tool rounds: keepwarm recomputes no more than llama-server', {
-    todo: 'the engine must keep the window before each prompt end out of llama.cpp\'s reach (see the gpt-oss report)',
-}, async () => {
+// all of a conversation; keepwarm then saw the window before the next turn's start gone and recomputed the whole
+// prompt (3,362 tokens against llama-server's 3,144). The prompt cache's guard sequence now shares every cached cell,
+// so none is taken. llama-server keeps each slot's KV apart (kv_unified false) and loses nothing here, though it
+// cannot share the agents' common system prompt as keepwarm does.
+test('two agents at once with tool rounds: keepwarm recomputes no more than llama-server', async () => {
     const llamaServer = findLlamaServer();
     assert.ok(llamaServer,
               'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
