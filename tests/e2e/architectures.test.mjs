@@ -1,10 +1,11 @@
 // The other generated architectures serve correctly too: a hybrid recurrent/attention model (qwen35, the
-// Qwen3.5 template), a mixture of experts (qwen3moe) and a sliding-window model (gemma3, the Gemma 4 template).
+// Qwen3.5 template), a mixture of experts (qwen3moe), the two together (qwen35moe, as Qwen3.5-35B-A3B and
+// Qwen3-Next) and a sliding-window model (gemma3, the Gemma 4 template).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer } from './harness.mjs';
 
-for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-swa']) {
+for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-hybrid-moe', 'tiny-swa']) {
     test(`${preset}: greedy answers repeat, streamed or not, and an extended prompt reuses the first`, async () => {
         const server = await startServer(['-c', '4096', '-np', '2'], { preset });
         try {
