@@ -754,6 +754,55 @@ TEST_P(hybrid_prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) 
     fs::remove_all(dir);
 }
 
+// The Qwen3.5 template ends a generation prompt with "<think>\n" and renders that answer without it in the next turn,
+// which so leaves the previous prompt just after "<|im_start|>assistant\n". On the device the checkpoint at that
+// message start serves it; after a demotion to RAM and after a restart it must too, not the last whole block.
+// Disabled until prompt_cache::save_path keeps a tail ending at each message-start checkpoint past the last whole
+// block: without one the checkpoint is no use once the cells leave the device (256 reused here, not 288 and 333).
+TEST_P(hybrid_prompt_cache, DISABLED_the_next_turn_after_a_demotion_or_a_restart_restarts_from_the_last_message_start) {
+    const std::string model = hybrid_model();
+    const fs::path dir = temp_dir("hybrid-message-start");
+    engine_options o = base_options(model);
+    o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
+    o.cache_block_tokens = 256;    // all three turns end inside the second block, well past its start
+    o.cache_dir = dir.string();
+    const std::string system = words(230, 101);
+    const std::vector<std::string> users{words(20, 102), words(15, 103), words(15, 104)};
+    const auto turn = [&](engine& e, size_t n) {
+        return tokenize(e, chatml(system, std::vector<std::string>(users.begin(), users.begin() + n)) + "<think>\n");
+    };
+    // Reused: all of the previous prompt up to its last message start, a few tokens before where the turn leaves it.
+    const auto expect_message_start = [&](const result& r, const tokens& previous, const tokens& next) {
+        const int shared = static_cast<int>(shared_prefix(previous, next));
+        ASSERT_GT(shared % o.cache_block_tokens, 16)
+            << shared << ": the message start must lie well past a block's start";
+        EXPECT_GE(r.stats.reused_tokens, shared - 8);
+        EXPECT_EQ(r.stats.checkpoint_pos, r.stats.reused_tokens);
+        expect_same_output(r, cold(model, next, 8));
+    };
+    tokens second;
+    {
+        engine e(o);
+        e.start();
+        const tokens first = turn(e, 1);
+        second = turn(e, 2);
+        generate(e, first, 8);
+        generate(e, tokenize(e, chatml(words(60, 105), {words(10, 106)})), 4);  // takes the only slot
+        const result r = generate(e, second, 8);
+        EXPECT_GT(r.stats.reused_ram, 0);
+        expect_message_start(r, first, second);
+    }
+    {
+        engine e(o);  // restarted on the same cache folder
+        e.start();
+        const tokens third = turn(e, 3);
+        const result r = generate(e, third, 8);
+        EXPECT_GT(r.stats.reused_disk, 0);
+        expect_message_start(r, second, third);
+    }
+    fs::remove_all(dir);
+}
+
 // Issue 19: a checkpoint at every block cut a GPU's prefill into small batches. The checkpoint interval is a setting
 // of its own: fewer checkpoints, the same answers, and a divergence inside the interval restarts from the last
 // checkpoint before it, at most one interval back.
