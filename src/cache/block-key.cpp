@@ -13,7 +13,11 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <vector>
+
+#include "ggml-cpp.h"
+#include "gguf.h"
 
 namespace keepwarm {
 
@@ -60,6 +64,31 @@ size_t read_at(int fd, unsigned char* buf, size_t size, uint64_t offset, const s
         done += static_cast<size_t>(n);
     }
     return done;
+}
+
+// Whether the GGUF's metadata gives its architecture a sliding window (`<arch>.attention.sliding_window` above 0, or
+// a per-layer list). A file llama.cpp would not parse is taken as not: it never gets as far as a cache.
+bool has_sliding_window(const std::string& gguf_path) {
+    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
+    const gguf_context_ptr meta(gguf_init_from_file(gguf_path.c_str(), params));
+    if (!meta) return false;
+    const int64_t arch_id = gguf_find_key(meta.get(), "general.architecture");
+    if (arch_id < 0 || gguf_get_kv_type(meta.get(), arch_id) != GGUF_TYPE_STRING) return false;
+    const std::string key = std::string(gguf_get_val_str(meta.get(), arch_id)) + ".attention.sliding_window";
+    const int64_t id = gguf_find_key(meta.get(), key.c_str());
+    if (id < 0) return false;
+    switch (gguf_get_kv_type(meta.get(), id)) {
+        case GGUF_TYPE_UINT32:
+            return gguf_get_val_u32(meta.get(), id) > 0;
+        case GGUF_TYPE_INT32:
+            return gguf_get_val_i32(meta.get(), id) > 0;
+        case GGUF_TYPE_UINT64:
+            return gguf_get_val_u64(meta.get(), id) > 0;
+        case GGUF_TYPE_INT64:
+            return gguf_get_val_i64(meta.get(), id) > 0;
+        default:
+            return true;
+    }
 }
 
 }  // namespace
@@ -148,10 +177,12 @@ std::string model_fingerprint(const std::string& gguf_path, std::string_view kv_
 
     std::vector<unsigned char> buf(1 << 20);
     const uint64_t head = std::min(file_size, head_bytes);
+    bool gguf_magic = false;
     for (uint64_t at = 0; at < head;) {
         const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), head - at));
         const size_t got = read_at(fd, buf.data(), want, at, gguf_path);
         if (got != want) throw_io("read (file shrank)", gguf_path, EIO);
+        if (at == 0) gguf_magic = got >= 4 && std::memcmp(buf.data(), "GGUF", 4) == 0;
         XXH3_128bits_update(state, buf.data(), got);
         at += got;
     }
@@ -175,6 +206,15 @@ std::string model_fingerprint(const std::string& gguf_path, std::string_view kv_
     const uint64_t format_size = kv_format.size();  // length prefix: no ambiguity with the bytes before it
     XXH3_128bits_update(state, &format_size, sizeof format_size);
     XXH3_128bits_update(state, kv_format.data(), kv_format.size());
+    // Entries of a sliding-window model written before prompt_cache::swa_window_intact may hold KV positions that
+    // llama.cpp had already overwritten when they were saved. Their model's fingerprint changes, so they are another
+    // model's entries to this version and never read; every other model keeps its fingerprint and its entries.
+    if (gguf_magic && has_sliding_window(gguf_path)) {
+        static constexpr std::string_view swa_generation = "swa=window-intact";
+        const uint64_t generation_size = swa_generation.size();
+        XXH3_128bits_update(state, &generation_size, sizeof generation_size);
+        XXH3_128bits_update(state, swa_generation.data(), swa_generation.size());
+    }
     return from_xxh(XXH3_128bits_digest(state)).hex();
 }
 

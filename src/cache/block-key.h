@@ -51,6 +51,8 @@ block_key chain_block_key(const block_key& parent, std::span<const llama_token> 
 // cache): 32 hex digits of XXH3-128 over the file size, its first 16 MiB (GGUF header, metadata and tensor infos;
 // the whole file if smaller), 64 samples of 64 KiB at evenly spaced offsets across the rest, and `kv_format` (e.g.
 // "k=f16 v=f16 llama=<version>"). Not a full content hash: two files that differ only between samples collide.
+// A model with sliding-window attention (its GGUF's `<arch>.attention.sliding_window` above 0) also hashes the tag
+// "swa=window-intact", so that its entries written before the window was kept whole are not read (see the .cpp).
 // Throws std::runtime_error naming the path if the file cannot be read.
 std::string model_fingerprint(const std::string& gguf_path, std::string_view kv_format);
 

@@ -340,6 +340,20 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
     for (const int end : {s.prompt_end, length}) {
         if (end > from && end <= length && end % b != 0) save(end);
     }
+    // Hybrid: and up to each checkpoint in the last prompt's last block (its message starts). The next turn of a
+    // template that renders the previous answer its own way (Qwen3.5 drops the "<think>" that ended the prompt) leaves
+    // this path at the last one: without a tail ending there, that checkpoint is no use once the cells have left the
+    // device, and the turn went back to the last whole block (up to a block, or --checkpoint-every, recomputed).
+    if (!can_truncate_) {
+        const int last_block = s.prompt_end / b * b;
+        std::vector<int> ends;
+        for (const node* n = tip; !tree::is_root(n) && static_cast<int>(n->depth) > last_block; n = n->parent) {
+            for (const auto& [pos, state] : n->value.checkpoints) {
+                if (pos > from && pos > last_block && pos < s.prompt_end) ends.push_back(pos);
+            }
+        }
+        for (const int end : ends) save(end);
+    }
     if (!can_truncate_ && !tip->value.checkpoints.count(length)) {
         if (path.empty()) path = tree_.path(tip);
         store_checkpoint(tip, length, serialize_checkpoint(s.seq, length), path);

@@ -26,6 +26,7 @@ struct mkmodel_options {
 std::string arch_default_preset(const std::string& arch) {
     if (arch == "qwen3moe") return "tiny-moe";
     if (arch == "qwen35") return "tiny-hybrid";
+    if (arch == "qwen35moe") return "tiny-hybrid-moe";
     if (arch == "gemma3") return "tiny-swa";
     if (arch == "gpt-oss") return "tiny-gpt-oss";
     return "tiny";
@@ -77,10 +78,11 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
         std::printf("wrote %s\n", r.path.c_str());
         std::printf("  %s, %u layers, width %u, %u heads (%u KV) of %u, ff %u", spec.arch.c_str(), spec.n_layer,
                     spec.n_embd, spec.n_head, spec.n_head_kv, spec.resolved_head_dim(), spec.n_ff);
-        if (spec.arch == "qwen3moe" || spec.arch == "gpt-oss") {
+        if (spec.arch == "qwen3moe" || spec.arch == "qwen35moe" || spec.arch == "gpt-oss") {
             std::printf(", %u experts (%u used) of ff %u", spec.n_expert, spec.n_expert_used, spec.n_ff_exp);
         }
-        if (spec.arch == "qwen35") {
+        if (spec.arch == "qwen35moe") std::printf(", shared expert of ff %u", spec.n_ff);
+        if (spec.arch == "qwen35" || spec.arch == "qwen35moe") {
             std::printf(", attention every %u layers, delta-net %u k / %u v heads of %u", spec.full_attention_interval,
                         spec.ssm_group_count, spec.ssm_time_step_rank, spec.ssm_state_size);
         }
@@ -119,8 +121,8 @@ void add_mkmodel_command(CLI::App& app) {
                     "Starting shape: " + presets + " (default: tiny, or the tiny shape of --arch)");
     cmd->add_option("-o,--output", o->output, "Output file (default: ./<model name>.gguf)");
     cmd->add_option("--arch", f.arch,
-                    "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net), gemma3 (sliding window), "
-                    "gpt-oss (MoE, sliding window, attention sinks)");
+                    "Architecture: qwen3 (dense), qwen3moe (MoE), qwen35 (hybrid delta-net), qwen35moe (hybrid MoE), "
+                    "gemma3 (sliding window), gpt-oss (MoE, sliding window, attention sinks)");
     cmd->add_option("--layers", f.n_layer, "Number of blocks")->check(whole_number_at_least(1, "blocks"));
     cmd->add_option("--width", f.n_embd, "Embedding length")->check(whole_number_at_least(1, ""));
     cmd->add_option("--heads", f.n_head, "Query heads")->check(whole_number_at_least(1, "heads"));
@@ -128,23 +130,26 @@ void add_mkmodel_command(CLI::App& app) {
         ->check(whole_number_at_least(1, "heads"));
     cmd->add_option("--head-dim", f.head_dim, "Head size (default: width / heads)")
         ->check(whole_number_at_least(0, "0: width / heads"));
-    cmd->add_option("--ff", f.n_ff, "Feed-forward length")->check(whole_number_at_least(1, ""));
-    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe, gpt-oss)")->check(whole_number_at_least(0, ""));
-    cmd->add_option("--experts-used", f.n_expert_used, "Experts used per token (qwen3moe, gpt-oss)")
+    cmd->add_option("--ff", f.n_ff, "Feed-forward length (qwen35moe: of the shared expert)")
+        ->check(whole_number_at_least(1, ""));
+    cmd->add_option("--experts", f.n_expert, "Experts (qwen3moe, qwen35moe, gpt-oss)")
         ->check(whole_number_at_least(0, ""));
-    cmd->add_option("--expert-ff", f.n_ff_exp, "Feed-forward length of each expert (qwen3moe, gpt-oss)")
+    cmd->add_option("--experts-used", f.n_expert_used, "Experts used per token (qwen3moe, qwen35moe, gpt-oss)")
+        ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--expert-ff", f.n_ff_exp, "Feed-forward length of each expert (qwen3moe, qwen35moe, gpt-oss)")
         ->check(whole_number_at_least(0, ""));
     cmd->add_option("--ctx", f.n_ctx_train, "Trained context length written to the model")
         ->check(whole_number_at_least(1, "tokens"));
-    cmd->add_option("--attn-interval", f.full_attention_interval, "Every Nth layer is full attention (qwen35)")
+    cmd->add_option("--attn-interval", f.full_attention_interval,
+                    "Every Nth layer is full attention (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, "layers"));
-    cmd->add_option("--ssm-state", f.ssm_state_size, "Delta-net head size (qwen35)")
+    cmd->add_option("--ssm-state", f.ssm_state_size, "Delta-net head size (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, ""));
-    cmd->add_option("--ssm-k-heads", f.ssm_group_count, "Delta-net key heads (qwen35)")
+    cmd->add_option("--ssm-k-heads", f.ssm_group_count, "Delta-net key heads (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, "heads"));
-    cmd->add_option("--ssm-v-heads", f.ssm_time_step_rank, "Delta-net value heads (qwen35)")
+    cmd->add_option("--ssm-v-heads", f.ssm_time_step_rank, "Delta-net value heads (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, "heads"));
-    cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35)")
+    cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, ""));
     cmd->add_option("--sliding-window", f.sliding_window, "Tokens a sliding-window layer attends to (gemma3, gpt-oss)")
         ->check(whole_number_at_least(1, "tokens"));

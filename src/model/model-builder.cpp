@@ -39,7 +39,7 @@ namespace {
 // Bump when the generator changes what it writes for a given spec, so cached demo models are regenerated.
 constexpr uint32_t k_generator_version = 1;
 
-const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "gemma3", "gpt-oss"};
+const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "gemma3", "gpt-oss"};
 const std::vector<std::string> k_types = {"f32", "f16", "q8_0", "q4_0"};
 
 std::string join(const std::vector<std::string>& items) {
@@ -86,6 +86,15 @@ void fill_normal(float* out, size_t n, std::mt19937_64& gen, float sd) {
         out[i++] = radius * std::cos(angle);
         if (i < n) out[i++] = radius * std::sin(angle);
     }
+}
+
+// qwen35moe is qwen35's hybrid layout with qwen3moe-style routed experts plus a gated shared expert in each block;
+// gpt-oss's blocks are all MoE too (its own tensor list: add_gpt_oss_layers).
+bool is_hybrid(const std::string& arch) {
+    return arch == "qwen35" || arch == "qwen35moe";
+}
+bool has_experts(const std::string& arch) {
+    return arch == "qwen3moe" || arch == "qwen35moe" || arch == "gpt-oss";
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -378,7 +387,7 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
             add_tensor_info(m, s, blk + name, ne);
         };
         add("attn_norm.weight", {n_embd});
-        const bool recurrent = s.arch == "qwen35" && (il + 1) % s.full_attention_interval != 0;
+        const bool recurrent = is_hybrid(s.arch) && (il + 1) % s.full_attention_interval != 0;
         if (recurrent) {
             const int64_t state = s.ssm_state_size, v_heads = s.ssm_time_step_rank;
             const int64_t key_dim = state * s.ssm_group_count, value_dim = state * v_heads;
@@ -393,14 +402,14 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
             add("ssm_out.weight", {value_dim, n_embd});
         } else {
             // qwen35 attention projects a per-head output gate together with the queries.
-            add("attn_q.weight", {n_embd, s.arch == "qwen35" ? 2 * q_dim : q_dim});
+            add("attn_q.weight", {n_embd, is_hybrid(s.arch) ? 2 * q_dim : q_dim});
             add("attn_k.weight", {n_embd, kv_dim});
             add("attn_v.weight", {n_embd, kv_dim});
             add("attn_output.weight", {q_dim, n_embd});
             add("attn_q_norm.weight", {hd});
             add("attn_k_norm.weight", {hd});
         }
-        if (s.arch == "qwen35") {
+        if (is_hybrid(s.arch)) {
             add("post_attention_norm.weight", {n_embd});
         } else {
             add("ffn_norm.weight", {n_embd});
@@ -409,13 +418,21 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
             add("post_attention_norm.weight", {n_embd});
             add("post_ffw_norm.weight", {n_embd});
         }
-        if (s.arch == "qwen3moe") {
+        if (has_experts(s.arch)) {
             const int64_t n_exp = s.n_expert, ff_exp = s.n_ff_exp;
             add("ffn_gate_inp.weight", {n_embd, n_exp});
             add("ffn_gate_exps.weight", {n_embd, ff_exp, n_exp});
             add("ffn_down_exps.weight", {ff_exp, n_embd, n_exp});
             add("ffn_up_exps.weight", {n_embd, ff_exp, n_exp});
-        } else {
+        }
+        if (s.arch == "qwen35moe") {
+            // The shared expert runs for every token, scaled by a sigmoid gate (one logit per token); ff is its size.
+            add("ffn_gate_inp_shexp.weight", {n_embd});
+            add("ffn_gate_shexp.weight", {n_embd, n_ff});
+            add("ffn_down_shexp.weight", {n_ff, n_embd});
+            add("ffn_up_shexp.weight", {n_embd, n_ff});
+        }
+        if (!has_experts(s.arch)) {
             add("ffn_gate.weight", {n_embd, n_ff});
             add("ffn_down.weight", {n_ff, n_embd});
             add("ffn_up.weight", {n_embd, n_ff});
@@ -447,14 +464,15 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
     set_u32(m, a + ".attention.key_length", head_dim);
     set_u32(m, a + ".attention.value_length", head_dim);
     set_f32(m, a + ".attention.layer_norm_rms_epsilon", a == "gpt-oss" ? 1e-5f : 1e-6f);
-    set_f32(m, a + ".rope.freq_base", a == "qwen35" ? 10000000.0f : a == "gpt-oss" ? 150000.0f : 1000000.0f);
+    set_f32(m, a + ".rope.freq_base", is_hybrid(a) ? 10000000.0f : a == "gpt-oss" ? 150000.0f : 1000000.0f);
 
-    if (a == "qwen3moe" || a == "gpt-oss") {
+    if (has_experts(a)) {
         set_u32(m, a + ".expert_count", spec.n_expert);
         set_u32(m, a + ".expert_used_count", spec.n_expert_used);
         set_u32(m, a + ".expert_feed_forward_length", spec.n_ff_exp);
     }
-    if (a == "qwen35") {
+    if (a == "qwen35moe") set_u32(m, a + ".expert_shared_feed_forward_length", spec.n_ff);
+    if (is_hybrid(a)) {
         // Qwen3.5 rotates a quarter of each head (partial_rotary_factor 0.25).
         const uint32_t rope_dims = head_dim / 4;
         const std::vector<int32_t> sections = rope_sections(rope_dims);
@@ -531,7 +549,8 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny", "tiny-hybrid", "tiny-moe", "tiny-swa", "tiny-gpt-oss", "bench-dense", "bench-hybrid"};
+    return {"tiny",     "tiny-hybrid",  "tiny-moe",    "tiny-hybrid-moe",
+            "tiny-swa", "tiny-gpt-oss", "bench-dense", "bench-hybrid"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -552,6 +571,20 @@ model_spec preset_spec(const std::string& name) {
     if (name == "tiny-hybrid") {
         spec.arch = "qwen35";
         spec.n_head_kv = 2;
+        spec.vocab = "qwen35";
+        spec.chat_template = "Qwen3.5-4B";
+        return spec;
+    }
+    if (name == "tiny-hybrid-moe") {
+        // Qwen3.5-35B-A3B / Qwen3-Next's layout (delta-net layers, full attention every 4th; 8 routed experts of which
+        // 2 run per token, plus the shared expert) at tiny-hybrid's scale. As in those models, the shared expert is as
+        // large as a routed one.
+        spec.arch = "qwen35moe";
+        spec.n_head_kv = 2;
+        spec.n_ff = 256;
+        spec.n_expert = 8;
+        spec.n_expert_used = 2;
+        spec.n_ff_exp = 256;
         spec.vocab = "qwen35";
         spec.chat_template = "Qwen3.5-4B";
         return spec;
@@ -631,7 +664,7 @@ void validate_spec(const model_spec& s) {
     require(s.n_ff >= 1, "ff must be at least 1");
     require(s.n_ctx_train >= 16, "ctx must be at least 16, got " + std::to_string(s.n_ctx_train));
 
-    const bool moe = s.arch == "qwen3moe" || s.arch == "gpt-oss";
+    const bool moe = has_experts(s.arch);
     if (moe) {
         require(s.n_expert >= 1 && s.n_expert <= 1024,
                 s.arch + " needs experts between 1 and 1024, got " + std::to_string(s.n_expert));
@@ -641,10 +674,10 @@ void validate_spec(const model_spec& s) {
         require(s.n_ff_exp >= 1, s.arch + " needs expert-ff of at least 1");
     } else {
         require(s.n_expert == 0 && s.n_expert_used == 0 && s.n_ff_exp == 0,
-                "experts, experts-used and expert-ff only apply to qwen3moe and gpt-oss, not " + s.arch);
+                "experts, experts-used and expert-ff only apply to qwen3moe, qwen35moe and gpt-oss, not " + s.arch);
     }
-    if (s.arch == "qwen35") {
-        require(head_dim % 8 == 0, "qwen35 needs a head size divisible by 8 (a quarter of it is rotated), got " +
+    if (is_hybrid(s.arch)) {
+        require(head_dim % 8 == 0, s.arch + " needs a head size divisible by 8 (a quarter of it is rotated), got " +
                                        std::to_string(head_dim));
         require(s.full_attention_interval >= 1 && s.full_attention_interval <= s.n_layer,
                 "full attention interval must be between 1 and layers (" + std::to_string(s.n_layer) + ")");
@@ -664,9 +697,9 @@ void validate_spec(const model_spec& s) {
             require(n % 32 == 0, what + " (" + std::to_string(n) + ") must be a multiple of 32 for " + s.type);
         };
         block(uint64_t(s.n_head) * head_dim, "heads x head size");
-        if (!moe) block(s.n_ff, "ff");
+        if (!moe || s.arch == "qwen35moe") block(s.n_ff, s.arch == "qwen35moe" ? "ff (the shared expert's)" : "ff");
         if (moe) block(s.n_ff_exp, "expert-ff");
-        if (s.arch == "qwen35") block(uint64_t(s.ssm_state_size) * s.ssm_time_step_rank, "ssm inner size");
+        if (is_hybrid(s.arch)) block(uint64_t(s.ssm_state_size) * s.ssm_time_step_rank, "ssm inner size");
     }
 
     require(is_plain_name(s.vocab), "vocab must be a name like qwen2, got '" + s.vocab + "'");

@@ -12,6 +12,7 @@ namespace keepwarm {
 struct model_spec {
     std::string preset;          // only used to name the model; empty for a hand-made shape
     std::string arch = "qwen3";  // qwen3 (dense), qwen3moe (MoE), qwen35 (gated delta-net + attention hybrid),
+                                 // qwen35moe (the qwen35 hybrid with experts and a shared expert),
                                  // gemma3 (dense, sliding-window attention with a full-attention layer every so often),
                                  // gpt-oss (MoE, sliding-window and full layers alternating, attention sinks)
 
@@ -20,15 +21,15 @@ struct model_spec {
     uint32_t n_head = 8;
     uint32_t n_head_kv = 4;
     uint32_t head_dim = 0;  // 0: n_embd / n_head
-    uint32_t n_ff = 1536;   // feed_forward_length
+    uint32_t n_ff = 1536;   // feed_forward_length; qwen35moe: the shared expert's
     uint32_t n_ctx_train = 32768;
 
-    // qwen3moe, gpt-oss
+    // qwen3moe, qwen35moe, gpt-oss
     uint32_t n_expert = 0;
     uint32_t n_expert_used = 0;
     uint32_t n_ff_exp = 0;  // expert_feed_forward_length
 
-    // qwen35: every full_attention_interval-th layer is attention, the others gated delta-net (recurrent)
+    // qwen35, qwen35moe: every full_attention_interval-th layer is attention, the others gated delta-net (recurrent)
     uint32_t full_attention_interval = 4;
     uint32_t ssm_conv_kernel = 4;
     uint32_t ssm_state_size = 128;    // head size of the linear-attention heads
@@ -54,7 +55,7 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws std::invalid_argument for
+// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws std::invalid_argument for
 // other names.
 model_spec preset_spec(const std::string& name);
 

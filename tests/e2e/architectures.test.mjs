@@ -1,11 +1,12 @@
 // The other generated architectures serve correctly too: a hybrid recurrent/attention model (qwen35, the
-// Qwen3.5 template), a mixture of experts (qwen3moe), a sliding-window model (gemma3, the Gemma 4 template) and
-// gpt-oss (sliding-window and full layers, sinks, MoE, the harmony template; tests/e2e/harmony.test.mjs has more).
+// Qwen3.5 template), a mixture of experts (qwen3moe), the two together (qwen35moe, as Qwen3.5-35B-A3B and
+// Qwen3-Next), a sliding-window model (gemma3, the Gemma 4 template) and gpt-oss (sliding-window and full layers,
+// sinks, MoE, the harmony template; tests/e2e/harmony.test.mjs has more).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer } from './harness.mjs';
+import { startServer, curl, words } from './harness.mjs';
 
-for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-swa', 'tiny-gpt-oss']) {
+for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-hybrid-moe', 'tiny-swa', 'tiny-gpt-oss']) {
     test(`${preset}: greedy answers repeat, streamed or not, and an extended prompt reuses the first`, async () => {
         const server = await startServer(['-c', '4096', '-np', '2'], { preset });
         try {
@@ -35,6 +36,92 @@ for (const preset of ['tiny-hybrid', 'tiny-moe', 'tiny-swa', 'tiny-gpt-oss']) {
                          `${first.usage.prompt_tokens} tokens`);
         } finally {
             await server.stop();
+        }
+    });
+}
+
+// Agent turns on both hybrid layouts (qwen35 as Qwen3.5-4B; qwen35moe as Qwen3.5-35B-A3B and Qwen3-Next), through the
+// Qwen3.5 template with tools and thinking on. The template drops the previous turn's "<think>" and reasoning, so each
+// next turn leaves the cached path at the start of the last assistant message, a few tokens before the end of the
+// previous prompt: the recurrent state there comes from the checkpoint taken at that message start.
+const hybridTools = [{ type: 'function', function: { name: 'read_file', description: 'Read a file of the project',
+    parameters: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] } } }];
+
+function agentTurn(preset) {
+    return { model: preset, temperature: 0, max_tokens: 8, tools: hybridTools, messages: [
+        { role: 'system', content: words(400, 21) },
+        { role: 'user', content: 'Look at the cache code.' },
+        { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function',
+            function: { name: 'read_file', arguments: JSON.stringify({ path: 'src/cache.cpp' }) } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: words(120, 22) },
+        { role: 'user', content: 'What does it keep?' },
+    ] };
+}
+
+// `body`'s next turn: the answer as the client got it (reasoning included), then a new question.
+function nextAgentTurn(body, answer, question) {
+    const { content, reasoning_content } = answer.choices[0].message;
+    return { ...body, messages: [...body.messages, { role: 'assistant', content: content ?? '', reasoning_content },
+                                 { role: 'user', content: question }] };
+}
+
+async function chatCompletion(server, body) {
+    const res = await curl(`${server.url}/v1/chat/completions`, { method: 'POST', body });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    return res.body;
+}
+
+// What the next turn gets back of `previous`: all of its prompt but the generation prompt's last few tokens.
+function assertNextTurnReuse(next, previous, where) {
+    const cached = next.usage.prompt_tokens_details.cached_tokens;
+    const prompt = previous.usage.prompt_tokens;
+    assert.ok(cached >= prompt - 8 && cached < prompt, `${where}: reused ${cached} of the previous ${prompt}: ` +
+              JSON.stringify(next.timings));
+    assert.equal(next.timings.checkpoint_pos, cached, `${where}: from the message-start checkpoint`);
+}
+
+for (const preset of ['tiny-hybrid', 'tiny-hybrid-moe']) {
+    test(`${preset}: each next agent turn (tools, reasoning) restarts from the checkpoint at the last message start`,
+         async () => {
+        const server = await startServer(['-c', '4096', '-np', '1'], { preset });
+        try {
+            const first = await chatCompletion(server, agentTurn(preset));
+            assert.ok(first.choices[0].message.reasoning_content.length > 0, 'thinking is on: the answer is reasoning');
+            const second = await chatCompletion(server, nextAgentTurn(agentTurn(preset), first, 'And then?'));
+            assertNextTurnReuse(second, first, 'second turn');
+            assert.equal(second.timings.cache_device_n, second.usage.prompt_tokens_details.cached_tokens);
+            const history = nextAgentTurn(agentTurn(preset), first, 'And then?');
+            const third = await chatCompletion(server, nextAgentTurn(history, second, 'Anything else?'));
+            assertNextTurnReuse(third, second, 'third turn');
+        } finally {
+            await server.stop();
+        }
+    });
+
+    // After a demotion to RAM or a restart the KV between the last whole block and the last message start comes from
+    // a tail that ends at that message start's checkpoint (before, only tails ending further on were kept, and the
+    // turn went back to the last whole block: up to --checkpoint-every tokens recomputed).
+    test(`${preset}: the next agent turn after a demotion to RAM and after a restart restarts from the same checkpoint`,
+         async () => {
+        const args = ['-c', '4096', '-np', '1', '--cache-parked', '0'];
+        const server = await startServer(args, { preset });
+        let restarted;
+        try {
+            const first = await chatCompletion(server, agentTurn(preset));
+            const other = [{ role: 'user', content: words(200, 5) }];
+            await chatCompletion(server, { model: preset, max_tokens: 4, messages: other });  // takes the only slot
+            const second = await chatCompletion(server, nextAgentTurn(agentTurn(preset), first, 'And then?'));
+            assert.ok(second.timings.cache_ram_n > 0, JSON.stringify(second.timings));
+            assertNextTurnReuse(second, first, 'after a demotion');
+            await server.stop();
+            restarted = await startServer(args, { preset, cacheDir: server.cacheDir });
+            const history = nextAgentTurn(agentTurn(preset), first, 'And then?');
+            const third = await chatCompletion(restarted, nextAgentTurn(history, second, 'Anything else?'));
+            assert.ok(third.timings.cache_disk_n > 0, JSON.stringify(third.timings));
+            assertNextTurnReuse(third, second, 'after a restart');
+        } finally {
+            await server.stop();
+            await restarted?.stop();
         }
     });
 }

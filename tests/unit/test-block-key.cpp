@@ -5,10 +5,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <unordered_set>
 
 #include "cache/block-key.h"
+#include "ggml-cpp.h"
+#include "gguf.h"
 
 using keepwarm::block_key;
 using keepwarm::chain_block_key;
@@ -159,6 +164,57 @@ TEST(model_fingerprint, small_file_is_hashed_whole) {
     const std::string fp = model_fingerprint(file.path.string(), "");
     patch_byte(file.path, 4000);
     EXPECT_NE(model_fingerprint(file.path.string(), ""), fp);
+}
+
+namespace {
+
+// What model_fingerprint made of a file under 16 MiB before sliding-window models got their tag, computed with the
+// XXH3 API directly: the size, the whole file and the length-prefixed KV format.
+std::string fingerprint_before_the_swa_tag(const fs::path& path, std::string_view kv_format) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string input;
+    const uint64_t size = bytes.size(), format_size = kv_format.size();
+    input.append(reinterpret_cast<const char*>(&size), sizeof size);
+    input += bytes;
+    input.append(reinterpret_cast<const char*>(&format_size), sizeof format_size);
+    input += kv_format;
+    const XXH128_hash_t h = XXH3_128bits(input.data(), input.size());
+    return block_key{h.high64, h.low64}.hex();
+}
+
+// A GGUF of metadata only: an architecture and, where given, its sliding window.
+void write_gguf(const fs::path& path, const std::string& arch, std::optional<uint32_t> sliding_window) {
+    const gguf_context_ptr meta(gguf_init_empty());
+    gguf_set_val_str(meta.get(), "general.architecture", arch.c_str());
+    gguf_set_val_u32(meta.get(), (arch + ".block_count").c_str(), 6);
+    if (sliding_window) gguf_set_val_u32(meta.get(), (arch + ".attention.sliding_window").c_str(), *sliding_window);
+    ASSERT_TRUE(gguf_write_to_file(meta.get(), path.c_str(), /*only_meta =*/false));
+}
+
+}  // namespace
+
+// A sliding-window model's disk entries written before the window was kept whole (prompt_cache::swa_window_intact)
+// may hold KV positions llama.cpp had overwritten. Its fingerprint changed, so those entries are another model's to
+// this version and never read; every other model's fingerprint, and so its disk cache, is what it was.
+TEST(model_fingerprint, changed_for_sliding_window_models_only) {
+    const std::string format = "k=f16 v=f16 block=256 state=llama.cpp-80fb11a";
+    temp_file dense("keepwarm-fingerprint-dense"), hybrid("keepwarm-fingerprint-hybrid");
+    temp_file swa("keepwarm-fingerprint-swa"), no_window("keepwarm-fingerprint-swa-0");
+    write_gguf(dense.path, "qwen3", std::nullopt);
+    write_gguf(hybrid.path, "qwen35moe", std::nullopt);
+    write_gguf(swa.path, "gemma3", 512);
+    write_gguf(no_window.path, "gemma3", 0);
+
+    EXPECT_EQ(model_fingerprint(dense.path.string(), format), fingerprint_before_the_swa_tag(dense.path, format));
+    EXPECT_EQ(model_fingerprint(hybrid.path.string(), format), fingerprint_before_the_swa_tag(hybrid.path, format));
+    EXPECT_EQ(model_fingerprint(no_window.path.string(), format),
+              fingerprint_before_the_swa_tag(no_window.path, format));
+    const std::string swa_fp = model_fingerprint(swa.path.string(), format);
+    EXPECT_NE(swa_fp, fingerprint_before_the_swa_tag(swa.path, format));
+    EXPECT_EQ(swa_fp.size(), 32u);
+    EXPECT_EQ(swa_fp, model_fingerprint(swa.path.string(), format)) << "still stable across start-ups";
+    EXPECT_NE(swa_fp, model_fingerprint(swa.path.string(), "k=q8_0 v=q8_0 block=256 state=llama.cpp-80fb11a"));
 }
 
 TEST(model_fingerprint, missing_file_throws_with_the_path) {

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "engine/llama-runtime.h"
+#include "ggml-cpp.h"
+#include "gguf.h"
 #include "llama-cpp.h"
 #include "llama.h"
 #include "model/demo-model.h"
@@ -228,6 +230,53 @@ TEST(ModelBuilder, HybridModelDecodes) {
     expect_decodes(path);
 }
 
+// Qwen3.5-35B-A3B / Qwen3-Next's layout: tiny-hybrid's delta-net and attention layers, with routed experts and a gated
+// shared expert in place of the dense feed-forward. The recurrent state and KV cache are tiny-hybrid's, byte for byte.
+TEST(ModelBuilder, HybridMoeModelHasExpertsAndSharedExpertAndDecodes) {
+    const std::string path = shared_model(preset_spec("tiny-hybrid-moe"));
+    const model_report r = inspect_model(path);
+    EXPECT_EQ(r.architecture, "qwen35moe");
+    EXPECT_EQ(r.n_expert, 8u);
+    EXPECT_EQ(r.n_expert_used, 2u);
+    EXPECT_EQ(r.n_ff_exp, 256u);
+    EXPECT_EQ(r.layer_summary(), "3 recurrent + 1 full attention (layer 3)");
+    const model_report hybrid = inspect_model(shared_model(preset_spec("tiny-hybrid")));
+    EXPECT_EQ(r.recurrent_state_bytes, hybrid.recurrent_state_bytes);
+    EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::f16), hybrid.kv_bytes_per_token(kv_cache_type::f16));
+
+    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
+    gguf_context_ptr gguf(gguf_init_from_file(path.c_str(), params));
+    ASSERT_TRUE(gguf);
+    for (const char* name :
+         {"blk.0.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight", "blk.0.ffn_gate_inp_shexp.weight",
+          "blk.3.ffn_down_shexp.weight", "blk.0.ssm_conv1d.weight", "blk.3.attn_q.weight"}) {
+        EXPECT_GE(gguf_find_tensor(gguf.get(), name), 0) << name;
+    }
+    EXPECT_LT(gguf_find_tensor(gguf.get(), "blk.0.ffn_up.weight"), 0) << "no dense feed-forward";
+    const int64_t shared_ff = gguf_find_key(gguf.get(), "qwen35moe.expert_shared_feed_forward_length");
+    ASSERT_GE(shared_ff, 0);
+    EXPECT_EQ(gguf_get_val_u32(gguf.get(), shared_ff), 256u);
+    {
+        llama_model_params mp = cpu_model_params();
+        mp.vocab_only = true;
+        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
+        ASSERT_TRUE(model);
+        const char* tmpl = llama_model_chat_template(model.get(), nullptr);
+        ASSERT_NE(tmpl, nullptr);
+        EXPECT_NE(std::string(tmpl).find("<|im_start|>"), std::string::npos);
+    }
+    expect_decodes(path);
+
+    // llama.cpp stores what inspect says: the attention layer's KV plus the delta-net state.
+    loaded_model m = load(path);
+    std::vector<llama_token> tokens(64, 1000);
+    ASSERT_EQ(llama_decode(m.ctx.get(), llama_batch_get_one(tokens.data(), int32_t(tokens.size()))), 0);
+    const size_t state = llama_state_seq_get_size(m.ctx.get(), 0);
+    const uint64_t expected = r.memory_at(uint32_t(tokens.size()), kv_cache_type::f16);
+    EXPECT_GE(state, expected);
+    EXPECT_LT(state, expected + tokens.size() * 16 + 4096) << "state " << state << " vs KV + recurrent " << expected;
+}
+
 // Gemma 3's layout: five sliding-window layers then one full, with the Gemma 4 tokenizer and template. Decoding past
 // the window proves llama.cpp built its sliding-window cache for it, not a plain one.
 TEST(ModelBuilder, SlidingWindowModelHasGemmaTokenizerAndDecodesPastItsWindow) {
@@ -408,6 +457,8 @@ TEST(ModelBuilder, PresetsAreValid) {
     EXPECT_EQ(preset_spec("bench-dense").n_layer, 12u);
     EXPECT_EQ(preset_spec("bench-hybrid").arch, "qwen35");
     EXPECT_EQ(preset_spec("tiny-gpt-oss").arch, "gpt-oss");
+    EXPECT_EQ(preset_spec("tiny-hybrid-moe").arch, "qwen35moe");
+    EXPECT_NE(spec_hash(preset_spec("tiny-hybrid")), spec_hash(preset_spec("tiny-hybrid-moe")));
     EXPECT_NE(spec_hash(preset_spec("tiny")), spec_hash(preset_spec("tiny-hybrid")));
 }
 
@@ -455,6 +506,11 @@ TEST(ModelBuilder, CommandLine) {
     std::string out = run_binary("mkmodel --arch gpt5 -o " + (test_dir() / "x.gguf").string(), &status);
     EXPECT_EQ(status, 1);
     EXPECT_NE(out.find("unknown architecture 'gpt5'"), std::string::npos) << out;
+
+    // --arch alone starts from that architecture's tiny preset (experts and all), so only the bad vocab is wrong.
+    out = run_binary("mkmodel --arch qwen35moe --vocab klingon -o " + (test_dir() / "x.gguf").string(), &status);
+    EXPECT_EQ(status, 1);
+    EXPECT_NE(out.find("unknown vocab 'klingon'"), std::string::npos) << out;
 
     out = run_binary("mkmodel --preset tiny --kv-heads 3 -o " + (test_dir() / "x.gguf").string(), &status);
     EXPECT_EQ(status, 1);

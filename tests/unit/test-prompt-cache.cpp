@@ -134,7 +134,21 @@ void check_device_and_ram_paths(const std::string& model) {
     EXPECT_GT(e.cache_stats().ram.bytes, 0u);
 }
 
+// The hybrid tests run on each hybrid layout: qwen35 (a dense feed-forward, as Qwen3.5-4B) and qwen35moe (routed and
+// shared experts, as Qwen3.5-35B-A3B and Qwen3-Next). In their bodies, hybrid_model() is the one under test.
+class hybrid_prompt_cache : public testing::TestWithParam<std::string> {
+protected:
+    std::string hybrid_model() const { return test_models::generated_model("unit-prompt-cache", GetParam()); }
+};
+
 }  // namespace
+
+INSTANTIATE_TEST_SUITE_P(layouts, hybrid_prompt_cache, testing::Values("tiny-hybrid", "tiny-hybrid-moe"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                             std::string name = info.param;
+                             std::replace(name.begin(), name.end(), '-', '_');
+                             return name;
+                         });
 
 TEST(prompt_cache, dense_device_and_ram_restores_equal_a_cold_run) {
     check_device_and_ram_paths(dense_model());
@@ -233,7 +247,7 @@ TEST(prompt_cache, a_restarted_server_restores_from_disk_and_ignores_damaged_ent
     fs::remove_all(dir);
 }
 
-TEST(prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpoint) {
+TEST_P(hybrid_prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpoint) {
     const std::string model = hybrid_model();
     engine e(base_options(model));
     e.start();
@@ -261,8 +275,7 @@ TEST(prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpo
 }
 
 namespace {
-void check_hybrid_ram_and_disk(int checkpoint_interval) {
-    const std::string model = hybrid_model();
+void check_hybrid_ram_and_disk(const std::string& model, int checkpoint_interval) {
     const fs::path dir = temp_dir("hybrid-disk");
     engine_options o = base_options(model);
     o.checkpoint_interval = checkpoint_interval;
@@ -292,15 +305,15 @@ void check_hybrid_ram_and_disk(int checkpoint_interval) {
 }
 }  // namespace
 
-TEST(prompt_cache, hybrid_ram_and_disk_restores_equal_a_cold_run) {
-    check_hybrid_ram_and_disk(0);
+TEST_P(hybrid_prompt_cache, hybrid_ram_and_disk_restores_equal_a_cold_run) {
+    check_hybrid_ram_and_disk(hybrid_model(), 0);
 }
 
 // With checkpoints farther apart than the prompt (a GPU's default), the same prompt asked again after a demotion
 // or a restart still restores: the last whole block before the prompt's end always has a checkpoint (the tail past
 // it ends at the prompt's last token, which is always computed, so it cannot serve the same prompt).
-TEST(prompt_cache, hybrid_restores_with_checkpoints_sparser_than_the_prompt) {
-    check_hybrid_ram_and_disk(2048);
+TEST_P(hybrid_prompt_cache, hybrid_restores_with_checkpoints_sparser_than_the_prompt) {
+    check_hybrid_ram_and_disk(hybrid_model(), 2048);
 }
 
 TEST(prompt_cache, ram_stays_within_its_budget_under_new_prefixes) {
@@ -532,7 +545,7 @@ TEST(prompt_cache, any_order_of_turns_reuses_what_earlier_turns_left) {
     for (const unsigned seed : {1u, 2u, 3u}) check_random_orders_of_turns(dense_model(), seed);
 }
 
-TEST(prompt_cache, any_order_of_turns_on_a_hybrid_model_reuses_what_earlier_turns_left) {
+TEST_P(hybrid_prompt_cache, any_order_of_turns_on_a_hybrid_model_reuses_what_earlier_turns_left) {
     for (const unsigned seed : {1u, 2u}) check_random_orders_of_turns(hybrid_model(), seed);
 }
 
@@ -717,7 +730,7 @@ TEST(prompt_cache, a_conversation_shorter_than_a_block_survives_its_demotion) {
 
 // A hybrid model keeps the recurrent state at the prompt's end too: its tail comes back after a restart with no
 // recomputation either.
-TEST(prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
+TEST_P(hybrid_prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
     const std::string model = hybrid_model();
     const fs::path dir = temp_dir("hybrid-disk-tail");
     engine_options o = base_options(model);
@@ -741,10 +754,59 @@ TEST(prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
     fs::remove_all(dir);
 }
 
+// The Qwen3.5 template ends a generation prompt with "<think>\n" and renders that answer without it in the next turn,
+// which so leaves the previous prompt just after "<|im_start|>assistant\n". On the device the checkpoint at that
+// message start serves it; after a demotion to RAM and after a restart it must too, not the last whole block:
+// prompt_cache::save_path keeps a tail ending at each message-start checkpoint past the last whole block (without
+// one the checkpoint was no use once the cells left the device: 256 reused here, not 288 and 333).
+TEST_P(hybrid_prompt_cache, the_next_turn_after_a_demotion_or_a_restart_restarts_from_the_last_message_start) {
+    const std::string model = hybrid_model();
+    const fs::path dir = temp_dir("hybrid-message-start");
+    engine_options o = base_options(model);
+    o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
+    o.cache_block_tokens = 256;    // all three turns end inside the second block, well past its start
+    o.cache_dir = dir.string();
+    const std::string system = words(230, 101);
+    const std::vector<std::string> users{words(20, 102), words(15, 103), words(15, 104)};
+    const auto turn = [&](engine& e, size_t n) {
+        return tokenize(e, chatml(system, std::vector<std::string>(users.begin(), users.begin() + n)) + "<think>\n");
+    };
+    // Reused: all of the previous prompt up to its last message start, a few tokens before where the turn leaves it.
+    const auto expect_message_start = [&](const result& r, const tokens& previous, const tokens& next) {
+        const int shared = static_cast<int>(shared_prefix(previous, next));
+        ASSERT_GT(shared % o.cache_block_tokens, 16)
+            << shared << ": the message start must lie well past a block's start";
+        EXPECT_GE(r.stats.reused_tokens, shared - 8);
+        EXPECT_EQ(r.stats.checkpoint_pos, r.stats.reused_tokens);
+        expect_same_output(r, cold(model, next, 8));
+    };
+    tokens second;
+    {
+        engine e(o);
+        e.start();
+        const tokens first = turn(e, 1);
+        second = turn(e, 2);
+        generate(e, first, 8);
+        generate(e, tokenize(e, chatml(words(60, 105), {words(10, 106)})), 4);  // takes the only slot
+        const result r = generate(e, second, 8);
+        EXPECT_GT(r.stats.reused_ram, 0);
+        expect_message_start(r, first, second);
+    }
+    {
+        engine e(o);  // restarted on the same cache folder
+        e.start();
+        const tokens third = turn(e, 3);
+        const result r = generate(e, third, 8);
+        EXPECT_GT(r.stats.reused_disk, 0);
+        expect_message_start(r, second, third);
+    }
+    fs::remove_all(dir);
+}
+
 // Issue 19: a checkpoint at every block cut a GPU's prefill into small batches. The checkpoint interval is a setting
 // of its own: fewer checkpoints, the same answers, and a divergence inside the interval restarts from the last
 // checkpoint before it, at most one interval back.
-TEST(prompt_cache, hybrid_checkpoints_follow_their_interval_and_restore_from_the_last_one) {
+TEST_P(hybrid_prompt_cache, hybrid_checkpoints_follow_their_interval_and_restore_from_the_last_one) {
     const std::string model = hybrid_model();
     const std::string system = words(600, 51);  // one long message: only the interval cuts it
     const std::string changed = system.substr(0, system.size() * 9 / 10) + words(60, 52);
@@ -806,9 +868,8 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
     if (from_disk) o.cache_dir = dir.string();
     // A dense model reuses up to the last prompt token; a hybrid one up to its last checkpoint before it.
     int interval = 0;
-    const auto expected_reuse = [&](int k) {
-        return model == hybrid_model() ? (k * block - 1) / interval * interval : k * block - 1;
-    };
+    bool hybrid = false;
+    const auto expected_reuse = [&](int k) { return hybrid ? (k * block - 1) / interval * interval : k * block - 1; };
     for (const int k : {1, 2, 4}) {
         fs::remove_all(dir);
         tokens prompt;
@@ -820,6 +881,7 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
             prompt.assign(longer.begin(), longer.begin() + k * block);
             generate(e, longer, 4);
             interval = e.options().checkpoint_interval;
+            hybrid = llama_model_is_hybrid(e.model());
             if (!from_disk) {
                 generate(e, tokenize(e, words(40, 92)), 4);  // takes the only slot: the longer prompt goes to RAM
                 const result r = generate(e, prompt, 8);
@@ -847,10 +909,10 @@ TEST(prompt_cache, a_prompt_of_exactly_whole_blocks_restores_from_ram) {
 TEST(prompt_cache, a_prompt_of_exactly_whole_blocks_restores_from_disk) {
     check_prompts_of_exactly_whole_blocks(dense_model(), true);
 }
-TEST(prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_ram) {
+TEST_P(hybrid_prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_ram) {
     check_prompts_of_exactly_whole_blocks(hybrid_model(), false);
 }
-TEST(prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_disk) {
+TEST_P(hybrid_prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_from_disk) {
     check_prompts_of_exactly_whole_blocks(hybrid_model(), true);
 }
 

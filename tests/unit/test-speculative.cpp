@@ -255,10 +255,14 @@ TEST(speculative, unknown_spec_type_is_refused_with_the_known_ones) {
 
 // A hybrid model's recurrent state cannot drop a draft's rejected tokens: it does not draft, and answers as before.
 TEST(speculative, hybrid_models_do_not_draft) {
-    engine e(base_options(hybrid_model()));
-    e.start();
-    const tokens prompt = tokenize(e, chat_prompt);
-    EXPECT_EQ(run(e, prompt, 60, -1).stats.draft_tokens, 0);
+    for (const std::string& model :
+         {hybrid_model(), test_models::generated_model("unit-speculative", "tiny-hybrid-moe")}) {
+        SCOPED_TRACE(model);
+        engine e(base_options(model));
+        e.start();
+        const tokens prompt = tokenize(e, chat_prompt);
+        EXPECT_EQ(run(e, prompt, 60, -1).stats.draft_tokens, 0);
+    }
 }
 
 // Several threads: a lone row's attention over 512 cells or more takes ggml's split-KV path (per-thread chunks,
