@@ -55,8 +55,8 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws std::invalid_argument for
-// other names.
+// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws
+// std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
 
 // Throws std::invalid_argument naming the first problem (unknown arch/vocab/template/type, inconsistent heads, ...).
