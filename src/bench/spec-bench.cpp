@@ -436,6 +436,9 @@ void add_spec_bench_command(CLI::App& bench) {
     cmd->add_option("-t,--threads", o->replay.threads, "Through the engine: CPU threads (0: one per physical core)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1024));
+    cmd->add_flag("--whole-drafts", o->replay.whole_drafts,
+                  "Through the engine: verify every proposal whole (up to --max-draft) instead of sizing drafts by "
+                  "the costs measured on this machine, so that what is drafted does not depend on its speed");
     cmd->add_option("--spec-type", o->replay.spec_type,
                     "Through the engine: the drafter of the drafting pass (serve's --spec-type)")
         ->capture_default_str();

@@ -207,6 +207,7 @@ spec_replay_report run_spec_replay(const spec_replay_options& options, std::ostr
     eo.threads = options.threads;
     eo.spec_type = options.spec_type;
     eo.draft_max = options.draft_max;
+    eo.whole_drafts = options.whole_drafts;
     eo.cache_parked_sequences = 8;  // both tenants' conversations stay on the device between turns
     engine llm(eo);
     llm.start();
@@ -250,7 +251,8 @@ std::string format_spec_replay_table(const spec_replay_report& report) {
     std::ostringstream out;
     out << report.conversations << " trajectories, " << report.turns << " answers replayed through the engine twice ("
         << report.skipped_turns << " skipped), teacher-forced on recorded outputs (not this model's); --spec-type "
-        << report.options.spec_type << ", --draft-max " << report.options.draft_max << "\n\n";
+        << report.options.spec_type << ", --draft-max " << report.options.draft_max
+        << (report.options.whole_drafts ? ", whole drafts" : "") << "\n\n";
     std::vector<std::vector<std::string>> rows;
     for (const spec_mode_result* r : {&report.off, &report.on}) {
         rows.push_back({r->mode, std::to_string(r->answer_tokens), fixed(r->decode_tokens_per_second(), 2),
@@ -281,6 +283,7 @@ std::string format_spec_replay_json(const spec_replay_report& report) {
     j["context_size"] = report.options.context_size;
     j["spec_type"] = report.options.spec_type;
     j["draft_max"] = report.options.draft_max;
+    j["whole_drafts"] = report.options.whole_drafts;
     j["off"] = mode_json(report.off);
     j["on"] = mode_json(report.on);
     j["decode_speedup"] = report.speedup();

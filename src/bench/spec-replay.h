@@ -45,7 +45,8 @@ struct spec_replay_options {
     int context_size = 32768;
     int threads = 0;  // 0: the engine's default
     std::string spec_type = "suffix";
-    int draft_max = 16;  // the engine's --draft-max: the drafting pass's per-request limit
+    int draft_max = 16;         // the engine's --draft-max: the drafting pass's per-request limit
+    bool whole_drafts = false;  // engine_options::whole_drafts: drafts not sized by this machine's measured costs
 };
 
 // One pass over the turns (drafting off or on).

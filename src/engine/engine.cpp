@@ -1211,8 +1211,10 @@ int engine::add_draft(slot& s, int room) {
     const int limit = std::min({request_max, left - 1, room});
     if (limit < std::max(1, options_.draft_min)) return 0;
     draft_proposal proposal = s.drafter->propose(static_cast<size_t>(limit));
-    const size_t length = draft_control::best_length(s.control.acceptance(), generation_step_ms_, ms_per_draft_row_,
-                                                     proposal.tokens.size());
+    const size_t length = options_.whole_drafts
+                              ? proposal.tokens.size()
+                              : draft_control::best_length(s.control.acceptance(), generation_step_ms_,
+                                                           ms_per_draft_row_, proposal.tokens.size());
     if (length == 0 || length < static_cast<size_t>(options_.draft_min)) {
         if (s.shadow.empty() && !proposal.tokens.empty()) s.shadow = std::move(proposal.tokens);
         return 0;

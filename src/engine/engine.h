@@ -123,6 +123,9 @@ struct engine_options {
     std::string spec_type = "suffix";
     int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)
     int draft_min = 0;   // a shorter draft is not verified (--draft-min)
+    // Benchmarks and tests: verify each proposal whole (up to draft_max) instead of sizing it by the acceptance and
+    // costs measured so far, so that what is drafted does not depend on the machine's speed or load.
+    bool whole_drafts = false;
     size_t spec_history_tokens = size_t{1} << 20;  // earlier conversations' tokens the suffix drafter keeps
 };
 

@@ -294,13 +294,15 @@ TEST(SpecBenchReplay, EngineNumbersLeaveEachAnswersFirstTokenOut) {
 // Both passes replay the turn with the same forced answer on their own tenants; only the drafting pass drafts, and on
 // the fixture's first answer, which repeats a command from its prompt, its drafts are accepted.
 TEST_F(spec_command, TheEngineReplaysEachTurnWithDraftingOffAndOn) {
+    // Whole drafts: sized by measured costs, a loaded machine (two tests at once) had the engine draft nothing.
     const command_result r = run_spec("-m " + model + " --traces " + fixture +
-                                      " --trajectories 1 --turns 1 -c 4096 -t 2 --json " + json_path);
+                                      " --trajectories 1 --turns 1 -c 4096 -t 2 --whole-drafts --json " + json_path);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("decode tokens/s on/off"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(" off |"), std::string::npos) << r.out;
     const nlohmann::json report = read_json(json_path);
     EXPECT_EQ(report["mode"], "engine");
+    EXPECT_EQ(report["whole_drafts"], true);
     EXPECT_EQ(report["trajectories"], 1);
     EXPECT_EQ(report["turns"], 1);
     EXPECT_EQ(report["skipped_turns"], 0);
