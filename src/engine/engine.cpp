@@ -999,7 +999,7 @@ int engine::prompt_budget(int decode_tokens) const {
     // The generated rows share the prompt's tiles, or (prompt_rows_apart_) take one prompt row into their own
     // physical batch.
     const int beside = prompt_rows_apart_ ? 0 : decode_tokens;
-    const int lead = prompt_rows_apart_ && decode_tokens > 0 ? 1 : 0;
+    const int lead = prompt_lead_rows(decode_tokens);
     int total = std::min(options_.ubatch_size, options_.batch_size);
     if (decode_tokens > 0 && options_.step_ms_target > 0 && ms_per_prompt_token_ > 0) {
         // Whole attention tiles (see attention_tile), one at least.
@@ -1031,7 +1031,7 @@ void engine::measure_step(int prompt_tokens, int decode_tokens, int draft_rows, 
     constexpr int enough = 8;  // fewer tell too little over the step's fixed cost
     // Under a tile, attention takes the row-by-row path: that cost says nothing about the tiles a budget is made of.
     const int tiled_rows =
-        prompt_rows_apart_ ? prompt_tokens - (decode_tokens > 0 ? 1 : 0) : prompt_tokens + decode_tokens;
+        prompt_rows_apart_ ? prompt_tokens - prompt_lead_rows(decode_tokens) : prompt_tokens + decode_tokens;
     if (prompt_tokens < enough || tiled_rows < attention_tile) return;
     const double fixed = decode_tokens > 0 ? generation_step_ms_ + draft_rows * ms_per_draft_row_ : 0;
     update_average(ms_per_prompt_token_, std::max(ms - fixed, 0.01 * ms) / prompt_tokens);

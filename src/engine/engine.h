@@ -330,6 +330,8 @@ private:
     // (split_equal), so a step's generated rows and the first row of a prompt chunk are one physical batch, and the
     // chunk's other rows another.
     bool prompt_rows_apart_ = false;
+    // The prompt rows that go in the generated rows' physical batch (prompt_rows_apart_): one while any generate.
+    int prompt_lead_rows(int decode_tokens) const { return prompt_rows_apart_ && decode_tokens > 0 ? 1 : 0; }
     uint64_t padded_since_probe_ = 0;  // batches filled up since a batch under a tile was last measured
     bool probing_rows_ = false;        // this step's prompt chunk was cut to measure the row-by-row cost
     // A long prompt was admitted: idle conversations are being moved to RAM, out of its way. Engine thread only.

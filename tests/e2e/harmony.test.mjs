@@ -6,11 +6,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
-import net from 'node:net';
-import os from 'node:os';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { binary, curl, startServer, tempDir, testModel, waitFor } from './harness.mjs';
+import { binary, curl, findLlamaServer, freePort, startServer, tempDir, testModel, waitFor } from './harness.mjs';
 
 let server;
 let openai;
@@ -168,24 +166,7 @@ test('the Responses API over three turns: reasoning items in the input, each tur
 });
 
 // The pinned llama-server from bench/build-llama-server.sh: LLAMA_SERVER, else where that script leaves it.
-function findLlamaServer() {
-    if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
-    const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
-    if (!existsSync(root)) return null;
-    for (const entry of readdirSync(root)) {
-        const candidate = path.join(root, entry, 'tools', 'llama-server');
-        if (entry.startsWith('llama.cpp-') && existsSync(candidate)) return candidate;
-    }
-    return null;
-}
 
-async function freePort() {
-    const s = net.createServer();
-    await new Promise((resolve) => s.listen(0, '127.0.0.1', resolve));
-    const { port } = s.address();
-    await new Promise((resolve) => s.close(resolve));
-    return port;
-}
 
 // A conversation whose answers had reasoning: each turn appends the previous answer as a real gpt-oss would have
 // given it (analysis in reasoning_content, the final channel in content) and a new user message. `ask(messages)`

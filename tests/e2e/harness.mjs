@@ -1,7 +1,8 @@
 // Shared helpers for the end-to-end tests: generated test models, and the real keepwarm binary started on a
 // free port. Each test file starts the servers it needs and stops them when it ends.
 import { spawn, execFile } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import { promisify } from 'node:util';
 import path from 'node:path';
@@ -151,4 +152,26 @@ export function words(n, seed) {
         out.push(vocab[x % vocab.length]);
     }
     return out.join(' ');
+}
+
+// A loopback port nothing listens on now (for a server that must come back at the same URL, or one that is not ours).
+export async function freePort() {
+    const server = net.createServer();
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address();
+    await new Promise((resolve) => server.close(resolve));
+    return port;
+}
+
+// The pinned llama-server that bench/build-llama-server.sh builds into the llama.cpp cache entry ($LLAMA_SERVER
+// first), or null.
+export function findLlamaServer() {
+    if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
+    const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
+    if (!existsSync(root)) return null;
+    for (const entry of readdirSync(root)) {
+        const candidate = path.join(root, entry, 'tools', 'llama-server');
+        if (entry.startsWith('llama.cpp-') && existsSync(candidate)) return candidate;
+    }
+    return null;
 }

@@ -6,22 +6,13 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, readdirSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { Ollama } from 'ollama';
-import { binary, testModel, curl, metrics, waitFor, startProcess, tempDir } from './harness.mjs';
+import { binary, testModel, curl, metrics, waitFor, startProcess, tempDir, freePort, findLlamaServer } from './harness.mjs';
 
-async function freePort() {
-    const server = net.createServer();
-    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const { port } = server.address();
-    await new Promise((resolve) => server.close(resolve));
-    return port;
-}
 
 // An upstream on a port of its own, so that a restart comes back at the same URL.
 async function startUpstream(port) {
@@ -305,16 +296,6 @@ test('killing an upstream mid-answer fails only that request; traffic moves; the
 
 // llama-server as an upstream: scripts/test.sh builds it with bench/build-llama-server.sh (cached by llama.cpp
 // commit) and passes its path in LLAMA_SERVER; otherwise it is looked up where that script leaves it.
-function findLlamaServer() {
-    if (process.env.LLAMA_SERVER) return process.env.LLAMA_SERVER;
-    const root = process.env.KEEPWARM_CACHE_DIR ?? path.join(os.homedir(), '.cache', 'keepwarm');
-    if (!existsSync(root)) return null;
-    for (const entry of readdirSync(root)) {
-        const candidate = path.join(root, entry, 'tools', 'llama-server');
-        if (entry.startsWith('llama.cpp-') && existsSync(candidate)) return candidate;
-    }
-    return null;
-}
 
 test('three upstreams, two keepwarm and one llama-server: conversations spread and each stays home', async () => {
     const llamaServer = findLlamaServer();

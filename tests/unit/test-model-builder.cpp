@@ -107,6 +107,17 @@ std::vector<llama_token> tokenize(const llama_model* model, const std::string& t
 }
 
 // Decodes the prompt, then a few greedy tokens; every logit of every step must be finite.
+// The model's own chat template (from the preset, not the vocab file) is in the file and holds `marker`.
+void expect_chat_template(const std::string& path, const std::string& marker) {
+    llama_model_params mp = cpu_model_params();
+    mp.vocab_only = true;
+    llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
+    ASSERT_TRUE(model);
+    const char* tmpl = llama_model_chat_template(model.get(), nullptr);
+    ASSERT_NE(tmpl, nullptr);
+    EXPECT_NE(std::string(tmpl).find(marker), std::string::npos) << path;
+}
+
 void expect_decodes(const std::string& path) {
     loaded_model m = load(path);
     const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m.model.get()));
@@ -218,15 +229,7 @@ TEST(ModelBuilder, MoeModelDecodes) {
 
 TEST(ModelBuilder, HybridModelDecodes) {
     const std::string path = shared_model(preset_spec("tiny-hybrid"));
-    {
-        llama_model_params mp = cpu_model_params();
-        mp.vocab_only = true;
-        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
-        ASSERT_TRUE(model);
-        const char* tmpl = llama_model_chat_template(model.get(), nullptr);
-        ASSERT_NE(tmpl, nullptr);
-        EXPECT_NE(std::string(tmpl).find("<|im_start|>"), std::string::npos);
-    }
+    expect_chat_template(path, "<|im_start|>");
     expect_decodes(path);
 }
 
@@ -256,15 +259,7 @@ TEST(ModelBuilder, HybridMoeModelHasExpertsAndSharedExpertAndDecodes) {
     const int64_t shared_ff = gguf_find_key(gguf.get(), "qwen35moe.expert_shared_feed_forward_length");
     ASSERT_GE(shared_ff, 0);
     EXPECT_EQ(gguf_get_val_u32(gguf.get(), shared_ff), 256u);
-    {
-        llama_model_params mp = cpu_model_params();
-        mp.vocab_only = true;
-        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
-        ASSERT_TRUE(model);
-        const char* tmpl = llama_model_chat_template(model.get(), nullptr);
-        ASSERT_NE(tmpl, nullptr);
-        EXPECT_NE(std::string(tmpl).find("<|im_start|>"), std::string::npos);
-    }
+    expect_chat_template(path, "<|im_start|>");
     expect_decodes(path);
 
     // llama.cpp stores what inspect says: the attention layer's KV plus the delta-net state.
