@@ -1,6 +1,7 @@
 // See prompt-cache.h. Restoring a prompt: match it against the tree; take the deepest device span by sharing
-// cells (llama_memory_seq_cp), extend it with RAM/disk blocks through the scratch sequence, and on hybrid models
-// finish at a point whose recurrent state is known (a checkpoint, or the end of the sequence copied).
+// cells (llama_memory_seq_cp), extend it with RAM/disk blocks through the scratch sequence, and on checkpointed
+// models finish at a point whose partial state is known (a checkpoint; the end of the sequence copied; with a
+// windowed SWA cache, any device position whose window is still there).
 #include "cache/prompt-cache.h"
 
 #include <algorithm>
@@ -30,7 +31,7 @@ constexpr uint32_t state_magic = 0xaf143cd8;
 constexpr size_t state_header = sizeof(uint32_t) + sizeof(llama_seq_id);
 
 constexpr uint32_t kind_block = 0;       // disk entry: KV of [end - block_tokens, end)
-constexpr uint32_t kind_checkpoint = 1;  // disk entry: recurrent state after `end` tokens
+constexpr uint32_t kind_checkpoint = 1;  // disk entry: partial state (recurrent, or SWA window) after `end` tokens
 constexpr uint32_t kind_tail = 2;        // disk entry: KV of a path's tail past its last whole block
 
 // The key of a stored state of `kind`: a block's chains from its tenant's root key through the tokens up to its end; a
@@ -73,6 +74,10 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
     const llama_model* model = llama_get_model(ctx_);
     can_truncate_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
     if (can_truncate_) n_swa_ = std::max(0, llama_model_n_swa(model));
+    if (options_.windowed_swa && (n_swa_ == 0 || options_.guard_window_cells)) {
+        throw std::invalid_argument("a windowed SWA cache is for sliding-window models, without the guard sequence");
+    }
+    checkpoints_ = !can_truncate_ || options_.windowed_swa;
     const int n = sequences_needed(options_);
     scratch_ = n - 1;
     if (options_.guard_window_cells) guard_ = n - 2;
@@ -83,9 +88,9 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
         s.tip = tree_.root();
         sequences_.push_back(s);
     }
-    if (!can_truncate_) {
-        // The recurrent part of an empty sequence: appended to a block's attention KV so that a block can be
-        // loaded without carrying a stale recurrent state (the checkpoint restored afterwards supplies it).
+    if (checkpoints_) {
+        // The partial part of an empty sequence: appended to a block's attention KV so that a block can be loaded
+        // without carrying a stale recurrent state or SWA window (the checkpoint restored afterwards supplies it).
         llama_memory_seq_rm(llama_get_memory(ctx_), scratch_, -1, -1);
         empty_partial_state_.resize(llama_state_seq_get_size_ext(ctx_, scratch_, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
         llama_state_seq_get_data_ext(ctx_, empty_partial_state_.data(), empty_partial_state_.size(), scratch_,
@@ -95,7 +100,7 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
     root_keys_[tree_.root()] = root_block_key(options_.model_fingerprint);
     roots_by_key_[root_block_key(options_.model_fingerprint)] = tree_.root();
     counters_.block_tokens = options_.block_tokens;
-    counters_.checkpoints_enabled = !can_truncate_;
+    counters_.checkpoints_enabled = checkpoints_;
     counters_.ram.budget = options_.ram_budget;
     if (!options_.disk_dir.empty() && options_.disk_budget > 0) {
         disk_ = std::make_unique<disk_store>(options_.disk_dir, options_.disk_budget, options_.model_fingerprint);
@@ -117,7 +122,7 @@ void prompt_cache::index_disk() {
         const bool shape_ok = info.start == 0 && info.end == static_cast<int32_t>(info.tokens.size()) && info.end > 0;
         const bool kind_ok = info.kind == kind_block        ? info.end % options_.block_tokens == 0
                              : info.kind == kind_tail       ? info.end % options_.block_tokens != 0
-                             : info.kind == kind_checkpoint ? !can_truncate_
+                             : info.kind == kind_checkpoint ? checkpoints_
                                                             : false;
         if (!shape_ok || !kind_ok) {
             log::warn("disk cache", "ignored {}.kwkv: written with another layout", info.key.hex());
@@ -205,7 +210,7 @@ void prompt_cache::truncate(device_sequence& s, int length) {
 }
 
 void prompt_cache::trim(int slot, int length) {
-    if (!can_truncate_) return;
+    if (checkpoints_) return;
     truncate(seq(slot), std::max(length, 0));
     publish();
 }
@@ -325,8 +330,9 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
             }
             return;
         }
-        // A block is restored to go on from its end: no use if the sliding-window KV before its end has holes.
-        if (!swa_window_intact(s.seq, end)) return;
+        // A block is restored to go on from its end: no use if the sliding-window KV before its end has holes. (A
+        // windowed SWA cache's blocks hold no SWA KV: a checkpoint gives the window.)
+        if (!checkpoints_ && !swa_window_intact(s.seq, end)) return;
         if (path.empty()) path = tree_.path(tip);
         store_block(n, end, serialize_span(s.seq, block_start(end), end), path);
     };
@@ -340,11 +346,12 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
     for (const int end : {s.prompt_end, length}) {
         if (end > from && end <= length && end % b != 0) save(end);
     }
-    // Hybrid: and up to each checkpoint in the last prompt's last block (its message starts). The next turn of a
-    // template that renders the previous answer its own way (Qwen3.5 drops the "<think>" that ended the prompt) leaves
-    // this path at the last one: without a tail ending there, that checkpoint is no use once the cells have left the
-    // device, and the turn went back to the last whole block (up to a block, or --checkpoint-every, recomputed).
-    if (!can_truncate_) {
+    // Checkpointed models: and up to each checkpoint in the last prompt's last block (its message starts). The next
+    // turn of a template that renders the previous answer its own way (Qwen3.5 drops the "<think>" that ended the
+    // prompt) leaves this path at the last one: without a tail ending there, that checkpoint is no use once the cells
+    // have left the device, and the turn went back to the last whole block (up to a block, or --checkpoint-every,
+    // recomputed).
+    if (checkpoints_) {
         const int last_block = s.prompt_end / b * b;
         std::vector<int> ends;
         for (const node* n = tip; !tree::is_root(n) && static_cast<int>(n->depth) > last_block; n = n->parent) {
@@ -354,7 +361,7 @@ bool prompt_cache::save_path(device_sequence& s, int from, bool write_ram_to_dis
         }
         for (const int end : ends) save(end);
     }
-    if (!can_truncate_ && !tip->value.checkpoints.count(length)) {
+    if (checkpoints_ && !tip->value.checkpoints.count(length)) {
         if (path.empty()) path = tree_.path(tip);
         store_checkpoint(tip, length, serialize_checkpoint(s.seq, length), path);
     }
@@ -444,9 +451,9 @@ std::vector<uint8_t> prompt_cache::serialize_span(llama_seq_id from, int p0, int
     llama_memory_seq_cp(mem, from, scratch_, p0, p1);
     std::vector<uint8_t> out(llama_state_seq_get_size(ctx_, scratch_));
     out.resize(llama_state_seq_get_data(ctx_, out.data(), out.size(), scratch_));
-    if (!can_truncate_) {
-        // Keep the attention KV only (written first); the recurrent part is the source sequence's latest state,
-        // which is not the state at p1.
+    if (checkpoints_) {
+        // Keep the attention KV only (written first); the partial part is the source sequence's latest recurrent
+        // state, which is not the state at p1, or what a windowed SWA cache still holds of the span.
         const size_t partial =
             llama_state_seq_get_size_ext(ctx_, scratch_, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) - state_header;
         out.resize(out.size() >= partial + state_header ? out.size() - partial : 0);
@@ -491,7 +498,7 @@ bool prompt_cache::restore_block(llama_seq_id slot, const std::vector<uint8_t>& 
     llama_memory_t mem = llama_get_memory(ctx_);
     const std::vector<uint8_t>* bytes = &payload;
     std::vector<uint8_t> with_empty_recurrent;
-    if (!can_truncate_) {
+    if (checkpoints_) {
         with_empty_recurrent.reserve(payload.size() + empty_partial_state_.size());
         with_empty_recurrent.assign(payload.begin(), payload.end());
         with_empty_recurrent.insert(with_empty_recurrent.end(), empty_partial_state_.begin(),
@@ -519,6 +526,13 @@ void prompt_cache::refresh_guard() {
         if (!tree::is_root(s.tip)) llama_memory_seq_cp(mem, s.seq, guard_, -1, -1);
     }
     guard_stale_ = false;
+}
+
+bool prompt_cache::reseat_window(llama_seq_id seq) {
+    std::vector<uint8_t> window(llama_state_seq_get_size_ext(ctx_, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    window.resize(llama_state_seq_get_data_ext(ctx_, window.data(), window.size(), seq,
+                                               LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    return !window.empty() && restore_checkpoint(seq, window);
 }
 
 bool prompt_cache::restore_checkpoint(llama_seq_id slot, const std::vector<uint8_t>& payload) {
@@ -571,28 +585,48 @@ void prompt_cache::store_checkpoint(node* n, int32_t pos, std::vector<uint8_t> p
     enforce_disk_budget();
 }
 
-void prompt_cache::checkpoint(int slot) {
+bool prompt_cache::checkpoint(int slot) {
     device_sequence& s = seq(slot);
-    if (can_truncate_ || tree::is_root(s.tip)) return;
+    if (!checkpoints_ || tree::is_root(s.tip)) return true;
     const auto pos = static_cast<int32_t>(s.tip->depth);
-    if (s.tip->value.checkpoints.count(pos)) return;  // a valid one is never displaced
+    if (s.tip->value.checkpoints.count(pos)) return true;  // a valid one is never displaced
     std::vector<uint8_t> state = serialize_checkpoint(s.seq, pos);
-    if (!state.empty()) store_checkpoint(s.tip, pos, std::move(state), tree_.path(s.tip));
+    if (state.empty()) return true;
+    // Windowed SWA, the window held by this sequence alone: put it back into the lowest free cells, dropping the
+    // cells the sequence left behind its window. llama.cpp places a batch from the cache's head onwards, and takes a
+    // cell left behind only once it has passed every free one, so a long prompt spread over the whole SWA cache
+    // (a window per sequence the context has: 12 windows by default), and attention walks every cell up to the
+    // highest one in use: a cold 8K prompt on tiny-swa computed no faster than with a full-size cache. Freeing them
+    // lowers the head to the first cell freed (llama_kv_cache::seq_rm), so the prompt goes on in about a window and a
+    // batch of cells, as llama-server's cache of one window and a batch per slot does.
+    if (checkpoints_ && can_truncate_ && shared_depth(s) + n_swa_ <= pos && !restore_checkpoint(s.seq, state)) {
+        log::warn("cache", "sequence {} lost its sliding-window KV at {}: dropped", s.seq, pos);
+        counters_.restore_failures++;
+        drop(s);
+        return false;
+    }
+    store_checkpoint(s.tip, pos, std::move(state), tree_.path(s.tip));
+    return true;
 }
 
 // After the header, a recurrent-state snapshot (llama_memory_recurrent::state_write) starts with its cell count and,
 // per cell, the last position it has seen. One cell at pos - 1 is the state after exactly `pos` tokens.
+// A windowed SWA cache's (llama_kv_cache::state_write of the SWA layers) starts with its stream count (1: the cache
+// is unified) and the sequence's cell count: the cells of its last window (llama.cpp writes no cell masked for the
+// sequence's last position), at least one and at most a window.
 bool prompt_cache::valid_checkpoint(const std::vector<uint8_t>& state, int32_t pos) const {
     if (state.size() < state_header + sizeof(uint32_t) + sizeof(int32_t) ||
         state.size() <= state_header + empty_partial_state_.size()) {
         return false;
     }
-    uint32_t magic = 0, cells = 0;
-    int32_t last = 0;
+    uint32_t magic = 0, first = 0;
+    int32_t second = 0;
     std::memcpy(&magic, state.data(), sizeof magic);
-    std::memcpy(&cells, state.data() + state_header, sizeof cells);
-    std::memcpy(&last, state.data() + state_header + sizeof cells, sizeof last);
-    return magic == state_magic && cells == 1 && last == pos - 1;
+    std::memcpy(&first, state.data() + state_header, sizeof first);
+    std::memcpy(&second, state.data() + state_header + sizeof first, sizeof second);
+    if (magic != state_magic) return false;
+    if (can_truncate_) return first == 1 && second >= 1 && second <= std::min(pos, n_swa_);
+    return first == 1 && second == pos - 1;
 }
 
 // An entry that can be dropped from a tier without stranding others: a checkpoint (each stands alone), or a block
@@ -759,23 +793,26 @@ prompt_cache::divergence_point prompt_cache::find_divergence(const node* root,
 }
 
 acquire_plan prompt_cache::plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt,
-                                    int limit, int device_cap) const {
+                                    int limit, int device_cap, bool window_at_device) const {
     acquire_plan plan;
     const tree::match m = tree_.longest_prefix(root, prompt);
     const device_match dm = find_holder(m, s);
     plan.matched = static_cast<int>(m.length);
     plan.holder = dm.holder ? dm.holder->seq : -1;
     plan.slot_leaves = dm.holder != &s && !tree::is_root(s.tip);
-    // Device span, then contiguous RAM/disk blocks, then (hybrid) a point whose recurrent state is known.
+    // Device span, then contiguous RAM/disk blocks, then (checkpointed models) a point whose partial state is known.
     plan.device = std::min({dm.length, limit, device_cap});
     block_restore_plan blocks = plan_block_restore<tree>(m, plan.device, limit, options_.block_tokens);
     plan.blocks = std::move(blocks.ends);
     const int attention_end = blocks.attention_end;
     plan.target = attention_end;
-    if (!can_truncate_) {
-        // The recurrent state is right only at the end of the holder's own sequence or at a checkpoint.
+    if (checkpoints_) {
+        // A recurrent state is right only at the end of the holder's own sequence or at a checkpoint; a windowed SWA
+        // cache's window, wherever the holder still has it (window_at_device) or at a checkpoint.
         plan.target = 0;
-        if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
+        if (can_truncate_) {
+            if (window_at_device) plan.target = plan.device;
+        } else if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
             plan.target = dm.length;
         }
         for (const node* n = m.deepest ? tree::ancestor_at(m.deepest, static_cast<size_t>(attention_end)) : root;
@@ -950,7 +987,7 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
         (from_disk ? r.disk : r.ram) += p1 - restored;
         restored = p1;
     }
-    // 3. Hybrid models: the recurrent state at `target`.
+    // 3. Checkpointed models: the partial state at `target`.
     if (ok && plan.from_checkpoint) {
         stored_state* state = planned_entry(root, prompt, true, target);
         bool from_disk = false;
@@ -963,6 +1000,11 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
             llama_memory_seq_rm(mem, s.seq, target, -1);  // attention beyond the checkpoint (the holder's tail)
         }
     }
+    // 4. Windowed SWA: a slot that shares cells with another sequence holds in its SWA layers the window it needs,
+    // in cells of its own (reseat_window).
+    if (ok && checkpoints_ && can_truncate_ && !plan.from_checkpoint && target > 0 && shared_depth(s) > 0) {
+        ok = reseat_window(s.seq);
+    }
     if (!ok) {
         // Nothing half-restored is kept: this prompt starts from scratch. The failed entry is out of the tree.
         counters_.restore_failures++;
@@ -970,7 +1012,7 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
         r = {};
         r.matched = static_cast<int>(tree_.longest_prefix(root, prompt).length);
     } else {
-        r.reused = can_truncate_ ? restored : target;
+        r.reused = checkpoints_ ? target : restored;
         if (r.reused > static_cast<int>(s.tip->depth)) {  // extend the slot's path over what was restored
             const tree::match m = tree_.longest_prefix(root, prompt);
             node* tip = tree_.node_ending_at(m.deepest, static_cast<size_t>(r.reused));
@@ -1005,9 +1047,18 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     acquire_plan plan;
     bool kept_own = false;
     int device_cap = std::numeric_limits<int>::max();
+    bool window_at_device = true;
     for (int round = 0;; ++round) {
-        plan = plan_for(s, root, prompt, limit, device_cap);
-        if (plan.device > 0 && plan.holder >= 0 && !swa_window_intact(plan.holder, plan.device)) {
+        plan = plan_for(s, root, prompt, limit, device_cap, window_at_device);
+        if (checkpoints_ && can_truncate_) {
+            // Windowed SWA: the full-attention layers' cells are all there; the window before the device span's end
+            // may not be (llama.cpp gives cells outside their holder's window to new tokens). Then a checkpoint.
+            if (window_at_device && !plan.from_checkpoint && plan.target > 0 && plan.target == plan.device &&
+                !swa_window_intact(plan.holder, plan.device)) {
+                window_at_device = false;
+                continue;
+            }
+        } else if (plan.device > 0 && plan.holder >= 0 && !swa_window_intact(plan.holder, plan.device)) {
             // Lost positions lie before the window of the holder's last token, so no shorter span of it is whole.
             log::warn("cache", "sequence {} lost sliding-window KV before position {}: not reused from the device",
                       plan.holder, plan.device);

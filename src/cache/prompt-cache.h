@@ -14,7 +14,9 @@
 // key (tenant_root_block_key), so disk entries say whose they are after a restart.
 // Models whose memory cannot roll back (hybrid recurrent/attention) also keep checkpoints: the recurrent state
 // alone (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) at block ends and message boundaries, captured while the prompt is
-// computed; a restore then costs at most the tokens since the last checkpoint.
+// computed; a restore then costs at most the tokens since the last checkpoint. So do sliding-window models whose SWA
+// layers keep only about a window per sequence (prompt_cache_options::windowed_swa): their checkpoint is that window
+// of SWA KV, and their blocks hold the full-attention layers' KV only.
 // Threading: engine thread only, except snapshot(), which any thread may call.
 #pragma once
 
@@ -48,6 +50,11 @@ struct prompt_cache_options {
     // Sliding-window models: one more sequence shares every cached cell, so that llama.cpp never hands one to a new
     // token (see prompt_cache::guard_).
     bool guard_window_cells = false;
+    // Sliding-window models whose context was made with swa_full off: the SWA layers hold about a window of KV per
+    // sequence, and llama.cpp gives a cell outside its holder's window to the next token that needs one. A prefix is
+    // then reused up to a point where the window before it is known: on the device (swa_window_intact) or in a
+    // checkpoint. Never with guard_window_cells (a guard would keep every cell).
+    bool windowed_swa = false;
 };
 
 // Where the reused prompt tokens of one request came from.
@@ -119,7 +126,12 @@ public:
     prompt_cache(const prompt_cache&) = delete;
     prompt_cache& operator=(const prompt_cache&) = delete;
 
-    bool needs_checkpoints() const { return !can_truncate_; }
+    // Whether a prompt's state must be kept as checkpoints while it is computed (hybrid models; sliding-window models
+    // with a windowed SWA cache), and where (message starts, block ends, the prompt's end: engine::next_cut).
+    bool needs_checkpoints() const { return checkpoints_; }
+    // Whether the KV of a sequence can be cut back to a shorter length and go on from there (not hybrid or recurrent:
+    // a recurrent state cannot drop its last tokens). A speculative draft's rejected tokens are cut this way.
+    bool can_truncate() const { return can_truncate_; }
     int block_tokens() const { return options_.block_tokens; }
 
     // Makes sequence `slot` hold the longest cached prefix of `prompt` it can, at most `limit` positions, from
@@ -141,12 +153,14 @@ public:
     // eviction takes everything unmarked first (device sequences, RAM and disk entries). Hints live in memory only:
     // a restart forgets them.
     void hint(int slot, int tokens, std::chrono::seconds ttl);
-    // Hybrid models: keep the recurrent state of `slot` at its current length.
-    void checkpoint(int slot);
+    // Checkpointed models (needs_checkpoints()): keep the state of `slot` at its current length that its blocks do
+    // not hold (the recurrent state, or the last window of SWA KV). False: a windowed SWA cache could not put the
+    // window back into cells (see the .cpp); the slot's KV is gone, and its request must fail.
+    bool checkpoint(int slot);
     // Tokens held by `slot`'s sequence.
     int slot_length(int slot) const;
-    // Cuts what `slot` holds back to its first `length` positions (nothing if it holds fewer). Models that can roll
-    // back only (needs_checkpoints() false). For exact reuse (engine_options::exact_reuse): KV that a cold run would
+    // Cuts what `slot` holds back to its first `length` positions (nothing if it holds fewer). Models that need no
+    // checkpoints only (needs_checkpoints() false). For exact reuse (engine_options::exact_reuse): KV that a cold run would
     // have computed in other batches is not kept.
     void trim(int slot, int length);
     // The KV of positions [p0, p1) of `slot`'s sequence, serialized as a RAM or disk block holds it. For tests that
@@ -178,7 +192,7 @@ private:
     struct span_value {
         int holders = 0;                              // device sequences whose path covers this whole node
         std::map<int32_t, stored_state> blocks;       // KV of [block_start(end), end), keyed by end position
-        std::map<int32_t, stored_state> checkpoints;  // recurrent state after `pos` tokens, keyed by pos
+        std::map<int32_t, stored_state> checkpoints;  // partial state after `pos` tokens, keyed by pos
         // A client's hint covers the positions of this span below hinted_end, until hinted_until.
         std::chrono::steady_clock::time_point hinted_until{};
         int32_t hinted_end = 0;
@@ -218,8 +232,10 @@ private:
     divergence_point find_divergence(const node* root, std::span<const llama_token> prompt) const;
     // acquire()'s plan for slot `s` from the tree below `root` as it is now.
     // `device_cap` bounds what is taken from device cells (a holder whose sliding-window KV has holes: 0).
+    // `window_at_device`: a windowed SWA cache still holds the window before the device span's end (acquire checks it
+    // with swa_window_intact); if not, the plan goes on from a checkpoint.
     acquire_plan plan_for(const device_sequence& s, const node* root, std::span<const llama_token> prompt, int limit,
-                          int device_cap = std::numeric_limits<int>::max()) const;
+                          int device_cap = std::numeric_limits<int>::max(), bool window_at_device = true) const;
     // Sliding-window models: whether sequence `seq` still has, in its SWA layers, every position a prompt going on
     // at `length` attends to, [length - n_swa + 1, length). llama.cpp gives a cell that one sequence alone holds to
     // a new token once its position is outside that sequence's own window (llama_kv_cache::find_slot), full-size
@@ -267,6 +283,13 @@ private:
     bool load_block(const stored_state& state, std::vector<uint8_t>& out, bool& from_disk);
     bool restore_block(llama_seq_id slot, const std::vector<uint8_t>& payload, int p0, int p1);
     bool restore_checkpoint(llama_seq_id slot, const std::vector<uint8_t>& payload);
+    // Windowed SWA: copies the window of `seq`'s SWA KV into cells that `seq` alone holds, dropping its share of every
+    // other SWA cell. llama.cpp gives a cell outside its holder's window to a new token only when one sequence holds
+    // it: a sequence that took a long prefix from another (llama_memory_seq_cp shares every cell of the range) would
+    // otherwise keep all of that prefix's leftover SWA cells from being given out while both live, and the SWA layers
+    // hold about a window per sequence, so the next decode could find no cell. False: the window could not be
+    // placed (the sequence has lost its SWA KV).
+    bool reseat_window(llama_seq_id seq);
 
     stored_state* find_block(node* path_tip, int end);
     void store_block(node* n, int32_t end, std::vector<uint8_t> payload, std::span<const llama_token> path);
@@ -286,6 +309,7 @@ private:
     llama_context* ctx_;
     prompt_cache_options options_;
     bool can_truncate_ = true;
+    bool checkpoints_ = false;  // needs_checkpoints(): hybrid, or windowed_swa
     llama_seq_id scratch_ = 0;
     // Sliding-window models (prompt_cache_options::guard_window_cells; else -1): a sequence that shares every cell a
     // device sequence holds. llama.cpp's find_slot gives a cell that exactly one sequence holds to a new token once
@@ -298,7 +322,8 @@ private:
     bool guard_stale_ = false;  // cells were freed since the guard was last rebuilt
     void guard(llama_seq_id seq, int p0, int p1);
     void refresh_guard();
-    std::vector<uint8_t> empty_partial_state_;  // hybrid: the recurrent part of an empty sequence
+    // Checkpointed models: the partial state (recurrent part, or windowed SWA part) of an empty sequence.
+    std::vector<uint8_t> empty_partial_state_;
     // Sliding-window models (0: none, or hybrid): the window, and the serialized size of the SWA part of the scratch
     // sequence holding one cell and each further cell (measured on first use; 0: not yet).
     int n_swa_ = 0;

@@ -332,7 +332,7 @@ help_groups serve_help_groups() {
           "--max-step-ms", "--pad-to-tile"}},
         {"Cache",
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
-          "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse"}},
+          "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse"}},
         {"Speculative decoding", {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
@@ -446,9 +446,14 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--cache-block", e.cache_block_tokens, "Tokens per RAM/disk block")
         ->check(whole_number(16, 65536, "tokens"))
         ->capture_default_str();
+    cmd->add_flag("--swa-full", e.swa_full,
+                  "Sliding-window models: the SWA layers keep every position's KV, so a prompt branching from inside "
+                  "a cached conversation reuses all before it; costs a full context of KV in those layers and slower "
+                  "attention (default: about a window per conversation, kept as checkpoints; docs/sliding-window.md)");
     cmd->add_option("--checkpoint-every", e.checkpoint_interval,
-                    "Hybrid models: tokens of a prompt between recurrent-state checkpoints, the most a restore "
-                    "recomputes (0: --ubatch-size on a CPU, --batch-size on a GPU, rounded up to whole --cache-block)")
+                    "Hybrid models and sliding-window models without --swa-full: tokens of a prompt between "
+                    "checkpoints of the state its blocks do not hold, the most a restore recomputes (0: --ubatch-size "
+                    "on a CPU, --batch-size on a GPU, at least the window, rounded up to whole --cache-block)")
         ->check(whole_number(0, 1 << 20, "tokens"))
         ->capture_default_str();
     cmd->add_option("--idle-to-ram-at", e.idle_to_ram_tokens,

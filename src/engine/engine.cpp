@@ -168,8 +168,13 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                        .disk_dir = options_.cache_dir,
                                        .disk_budget = options_.cache_disk_bytes,
                                        .model_fingerprint = {}};
-    cache_options.guard_window_cells = llama_model_n_swa(model_.get()) > 0 && !llama_model_is_recurrent(model_.get()) &&
-                                       !llama_model_is_hybrid(model_.get());
+    const bool sliding_window = llama_model_n_swa(model_.get()) > 0 && !llama_model_is_recurrent(model_.get()) &&
+                                !llama_model_is_hybrid(model_.get());
+    // Exact reuse cuts a prompt's KV back to whole batches, which a windowed SWA cache cannot do (the window before
+    // the cut may be gone).
+    const bool swa_full = sliding_window && (options_.swa_full || options_.exact_reuse);
+    cache_options.guard_window_cells = swa_full;
+    cache_options.windowed_swa = sliding_window && !swa_full;
     if (prompt_cache::sequences_needed(cache_options) + 1 > 256) {
         throw std::invalid_argument("--parallel plus --cache-parked must stay below 256 sequences");
     }
@@ -191,10 +196,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     }
     prompt_rows_apart_ = llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get());
     cparams.kv_unified = true;  // one cell pool for all slots: sequences can later share a common prefix's cells
-    // Sliding-window layers keep every position's KV (llama.cpp's default for the C API, llama-server's --swa-full),
-    // not only the last window: a later prompt may branch from anywhere inside a cached conversation, and then needs
-    // the window before the branch point. It costs the SWA layers a full context of KV (docs/sliding-window.md).
-    cparams.swa_full = true;
+    // Sliding-window layers keep every position's KV (--swa-full), or about a window per sequence, the prefix cache
+    // keeping windows as checkpoints (docs/sliding-window.md).
+    cparams.swa_full = swa_full;
     cparams.n_threads = threads;
     cparams.n_threads_batch = options_.threads_batch > 0 ? options_.threads_batch : threads;
     cparams.type_k = options_.cache_type_k;
@@ -220,12 +224,14 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     options_.threads_batch = cparams.n_threads_batch;
     options_.context_size = static_cast<int>(llama_n_ctx(ctx_.get()));
     if (options_.checkpoint_interval <= 0) {
-        // Each checkpoint ends a prompt chunk, so the interval sets the batches a hybrid prompt is computed in: a
-        // GPU wants whole logical batches; a CPU whole physical ones (every 256 tokens, half a physical batch, made a
-        // cold 8K prefill on tiny-hybrid 1.6x as long as llama-server's). Rounded up to whole blocks, so that every
-        // checkpoint ends a block and a restore of blocks can end there.
+        // Each checkpoint ends a prompt chunk, so the interval sets the batches a checkpointed prompt is computed in:
+        // a GPU wants whole logical batches; a CPU whole physical ones (every 256 tokens, half a physical batch, made
+        // a cold 8K prefill on tiny-hybrid 1.6x as long as llama-server's). An SWA window checkpoint holds a window of
+        // KV: one per window at most, so that they hold no more than a full-size SWA cache would. Rounded up to whole
+        // blocks, so that every checkpoint ends a block and a restore of blocks can end there.
         const bool on_gpu = options_.gpu_layers != 0 && !gpu_devices().empty();
-        const int batch = on_gpu ? options_.batch_size : std::min(options_.ubatch_size, options_.batch_size);
+        int batch = on_gpu ? options_.batch_size : std::min(options_.ubatch_size, options_.batch_size);
+        if (cache_options.windowed_swa) batch = std::max(batch, llama_model_n_swa(model_.get()));
         const int block = options_.cache_block_tokens;
         options_.checkpoint_interval = std::max(1, (batch + block - 1) / block) * block;
     }
@@ -239,7 +245,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
             options_.model_path,
             std::string("k=") + ggml_type_name(options_.cache_type_k) + " v=" + ggml_type_name(options_.cache_type_v) +
                 " block=" + std::to_string(options_.cache_block_tokens) + " state=llama.cpp-80fb11a" +
-                (options_.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED ? " fa=off" : ""));
+                (options_.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED ? " fa=off" : "") +
+                (cache_options.windowed_swa ? " swa=windowed" : ""));
     }
     cache_ = std::make_unique<prompt_cache>(ctx_.get(), std::move(cache_options));
     if (options_.draft_max < 0 || options_.draft_min < 0 || options_.draft_max > 256) {
@@ -250,14 +257,20 @@ engine::engine(engine_options options) : options_(std::move(options)) {
             // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's
             // KV in another order than several rows' (docs/speculative.md): not the batches a cold run computes.
             log::info("engine", "speculative decoding is off: --exact-reuse computes every answer token alone");
-        } else if (cache_->needs_checkpoints()) {
+        } else if (!cache_->can_truncate()) {
             // A draft's rejected tokens would stay in the recurrent state: rolling back means a checkpoint per
-            // position, or recomputing from the last one; neither is built yet.
+            // position, or recomputing from the last one; neither is built yet. (A windowed SWA cache drops them: the
+            // cells its verifying step took were outside the window before the step, which the rollback returns to.)
             log::info("engine",
                       "speculative decoding is off: this model's recurrent state cannot drop a draft's "
                       "rejected tokens");
         } else {
             drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens);
+            // A windowed SWA cache places a physical batch's rows in cells outside the window of its sequences'
+            // positions before that batch. A draft in a second physical batch could take cells inside the window its
+            // rollback returns to: every draft row goes in the first.
+            draft_room_ = options_.batch_size / 2;
+            if (cache_->needs_checkpoints()) draft_room_ = std::min(draft_room_, static_cast<int>(cparams.n_ubatch));
         }
     }
 
@@ -556,7 +569,8 @@ void engine::admit(std::shared_ptr<generation_request> request) {
         const llama_vocab* vocab = llama_model_get_vocab(model_.get());
         const size_t first = prompt.size() > 1 && prompt[0] == llama_vocab_bos(vocab) ? 1 : 0;
         const llama_token turn_start = prompt[first];
-        if (llama_vocab_get_attr(vocab, turn_start) & LLAMA_TOKEN_ATTR_CONTROL) {
+        // A control token, or a user-defined one (llama.cpp makes gpt-oss's <|start|> one).
+        if (llama_vocab_get_attr(vocab, turn_start) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED)) {
             for (size_t i = first + 1; i < prompt.size(); ++i) {
                 if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
             }
@@ -801,7 +815,7 @@ bool engine::step() {
         common_batch_add(batch_, s.pending, static_cast<llama_pos>(s.cached.size()), {s.id}, true);
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});  // the pending token; a draft's rows follow it, settled at sampling
-        if (!prompt_waits) draft_rows += add_draft(s, options_.batch_size / 2 - batch_.n_tokens);
+        if (!prompt_waits) draft_rows += add_draft(s, draft_room_ - batch_.n_tokens);
     }
     const int decode_tokens = batch_.n_tokens;
     const int budget = decode_tokens + prompt_budget(decode_tokens);
@@ -883,7 +897,10 @@ bool engine::step() {
                                 s.prompt_done % static_cast<size_t>(options_.checkpoint_interval) == 0;
             // Also at the prompt's end, where the next turn's prompt leaves this path (its tail is kept there).
             const bool prompt_end = s.prompt_done == s.request->prompt.size();
-            if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end)) cache_->checkpoint(s.id);
+            if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end) && !cache_->checkpoint(s.id)) {
+                finish(s, finish_reason::error, "the prompt's sliding-window KV could not be kept");
+                continue;
+            }
             if (prompt_end && options_.cache_hints && s.request->hinted_tokens > 0) {
                 cache_->hint(s.id, s.request->hinted_tokens, s.request->hint_ttl);
             }

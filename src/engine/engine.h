@@ -53,10 +53,17 @@ struct engine_options {
     // Prefix cache (see cache/prompt-cache.h).
     int cache_parked_sequences = 8;
     int cache_block_tokens = 256;
-    // Hybrid models: a prompt's recurrent state is kept every this many tokens (and at message starts and its end);
-    // a restore recomputes at most this many. Each one ends a prefill batch there, which a CPU hardly notices and a
-    // GPU does (256-token batches ran the hybrid bench model's cold prefill at a third of llama-server's speed).
-    // 0: the block size on a CPU, the batch size when the model runs on a GPU. Set to the effective value.
+    // Sliding-window models: the SWA layers keep every position's KV (llama-server's --swa-full), so a prompt may
+    // branch from any position of a cached conversation and reuse all before it, at the cost of a full context of KV
+    // in the SWA layers and of attention that walks all of it. false (llama-server's default): they keep about a
+    // window per sequence, and the prefix cache keeps the window as checkpoints (docs/sliding-window.md).
+    // --exact-reuse implies it.
+    bool swa_full = false;
+    // Checkpointed models (hybrid; sliding-window without swa_full): a prompt's recurrent state or SWA window is kept
+    // every this many tokens (and at message starts and its end); a restore recomputes at most this many. Each one
+    // ends a prefill batch there, which a CPU hardly notices and a GPU does (256-token batches ran the hybrid bench
+    // model's cold prefill at a third of llama-server's speed). 0: the physical batch on a CPU, the logical batch when
+    // the model runs on a GPU, at least the sliding window, rounded up to whole blocks. Set to the effective value.
     int checkpoint_interval = 0;
     uint64_t cache_ram_bytes = 4ull << 30;
     std::string cache_dir;  // empty: no disk tier
@@ -303,6 +310,7 @@ private:
     int slot_context_size_ = 0;
     std::vector<llama_token> eog_tokens_;
     size_t longest_piece_bytes_ = 0;                   // see min_tokens_for_text()
+    int draft_room_ = 0;  // rows a step's answers and drafts may take together (see the constructor)
     llama_token turn_start_token_ = LLAMA_TOKEN_NULL;  // hybrid checkpoints go before each of these (message starts)
     std::unique_ptr<prompt_cache> cache_;              // engine thread only (snapshot() from any)
 
