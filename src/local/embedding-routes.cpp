@@ -1,0 +1,167 @@
+// See embedding-routes.h. A request goes: parse (api/embeddings-api), tokenize each input as llama-server does
+// (tokenize_mixed: specials on the first text piece), bound it, wait for the embedder, write the API's answer.
+#include "local/embedding-routes.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "api/embeddings-api.h"
+#include "api/ollama-api.h"
+#include "base/request-error.h"
+#include "common.h"
+
+namespace keepwarm {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+namespace ollama = api::ollama;
+
+std::string dump(const json& body) {
+    return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A client-given name as an error message may quote it: at most 200 bytes.
+std::string quotable(const std::string& name) {
+    constexpr size_t limit = 200;
+    return name.size() <= limit ? name : name.substr(0, limit) + "...";
+}
+
+// The request's inputs as token ids, each within the embedder's context (cut to it when the request truncates), all
+// of them within the request's token budget.
+std::vector<std::vector<llama_token>> tokenize_inputs(const embedder& model, const api::embedding_request& req) {
+    const llama_vocab* vocab = model.vocab();
+    const size_t context = size_t(model.context_size());
+    std::vector<std::vector<llama_token>> inputs;
+    inputs.reserve(req.inputs.size());
+    size_t total = 0;
+    for (size_t i = 0; i < req.inputs.size(); ++i) {
+        std::vector<llama_token> tokens;
+        bool first = true;
+        for (const prompt_piece& piece : req.inputs[i]) {
+            if (piece.token != LLAMA_TOKEN_NULL) {
+                tokens.push_back(piece.token);
+            } else {
+                const auto ids = common_tokenize(vocab, piece.text, /*add_special=*/first, /*parse_special=*/true);
+                tokens.insert(tokens.end(), ids.begin(), ids.end());
+            }
+            first = false;
+            if (tokens.size() > context + api::max_embedding_request_tokens) break;  // over every bound already
+        }
+        if (tokens.empty()) throw request_error(400, "input " + std::to_string(i) + " is empty");
+        if (tokens.size() > context) {
+            if (!req.truncate) {
+                throw request_error(400,
+                                    "input " + std::to_string(i) + " has " + std::to_string(tokens.size()) +
+                                        " tokens, more than the " + std::to_string(context) +
+                                        " one input may have (the server's context for one input)",
+                                    "exceed_context_size_error");
+            }
+            tokens.resize(context);
+        }
+        total += tokens.size();
+        if (total > api::max_embedding_request_tokens) {
+            throw request_error(400, "the inputs have more than " + std::to_string(api::max_embedding_request_tokens) +
+                                         " tokens together; send them in several requests");
+        }
+        inputs.push_back(std::move(tokens));
+    }
+    return inputs;
+}
+
+// Computes what `req` asks for, or nothing when the client left while it waited (then nothing is written).
+std::optional<api::embedding_result> compute(embedder& model, const api::embedding_request& req,
+                                             http::response_writer& w, std::chrono::steady_clock::time_point received) {
+    api::embedding_result result;
+    const auto inputs = tokenize_inputs(model, req);
+    for (const auto& tokens : inputs) result.input_tokens.push_back(int(tokens.size()));
+    if (!inputs.empty()) {
+        result.vectors = model.embed(inputs, req.normalize, [&w] { return w.client_gone(); });
+        if (result.vectors.size() != inputs.size()) return std::nullopt;
+    }
+    if (req.dimensions) api::shorten_embeddings(result.vectors, *req.dimensions);
+    result.total_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - received).count();
+    return result;
+}
+
+using parser = api::embedding_request (*)(const json&);
+
+http::handler embedding_handler(const frontend_context& ctx, embedder& model, parser parse) {
+    return [&ctx, &model, parse](const http::request& req, http::response_writer& w) {
+        const auto received = std::chrono::steady_clock::now();
+        const api::embedding_request request = parse(parse_json_body(req));
+        const auto result = compute(model, request, w, received);
+        if (!result) return;
+        const std::string ollama_name = request.model.empty() ? ollama::tagged_name(ctx.model_id) : request.model;
+        json body;
+        switch (request.answer) {
+            case api::embedding_answer::openai:
+                body = api::openai_embeddings_json(ctx.model_id, *result, request.base64);
+                break;
+            case api::embedding_answer::native:
+                body = api::native_embeddings_json(*result);
+                break;
+            case api::embedding_answer::ollama_embed:
+                body = api::ollama_embed_json(ollama_name, *result);
+                break;
+            case api::embedding_answer::ollama_legacy:
+                body = api::ollama_legacy_embedding_json(*result);
+                break;
+        }
+        w.send(200, "application/json", dump(body));
+    };
+}
+
+[[noreturn]] void refuse_chat(const std::string& model_id) {
+    throw request_error(400, "'" + quotable(model_id) +
+                                 "' is an embedding model: it makes embeddings (POST /v1/embeddings, /api/embed, "
+                                 "/embedding), not chats or completions");
+}
+
+}  // namespace
+
+void register_embedding_routes(http::http_server& server, const frontend_context& ctx, embedder& model) {
+    const http::route_options ollama_route{.format_error = ollama::error_body};
+    server.set_error_format("/api/", ollama::error_body);
+    server.add_route("POST", "/v1/embeddings", embedding_handler(ctx, model, api::parse_openai_embedding_request));
+    // llama-server's own paths answer in its native shape, as its server.cpp routes them.
+    server.add_route("POST", "/embeddings", embedding_handler(ctx, model, api::parse_native_embedding_request));
+    server.add_route("POST", "/embedding", embedding_handler(ctx, model, api::parse_native_embedding_request));
+    server.add_route("POST", "/api/embed", embedding_handler(ctx, model, api::parse_ollama_embed_request),
+                     ollama_route);
+    server.add_route("POST", "/api/embeddings",
+                     embedding_handler(ctx, model, api::parse_ollama_legacy_embedding_request), ollama_route);
+    server.add_route(
+        "GET", "/health",
+        [](const http::request&, http::response_writer& w) { w.send(200, "application/json", R"({"status":"ok"})"); },
+        {.requires_auth = false});
+}
+
+void register_embedding_refusals(http::http_server& server, const std::string& model_id) {
+    const auto refuse = [model_id](const http::request&, http::response_writer&) {
+        throw request_error(400, "'" + quotable(model_id) +
+                                     "' is a chat model: it makes no embeddings. Serve an embedding model for them "
+                                     "(keepwarm serve -m EMBEDDING-MODEL.gguf: docs/embeddings.md)");
+    };
+    for (const char* path : {"/v1/embeddings", "/embeddings", "/embedding"}) server.add_route("POST", path, refuse);
+    for (const char* path : {"/api/embed", "/api/embeddings"}) {
+        server.add_route("POST", path, refuse, {.format_error = ollama::error_body});
+    }
+}
+
+generation_opener chat_refused(const std::string& model_id) {
+    return [model_id](const http::request&, chat_request, const request_clock&, http::response_writer&,
+                      std::string) -> generation_source_ptr { refuse_chat(model_id); };
+}
+
+raw_generation_opener raw_completion_refused(const std::string& model_id) {
+    return [model_id](const http::request&, raw_completion, const request_clock&, http::response_writer&,
+                      std::string) -> generation_source_ptr { refuse_chat(model_id); };
+}
+
+token_counter token_count_refused(const std::string& model_id) {
+    return [model_id](const http::request&, const chat_request&) -> int { refuse_chat(model_id); };
+}
+
+}  // namespace keepwarm
