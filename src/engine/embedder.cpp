@@ -124,6 +124,14 @@ embedder::embedder(embedder_options options) : options_(std::move(options)) {
                                     "' is a reranker (rank pooling): keepwarm does not serve /rerank yet");
     }
     n_embd_ = llama_model_n_embd_out(model_.get());
+    const llama_vocab* v = vocab();
+    if (llama_vocab_type(v) == LLAMA_VOCAB_TYPE_SPM || llama_vocab_type(v) == LLAMA_VOCAB_TYPE_BPE) {
+        for (llama_token t = 0; t < llama_vocab_n_tokens(v); ++t) {
+            char piece[512];
+            const int n = llama_token_to_piece(v, t, piece, sizeof piece, 0, /*special=*/true);
+            longest_piece_bytes_ = std::max(longest_piece_bytes_, size_t(n < 0 ? -n : n));
+        }
+    }
     pool_ = std::make_unique<cpu_threadpool>(threads);
     if (pool_->get()) llama_attach_threadpool(ctx_.get(), pool_->get(), nullptr);
     worker_ = std::thread([this] { run(); });

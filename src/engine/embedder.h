@@ -76,6 +76,12 @@ public:
     int context_size() const { return options_.context_size; }
     int n_embd() const { return n_embd_; }
     enum llama_pooling_type pooling() const { return pooling_; }
+    // The fewest tokens `bytes` of text can make (BPE and SPM vocabs: no piece is longer than the longest; 0 for
+    // others), so a text that cannot fit is refused, or cut, before it is tokenized.
+    size_t min_tokens_for_text(size_t bytes) const {
+        return longest_piece_bytes_ == 0 ? 0 : (bytes + longest_piece_bytes_ - 1) / longest_piece_bytes_;
+    }
+    size_t longest_piece_bytes() const { return longest_piece_bytes_; }
 
     // Counters for /metrics and tests (any thread).
     struct counters {
@@ -103,6 +109,7 @@ private:
     std::unique_ptr<cpu_threadpool> pool_;
     int n_embd_ = 0;
     enum llama_pooling_type pooling_ = LLAMA_POOLING_TYPE_NONE;
+    size_t longest_piece_bytes_ = 0;
 
     mutable std::mutex mu_;
     std::condition_variable work_cv_;         // a job arrived, or stop

@@ -2,8 +2,10 @@
 // (tokenize_mixed: specials on the first text piece), bound it, wait for the embedder, write the API's answer.
 #include "local/embedding-routes.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "api/embeddings-api.h"
 #include "api/ollama-api.h"
@@ -32,6 +34,27 @@ std::string quotable(const std::string& name) {
 std::vector<std::vector<llama_token>> tokenize_inputs(const embedder& model, const api::embedding_request& req) {
     const llama_vocab* vocab = model.vocab();
     const size_t context = size_t(model.context_size());
+    // Before any tokenizing: text that makes more tokens than an input may have (or than the request may) is refused,
+    // or, truncating, cut to what can make the first `context` tokens and a few beyond (tokenized, then cut again).
+    size_t least_tokens = 0;
+    for (const auto& input : req.inputs) {
+        size_t bytes = 0;
+        for (const prompt_piece& piece : input) bytes += piece.token != LLAMA_TOKEN_NULL ? 0 : piece.text.size();
+        const size_t at_least = model.min_tokens_for_text(bytes);
+        if (at_least > context && !req.truncate) {
+            throw request_error(400,
+                                "an input of " + std::to_string(bytes) + " bytes of text makes more than the " +
+                                    std::to_string(context) + " tokens one input may have (no token is longer than " +
+                                    std::to_string(model.longest_piece_bytes()) + " bytes)",
+                                "exceed_context_size_error");
+        }
+        least_tokens += std::min(at_least, context);
+    }
+    if (least_tokens > api::max_embedding_request_tokens) {
+        throw request_error(400, "the inputs have more than " + std::to_string(api::max_embedding_request_tokens) +
+                                     " tokens together; send them in several requests");
+    }
+    const size_t cut_bytes = (context + 64) * std::max<size_t>(model.longest_piece_bytes(), 1);
     std::vector<std::vector<llama_token>> inputs;
     inputs.reserve(req.inputs.size());
     size_t total = 0;
@@ -42,7 +65,14 @@ std::vector<std::vector<llama_token>> tokenize_inputs(const embedder& model, con
             if (piece.token != LLAMA_TOKEN_NULL) {
                 tokens.push_back(piece.token);
             } else {
-                const auto ids = common_tokenize(vocab, piece.text, /*add_special=*/first, /*parse_special=*/true);
+                std::string_view text = piece.text;
+                if (req.truncate && model.longest_piece_bytes() > 0 && text.size() > cut_bytes) {
+                    size_t end = cut_bytes;
+                    while (end > 0 && (uint8_t(text[end]) & 0xC0) == 0x80) --end;  // not inside a UTF-8 character
+                    text = text.substr(0, end);
+                }
+                const auto ids = common_tokenize(vocab, std::string(text), /*add_special=*/first,
+                                                 /*parse_special=*/true);
                 tokens.insert(tokens.end(), ids.begin(), ids.end());
             }
             first = false;

@@ -129,6 +129,10 @@ test('the ollama client: embed (and truncate), legacy embeddings; tags and show 
     const long = words(400, 3);
     const cut = await ollama.embed({ model: 'tiny-embed', input: long });
     assert.equal(cut.prompt_eval_count, CONTEXT);
+    // A text of megabytes is cut before it is tokenized, to the same first tokens.
+    const huge = await ollama.embed({ model: 'tiny-embed', input: long + ' filler'.repeat(300_000) });
+    assert.equal(huge.prompt_eval_count, CONTEXT);
+    assert.ok(maxDifference(huge.embeddings[0], cut.embeddings[0]) < 1e-6);
     await assert.rejects(ollama.embed({ model: 'tiny-embed', input: long, truncate: false }),
                          (e) => e.status_code === 400 && /tokens/.test(e.message));
 
@@ -163,6 +167,9 @@ test('bad inputs get a 400 in each API\'s shape, and the server keeps serving', 
     await openaiShape({ input: 'x', dimensions: 4096 }, /dimensions/);
     await openaiShape({ input: words(400, 5) }, /more than the 256/);
     await openaiShape({ input: Array(2049).fill('a') }, /at most 2048/);
+    // Text that cannot fit is refused before it is tokenized (2 MB here: no token is longer than its longest piece).
+    await openaiShape({ input: 'word '.repeat(400_000) }, /bytes of text makes more than the 256 tokens/);
+    await openaiShape({ input: Array(2000).fill(words(250, 9)) }, /more than 300000 tokens together/);
     const notJson = await curl(`${server.url}/v1/embeddings`, { method: 'POST', body: '{"input": ' });
     assert.equal(notJson.status, 400);
     assert.equal(typeof notJson.body.error.message, 'string');
