@@ -111,6 +111,8 @@ const std::vector<environment_binding>& llama_server_environment() {
             {"--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE"},
             {"--cpu-moe", "LLAMA_ARG_CPU_MOE"},
             {"--flash-attn", "LLAMA_ARG_FLASH_ATTN"},
+            {"--embeddings", "LLAMA_ARG_EMBEDDINGS"},
+            {"--pooling", "LLAMA_ARG_POOLING"},
             {"--mlock", "LLAMA_ARG_MLOCK"},
             {"--no-mmap", "LLAMA_ARG_MMAP", /*inverted=*/true},
             {"--no-mmap", "LLAMA_ARG_NO_MMAP"},

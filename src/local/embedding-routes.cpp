@@ -9,6 +9,7 @@
 
 #include "api/embeddings-api.h"
 #include "api/ollama-api.h"
+#include "base/metrics-text.h"
 #include "base/request-error.h"
 #include "common.h"
 
@@ -103,6 +104,10 @@ std::vector<std::vector<llama_token>> tokenize_inputs(const embedder& model, con
 std::optional<api::embedding_result> compute(embedder& model, const api::embedding_request& req,
                                              http::response_writer& w, std::chrono::steady_clock::time_point received) {
     api::embedding_result result;
+    if (req.dimensions && *req.dimensions > model.n_embd()) {  // refused before any work, as every other bound
+        throw request_error(400, "'dimensions' must be from 1 to " + std::to_string(model.n_embd()) +
+                                     ", the model's embedding size; it is " + std::to_string(*req.dimensions));
+    }
     const auto inputs = tokenize_inputs(model, req);
     for (const auto& tokens : inputs) result.input_tokens.push_back(int(tokens.size()));
     if (!inputs.empty()) {
@@ -166,6 +171,16 @@ void register_embedding_routes(http::http_server& server, const frontend_context
         "GET", "/health",
         [](const http::request&, http::response_writer& w) { w.send(200, "application/json", R"({"status":"ok"})"); },
         {.requires_auth = false});
+    server.add_route("GET", "/metrics", [&model](const http::request&, http::response_writer& w) {
+        const embedder::counters c = model.stats();
+        metrics_text m;
+        m.counter("keepwarm_embedding_requests_total", "Embedding requests queued for the embedder",
+                  double(c.requests));
+        m.counter("keepwarm_embedding_inputs_total", "Inputs embedded", double(c.inputs));
+        m.counter("keepwarm_embedding_tokens_total", "Tokens of the inputs embedded", double(c.tokens));
+        m.counter("keepwarm_embedding_decodes_total", "llama_decode calls, each several inputs", double(c.decodes));
+        w.send(200, "text/plain; version=0.0.4; charset=utf-8", m.str());
+    });
 }
 
 void register_embedding_refusals(http::http_server& server, const std::string& model_id) {

@@ -1,7 +1,8 @@
 // `keepwarm serve` on an embedding model: the embedding routes of the three APIs over the embedder, each in its API's
 // shape (OpenAI's POST /v1/embeddings; llama-server's POST /embedding and /embeddings; Ollama's POST /api/embed and
-// legacy /api/embeddings), and GET /health. A chat server answers the same paths with a 400 in their API's shape
-// (register_embedding_refusals), and an embedding server its chat routes (the openers below).
+// legacy /api/embeddings), GET /health and GET /metrics (the embedder's counters). A chat server answers the same
+// paths with a 400 in their API's shape (register_embedding_refusals), and an embedding server its chat routes (the
+// openers below).
 // Threading: handlers run on their connection's thread; they tokenize there and wait for the embedder's thread.
 #pragma once
 

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import OpenAI from 'openai';
 import { Ollama } from 'ollama';
-import { startServer, curl, testModel, freePort, findLlamaServer, waitFor, words } from './harness.mjs';
+import { startServer, curl, metrics, testModel, freePort, findLlamaServer, waitFor, words } from './harness.mjs';
 
 let server;
 const CONTEXT = 256; // tokens one input may have on this server (-c)
@@ -151,6 +151,7 @@ test('the ollama client: embed (and truncate), legacy embeddings; tags and show 
 });
 
 test('bad inputs get a 400 in each API\'s shape, and the server keeps serving', async () => {
+    const before = await metrics(server.url);
     const openaiShape = async (body, pattern) => {
         const r = await curl(`${server.url}/v1/embeddings`, { method: 'POST', body });
         assert.equal(r.status, 400, JSON.stringify(body));
@@ -186,10 +187,13 @@ test('bad inputs get a 400 in each API\'s shape, and the server keeps serving', 
     assert.equal(native.status, 400);
     assert.equal(native.body.error.code, 400);
 
-    // Still serving.
-    const ok = await curl(`${server.url}/v1/embeddings`, { method: 'POST', body: { input: 'still here' } });
+    // Still serving, and none of the refused requests reached the embedder.
+    const ok = await curl(`${server.url}/v1/embeddings`, { method: 'POST', body: { input: ['still', 'here'] } });
     assert.equal(ok.status, 200);
-    assert.equal(ok.body.data.length, 1);
+    assert.equal(ok.body.data.length, 2);
+    const after = await metrics(server.url);
+    assert.equal(after.keepwarm_embedding_requests_total - before.keepwarm_embedding_requests_total, 1);
+    assert.equal(after.keepwarm_embedding_inputs_total - before.keepwarm_embedding_inputs_total, 2);
 });
 
 test('a chat request to an embedding server, and an embedding request to a chat server, get a 400 in shape', async () => {
@@ -222,4 +226,19 @@ test('a chat request to an embedding server, and an embedding request to a chat 
     } finally {
         await chatServer.stop();
     }
+});
+
+test('--pooling (or llama-server\'s LLAMA_ARG_POOLING) serves a model that declares none as an embedding model', async () => {
+    const pooled = await startServer(['-c', '128'], { preset: 'tiny', env: { LLAMA_ARG_POOLING: 'mean' } });
+    try {
+        assert.match(pooled.output(), /as an embedding model\n.*mean pooling/);
+        const r = await curl(`${pooled.url}/v1/embeddings`, { method: 'POST', body: { input: ['hello', 'world'] } });
+        assert.equal(r.status, 200);
+        assert.equal(r.body.data.length, 2);
+        assert.equal(r.body.data[0].embedding.length, 512); // tiny's width
+    } finally {
+        await pooled.stop();
+    }
+    // --embeddings alone on a model that declares no pooling: start-up stops, saying what to give.
+    await assert.rejects(startServer(['--embeddings'], { preset: 'tiny' }), /declares no pooling type.*--pooling/s);
 });
