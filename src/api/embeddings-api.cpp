@@ -3,6 +3,7 @@
 // array of those), which take in OpenAI's four.
 #include "api/embeddings-api.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -180,6 +181,57 @@ void shorten_embeddings(std::vector<std::vector<float>>& vectors, int64_t dimens
         const double norm = sum > 0 ? 1.0 / std::sqrt(sum) : 0.0;
         for (float& x : v) x = float(double(x) * norm);
     }
+}
+
+rerank_request parse_rerank_request(const json& body) {
+    rerank_request req;
+    req.model = get_string(body, "model", "model").value_or("");
+    const json* query = find(body, "query");
+    if (!query) fail("'query' is required: a string");
+    if (!query->is_string()) fail("'query' must be a string");
+    req.query = query->get<std::string>();
+    const json* documents = find(body, "documents");
+    const char* field = "documents";
+    if (!documents && (documents = find(body, "texts"))) {
+        field = "texts";
+        req.tei = true;
+    }
+    if (!documents || !documents->is_array() || documents->empty()) {
+        fail("'documents' must be a non-empty array of strings");
+    }
+    if (documents->size() > max_embedding_inputs) {
+        fail(in_quotes(field) + " has " + std::to_string(documents->size()) + " documents; at most " +
+             std::to_string(max_embedding_inputs) + " are accepted in one request");
+    }
+    for (size_t i = 0; i < documents->size(); ++i) {
+        const json& d = (*documents)[i];
+        if (!d.is_string()) fail(in_quotes(indexed(field, i)) + " must be a string");
+        req.documents.push_back(d.get<std::string>());
+    }
+    const auto top_n = get_integer(body, "top_n", "top_n");
+    if (top_n && *top_n < 0) fail("'top_n' must be at least 0");
+    req.top_n = top_n ? size_t(std::min<int64_t>(*top_n, int64_t(req.documents.size()))) : req.documents.size();
+    req.return_text = req.tei && get_bool(body, "return_text", "return_text").value_or(false);
+    return req;
+}
+
+json rerank_json(const std::string& model, const rerank_request& req, const std::vector<float>& scores,
+                 int prompt_tokens) {
+    std::vector<size_t> order(scores.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    order.resize(std::min(order.size(), req.top_n));
+    json results = json::array();
+    for (const size_t i : order) {
+        json item = {{"index", i}, {req.tei ? "score" : "relevance_score", scores[i]}};
+        if (req.return_text) item["text"] = req.documents[i];
+        results.push_back(std::move(item));
+    }
+    if (req.tei) return results;
+    return {{"model", req.model.empty() ? model : req.model},
+            {"object", "list"},
+            {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}},
+            {"results", std::move(results)}};
 }
 
 std::string base64_floats(const std::vector<float>& values) {

@@ -74,6 +74,24 @@ json ollama_embed_json(const std::string& model, const embedding_result& r);
 // Ollama's /api/embeddings: {embedding}.
 json ollama_legacy_embedding_json(const embedding_result& r);
 
+// llama-server's POST /rerank (and /reranking, /v1/rerank, /v1/reranking): a query and documents, answered in Jina's
+// shape, or TEI's when the documents come as `texts`.
+struct rerank_request {
+    std::string model;
+    std::string query;
+    std::vector<std::string> documents;
+    size_t top_n = 0;          // results kept, the best first (default: all)
+    bool tei = false;          // `texts` given: TEI's answer, [{index, score, text?}]
+    bool return_text = false;  // TEI: each result carries its document
+};
+// `query` a string; `documents` (or `texts`) a non-empty array of strings, at most max_embedding_inputs; `top_n` an
+// integer of at least 0.
+rerank_request parse_rerank_request(const json& body);
+// The results sorted by score, the best first, cut to top_n: Jina's {model, object: "list", usage: {prompt_tokens,
+// total_tokens}, results: [{index, relevance_score}]}, or TEI's array (llama-server's format_response_rerank).
+json rerank_json(const std::string& model, const rerank_request& req, const std::vector<float>& scores,
+                 int prompt_tokens);
+
 // The bytes of `values` (little-endian float32) in base64, as OpenAI's encoding_format "base64".
 std::string base64_floats(const std::vector<float>& values);
 

@@ -113,6 +113,7 @@ const std::vector<environment_binding>& llama_server_environment() {
             {"--flash-attn", "LLAMA_ARG_FLASH_ATTN"},
             {"--embeddings", "LLAMA_ARG_EMBEDDINGS"},
             {"--pooling", "LLAMA_ARG_POOLING"},
+            {"--reranking", "LLAMA_ARG_RERANKING"},
             {"--mlock", "LLAMA_ARG_MLOCK"},
             {"--no-mmap", "LLAMA_ARG_MMAP", /*inverted=*/true},
             {"--no-mmap", "LLAMA_ARG_NO_MMAP"},

@@ -161,8 +161,9 @@ void add_mkmodel_command(CLI::App& app) {
                     "Every Nth layer attends to everything (gemma3, gpt-oss)")
         ->check(whole_number_at_least(1, ""));
     cmd->add_option("--pooling", f.pooling,
-                    "An embedding model, its pooling: mean, cls or last (tiny-embed: last); none: a chat model")
-        ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
+                    "An embedding model, its pooling: mean, cls or last (tiny-embed: last); rank: a reranker "
+                    "(tiny-rerank); none: a chat model")
+        ->check(CLI::IsMember({"none", "mean", "cls", "last", "rank"}));
     cmd->add_option("--vocab", f.vocab,
                     "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, gemma-4, llama-bpe)");
     cmd->add_option("--template", f.chat_template,

@@ -77,7 +77,7 @@ struct serve_options {
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
     bool embeddings = false;       // --embeddings: serve the model as an embedding model (see serves_embeddings)
-    std::string pooling;           // --pooling: mean, cls or last, over the model's own
+    std::string pooling;           // --pooling: mean, cls, last or rank (--reranking), over the model's own
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -173,8 +173,10 @@ int run_embedding_serve(serve_options& opts, frontend_context& ctx, const sigset
     eo.load_mode = e.load_mode;
     eo.max_queue = e.max_queue;
     eo.verbose = e.verbose;
-    static const std::map<std::string, enum llama_pooling_type> poolings = {
-        {"mean", LLAMA_POOLING_TYPE_MEAN}, {"cls", LLAMA_POOLING_TYPE_CLS}, {"last", LLAMA_POOLING_TYPE_LAST}};
+    static const std::map<std::string, enum llama_pooling_type> poolings = {{"mean", LLAMA_POOLING_TYPE_MEAN},
+                                                                            {"cls", LLAMA_POOLING_TYPE_CLS},
+                                                                            {"last", LLAMA_POOLING_TYPE_LAST},
+                                                                            {"rank", LLAMA_POOLING_TYPE_RANK}};
     if (!opts.pooling.empty()) eo.pooling = poolings.at(opts.pooling);
 
     http::http_server server(opts.http);
@@ -202,9 +204,10 @@ int run_embedding_serve(serve_options& opts, frontend_context& ctx, const sigset
 
     const embedder_options& r = model.options();
     std::ostringstream banner;
-    banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << id << " (" << eo.model_path
-           << ") as an embedding model\n"
-           << "  " << model.n_embd() << "-value vectors, " << pooling_name(model.pooling())
+    const bool reranker = model.pooling() == LLAMA_POOLING_TYPE_RANK;
+    banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << id << " (" << eo.model_path << ") as "
+           << (reranker ? "a reranker (POST /rerank)\n" : "an embedding model\n") << "  " << model.n_embd()
+           << (reranker ? " classifier labels, " : "-value vectors, ") << pooling_name(model.pooling())
            << " pooling, inputs of up to " << r.context_size << " tokens; " << r.batch_size << " tokens and "
            << r.max_sequences << " inputs per batch, " << r.threads << " threads\n"
            << "  compute: " << describe_compute(r.gpu_layers, llama_model_n_layer(model.model())) << "\n"
@@ -404,7 +407,8 @@ help_groups serve_help_groups() {
     return {
         {"Model",
          {"--model", "--alias", "--chat-template-file", "--gpu-layers", "--n-cpu-moe", "--cpu-moe", "--flash-attn",
-          "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode", "--embeddings", "--pooling"}},
+          "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode", "--embeddings", "--pooling",
+          "--reranking"}},
         {"Context & slots",
          {"--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--cache-type-k", "--cache-type-v",
           "--max-step-ms", "--pad-to-tile"}},
@@ -634,8 +638,12 @@ void add_serve_command(CLI::App& app) {
                   "Serve the model as an embedding model (POST /v1/embeddings, /api/embed, /embedding), as "
                   "llama-server's flag; a model whose GGUF declares a pooling type is served so without it");
     cmd->add_option("--pooling", opts->pooling,
-                    "Embedding models: how a sequence becomes one vector (mean, cls, last), over the model's own")
-        ->check(CLI::IsMember({"mean", "cls", "last"}));
+                    "Embedding models: how a sequence becomes one vector (mean, cls, last; rank: a reranker's "
+                    "score), over the model's own")
+        ->check(CLI::IsMember({"mean", "cls", "last", "rank"}));
+    cmd->add_flag_callback(
+        "--reranking,--rerank", [opts] { opts->pooling = "rank"; },
+        "Serve the model as a reranker (POST /rerank), as llama-server's flag: --pooling rank");
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     add_llama_server_flags(*cmd);
     cmd->add_option("--config", opts->settings_file,

@@ -119,11 +119,10 @@ embedder::embedder(embedder_options options) : options_(std::move(options)) {
                                     "' declares no pooling type, so it makes no single vector per input: give "
                                     "--pooling mean, cls or last (what the model was trained with)");
     }
-    if (pooling_ == LLAMA_POOLING_TYPE_RANK) {
-        throw std::invalid_argument("'" + options_.model_path +
-                                    "' is a reranker (rank pooling): keepwarm does not serve /rerank yet");
-    }
-    n_embd_ = llama_model_n_embd_out(model_.get());
+    // A reranker's pooled output is its classifier's scores (llama-server's score is the first), not a vector.
+    n_embd_ = pooling_ == LLAMA_POOLING_TYPE_RANK ? int(llama_model_n_cls_out(model_.get()))
+                                                  : llama_model_n_embd_out(model_.get());
+    if (n_embd_ < 1) throw std::invalid_argument("'" + options_.model_path + "' has a rank pooling but no classifier");
     const llama_vocab* v = vocab();
     if (llama_vocab_type(v) == LLAMA_VOCAB_TYPE_SPM || llama_vocab_type(v) == LLAMA_VOCAB_TYPE_BPE) {
         for (llama_token t = 0; t < llama_vocab_n_tokens(v); ++t) {
@@ -283,7 +282,8 @@ void embedder::compute(const std::vector<batch_entry>& batch) {
                 break;
             }
             vectors[s].resize(size_t(n_embd_));
-            common_embd_normalize(pooled, vectors[s].data(), n_embd_, batch[s].owner->normalize);
+            const int normalize = pooling_ == LLAMA_POOLING_TYPE_RANK ? -1 : batch[s].owner->normalize;
+            common_embd_normalize(pooled, vectors[s].data(), n_embd_, normalize);
         }
     }
 

@@ -55,8 +55,8 @@ constexpr int euclidean_norm = 2;
 class embedder {
 public:
     // Loads the model and starts the worker thread. Throws std::invalid_argument for a model that does not pool (no
-    // pooling type and none given) or that ranks (a reranker), std::runtime_error when the model or context cannot be
-    // made.
+    // pooling type and none given), std::runtime_error when the model or context cannot be made. A reranker (rank
+    // pooling) is served too: its "vector" is its classifier's scores, never normalised (the first is the relevance).
     explicit embedder(embedder_options options);
     ~embedder();  // stops the worker; requests still waiting end with a 503
     embedder(const embedder&) = delete;
@@ -74,7 +74,7 @@ public:
     const llama_vocab* vocab() const { return llama_model_get_vocab(model_.get()); }
     const embedder_options& options() const { return options_; }  // context and batch sizes as resolved
     int context_size() const { return options_.context_size; }
-    int n_embd() const { return n_embd_; }
+    int n_embd() const { return n_embd_; }  // values per vector (a reranker: its classifier's labels)
     enum llama_pooling_type pooling() const { return pooling_; }
     // The fewest tokens `bytes` of text can make (BPE and SPM vocabs: no piece is longer than the longest; 0 for
     // others), so a text that cannot fit is refused, or cut, before it is tokenized.

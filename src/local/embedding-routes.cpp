@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -24,10 +25,15 @@ std::string dump(const json& body) {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// A client-given name as an error message may quote it: at most 200 bytes.
-std::string quotable(const std::string& name) {
+// A name as an error message quotes it: 'name', at most 200 bytes of it. (Appended piece by piece: GCC 12 warns of
+// an overlap, wrongly, in "'" + std::string.)
+std::string quoted(const std::string& name) {
     constexpr size_t limit = 200;
-    return name.size() <= limit ? name : name.substr(0, limit) + "...";
+    std::string out = "'";
+    out.append(name, 0, std::min(name.size(), limit));
+    if (name.size() > limit) out += "...";
+    out += "'";
+    return out;
 }
 
 // The request's inputs as token ids, each within the embedder's context (cut to it when the request truncates), all
@@ -148,9 +154,104 @@ http::handler embedding_handler(const frontend_context& ctx, embedder& model, pa
     };
 }
 
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+        text.replace(at, from.size(), to);
+    }
+}
+
+// llama-server's format_prompt_rerank: the model's rerank template (tokenizer.chat_template.rerank) with the query and
+// the document put in, tokenized with its special tokens; without one, [BOS] query [EOS] [SEP] document [EOS], each
+// special token where the vocab adds it.
+std::vector<llama_token> rerank_prompt(const embedder& model, const std::string& query, const std::string& document) {
+    const llama_vocab* vocab = model.vocab();
+    if (const char* rerank_template = llama_model_chat_template(model.model(), "rerank")) {
+        std::string prompt = rerank_template;
+        replace_all(prompt, "{query}", query);
+        replace_all(prompt, "{document}", document);
+        return common_tokenize(vocab, prompt, /*add_special=*/false, /*parse_special=*/true);
+    }
+    llama_token eos = llama_vocab_eos(vocab);
+    if (eos == LLAMA_TOKEN_NULL) eos = llama_vocab_sep(vocab);
+    std::vector<llama_token> tokens;
+    if (llama_vocab_get_add_bos(vocab)) tokens.push_back(llama_vocab_bos(vocab));
+    const auto q = common_tokenize(vocab, query, false, false);
+    tokens.insert(tokens.end(), q.begin(), q.end());
+    if (llama_vocab_get_add_eos(vocab)) tokens.push_back(eos);
+    if (llama_vocab_get_add_sep(vocab)) tokens.push_back(llama_vocab_sep(vocab));
+    const auto d = common_tokenize(vocab, document, false, false);
+    tokens.insert(tokens.end(), d.begin(), d.end());
+    if (llama_vocab_get_add_eos(vocab)) tokens.push_back(eos);
+    return tokens;
+}
+
+// POST /rerank and its aliases on a reranker: each document's prompt within the context and all within the request's
+// token budget (text that cannot fit refused before it is tokenized), then one score per document.
+http::handler rerank_handler(const frontend_context& ctx, embedder& model) {
+    return [&ctx, &model](const http::request& req, http::response_writer& w) {
+        const api::rerank_request request = api::parse_rerank_request(parse_json_body(req));
+        const char* rerank_template = llama_model_chat_template(model.model(), "rerank");
+        const size_t fixed_bytes = rerank_template ? std::strlen(rerank_template) : 0;
+        const size_t context = size_t(model.context_size());
+        size_t least_tokens = 0;
+        for (const std::string& document : request.documents) {
+            least_tokens += model.min_tokens_for_text(fixed_bytes + request.query.size() + document.size());
+        }
+        if (least_tokens > api::max_embedding_request_tokens) {
+            throw request_error(400, "the documents make more than " +
+                                         std::to_string(api::max_embedding_request_tokens) +
+                                         " tokens together; send them in several requests");
+        }
+        std::vector<std::vector<llama_token>> prompts;
+        size_t total = 0;
+        for (size_t i = 0; i < request.documents.size(); ++i) {
+            const std::string& document = request.documents[i];
+            if (model.min_tokens_for_text(fixed_bytes + request.query.size() + document.size()) > context) {
+                throw request_error(400,
+                                    "document " + std::to_string(i) + " and the query make more than the " +
+                                        std::to_string(context) + " tokens one input may have",
+                                    "exceed_context_size_error");
+            }
+            prompts.push_back(rerank_prompt(model, request.query, document));
+            if (prompts.back().size() > context) {
+                throw request_error(400,
+                                    "document " + std::to_string(i) + " and the query make " +
+                                        std::to_string(prompts.back().size()) + " tokens, more than the " +
+                                        std::to_string(context) + " one input may have",
+                                    "exceed_context_size_error");
+            }
+            total += prompts.back().size();
+            if (total > api::max_embedding_request_tokens) {
+                throw request_error(400, "the documents make more than " +
+                                             std::to_string(api::max_embedding_request_tokens) +
+                                             " tokens together; send them in several requests");
+            }
+        }
+        const auto scores = model.embed(prompts, -1, [&w] { return w.client_gone(); });
+        if (scores.size() != prompts.size()) return;
+        std::vector<float> relevance;
+        for (const auto& s : scores) relevance.push_back(s.front());
+        w.send(200, "application/json", dump(api::rerank_json(ctx.model_id, request, relevance, int(total))));
+    };
+}
+
+const std::vector<std::string> embedding_paths = {"/v1/embeddings", "/embeddings", "/embedding"};
+const std::vector<std::string> ollama_embedding_paths = {"/api/embed", "/api/embeddings"};
+const std::vector<std::string> rerank_paths = {"/rerank", "/reranking", "/v1/rerank", "/v1/reranking"};
+
+// POST on each of `paths` answers 400 with `message`, in Ollama's shape under /api/, else OpenAI's (llama-server's).
+void refuse_paths(http::http_server& server, const std::vector<std::string>& paths, const std::string& message) {
+    for (const std::string& path : paths) {
+        server.add_route("POST", path,
+                         [message](const http::request&, http::response_writer&) { throw request_error(400, message); },
+                         {.format_error = path.starts_with("/api/") ? http::error_formatter(ollama::error_body)
+                                                                    : http::error_formatter(http::openai_error_body)});
+    }
+}
+
 [[noreturn]] void refuse_chat(const std::string& model_id) {
-    throw request_error(400, "'" + quotable(model_id) +
-                                 "' is an embedding model: it makes embeddings (POST /v1/embeddings, /api/embed, "
+    throw request_error(400, quoted(model_id) +
+                                 " is an embedding model: it makes embeddings (POST /v1/embeddings, /api/embed, "
                                  "/embedding), not chats or completions");
 }
 
@@ -159,14 +260,29 @@ http::handler embedding_handler(const frontend_context& ctx, embedder& model, pa
 void register_embedding_routes(http::http_server& server, const frontend_context& ctx, embedder& model) {
     const http::route_options ollama_route{.format_error = ollama::error_body};
     server.set_error_format("/api/", ollama::error_body);
-    server.add_route("POST", "/v1/embeddings", embedding_handler(ctx, model, api::parse_openai_embedding_request));
-    // llama-server's own paths answer in its native shape, as its server.cpp routes them.
-    server.add_route("POST", "/embeddings", embedding_handler(ctx, model, api::parse_native_embedding_request));
-    server.add_route("POST", "/embedding", embedding_handler(ctx, model, api::parse_native_embedding_request));
-    server.add_route("POST", "/api/embed", embedding_handler(ctx, model, api::parse_ollama_embed_request),
-                     ollama_route);
-    server.add_route("POST", "/api/embeddings",
-                     embedding_handler(ctx, model, api::parse_ollama_legacy_embedding_request), ollama_route);
+    const std::string name = quoted(ctx.model_id);
+    if (model.pooling() == LLAMA_POOLING_TYPE_RANK) {
+        for (const std::string& path : rerank_paths) server.add_route("POST", path, rerank_handler(ctx, model));
+        std::vector<std::string> paths = embedding_paths;
+        paths.insert(paths.end(), ollama_embedding_paths.begin(), ollama_embedding_paths.end());
+        refuse_paths(server, paths,
+                     name +
+                         " is a reranker: it scores documents against a query (POST /rerank), it makes no "
+                         "embeddings");
+    } else {
+        server.add_route("POST", "/v1/embeddings", embedding_handler(ctx, model, api::parse_openai_embedding_request));
+        // llama-server's own paths answer in its native shape, as its server.cpp routes them.
+        server.add_route("POST", "/embeddings", embedding_handler(ctx, model, api::parse_native_embedding_request));
+        server.add_route("POST", "/embedding", embedding_handler(ctx, model, api::parse_native_embedding_request));
+        server.add_route("POST", "/api/embed", embedding_handler(ctx, model, api::parse_ollama_embed_request),
+                         ollama_route);
+        server.add_route("POST", "/api/embeddings",
+                         embedding_handler(ctx, model, api::parse_ollama_legacy_embedding_request), ollama_route);
+        refuse_paths(server, rerank_paths,
+                     name +
+                         " is an embedding model, not a reranker: /rerank needs a model with rank pooling "
+                         "(a reranker's GGUF declares it)");
+    }
     server.add_route(
         "GET", "/health",
         [](const http::request&, http::response_writer& w) { w.send(200, "application/json", R"({"status":"ok"})"); },
@@ -184,15 +300,13 @@ void register_embedding_routes(http::http_server& server, const frontend_context
 }
 
 void register_embedding_refusals(http::http_server& server, const std::string& model_id) {
-    const auto refuse = [model_id](const http::request&, http::response_writer&) {
-        throw request_error(400, "'" + quotable(model_id) +
-                                     "' is a chat model: it makes no embeddings. Serve an embedding model for them "
-                                     "(keepwarm serve -m EMBEDDING-MODEL.gguf: docs/embeddings.md)");
-    };
-    for (const char* path : {"/v1/embeddings", "/embeddings", "/embedding"}) server.add_route("POST", path, refuse);
-    for (const char* path : {"/api/embed", "/api/embeddings"}) {
-        server.add_route("POST", path, refuse, {.format_error = ollama::error_body});
-    }
+    std::vector<std::string> paths = embedding_paths;
+    paths.insert(paths.end(), ollama_embedding_paths.begin(), ollama_embedding_paths.end());
+    paths.insert(paths.end(), rerank_paths.begin(), rerank_paths.end());
+    refuse_paths(server, paths,
+                 quoted(model_id) +
+                     " is a chat model: it makes no embeddings and ranks no documents. Serve an embedding model or a "
+                     "reranker for them (keepwarm serve -m MODEL.gguf: docs/embeddings.md)");
 }
 
 generation_opener chat_refused(const std::string& model_id) {

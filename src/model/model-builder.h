@@ -43,7 +43,8 @@ struct model_spec {
     uint32_t sliding_window_pattern = 6;
 
     // Embedding models: how llama.cpp pools a sequence's hidden states into one vector (<arch>.pooling_type): mean,
-    // cls or last (Qwen3-Embedding's: the last token, with EOS appended to every input). "" or none: a chat model.
+    // cls or last (Qwen3-Embedding's: the last token, with EOS appended to every input); rank: a reranker
+    // (Qwen3-Reranker's: a yes/no classifier on the last token, and its prompt template). "" or none: a chat model.
     std::string pooling;
 
     std::string vocab = "qwen2";                    // models/ggml-vocab-<vocab>.gguf in the llama.cpp source tree
@@ -59,7 +60,8 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, bench-dense, bench-hybrid. Throws
+// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, tiny-rerank,
+// bench-dense, bench-hybrid. Throws
 // std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
 

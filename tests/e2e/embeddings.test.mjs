@@ -1,7 +1,7 @@
 // keepwarm serve on an embedding model (the tiny-embed preset: qwen3 with last-token pooling, as Qwen3-Embedding):
 // its vectors against llama-server --embeddings on the same model and inputs, the official openai and ollama clients,
 // llama-server's own shapes, bounded inputs answered 4xx in each API's shape, and chat routes refused (and the
-// embedding routes of a chat server).
+// embedding routes of a chat server); a reranker (tiny-rerank) against llama-server --reranking.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -221,6 +221,9 @@ test('a chat request to an embedding server, and an embedding request to a chat 
         const o = await curl(`${chatServer.url}/api/embed`, { method: 'POST', body: { model: 'x', input: 'hi' } });
         assert.equal(o.status, 400);
         assert.match(o.body.error, /chat model/);
+        const rerank = await curl(`${chatServer.url}/v1/rerank`, { method: 'POST', body: { query: 'q', documents: ['a'] } });
+        assert.equal(rerank.status, 400);
+        assert.match(rerank.body.error.message, /chat model/);
         await assert.rejects(chatServer.client().embeddings.create({ model: 'tiny', input: 'hi' }),
                              (err) => err.status === 400);
     } finally {
@@ -241,4 +244,63 @@ test('--pooling (or llama-server\'s LLAMA_ARG_POOLING) serves a model that decla
     }
     // --embeddings alone on a model that declares no pooling: start-up stops, saying what to give.
     await assert.rejects(startServer(['--embeddings'], { preset: 'tiny' }), /declares no pooling type.*--pooling/s);
+});
+
+test('a reranker (tiny-rerank, Qwen3-Reranker\'s shape): /rerank scores equal llama-server --reranking\'s', async () => {
+    const llamaServer = findLlamaServer();
+    assert.ok(llamaServer, 'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
+    const reranker = await startServer(['-c', '512'], { preset: 'tiny-rerank' });
+    const port = await freePort();
+    const ls = spawn(llamaServer, ['-m', await testModel('tiny-rerank'), '--reranking', '--port', String(port), '-t',
+                                   '1', '-c', '4096'], { stdio: 'ignore' });
+    const url = `http://127.0.0.1:${port}`;
+    try {
+        assert.match(reranker.output(), /as a reranker/);
+        assert.ok(await waitFor(async () => (await curl(`${url}/health`)).status === 200, { timeoutMs: 60_000 }));
+        const body = { model: 'r', query: 'what is a panda?',
+                       documents: ['hi', 'The giant panda is a bear species endemic to China.', 'pandas eat bamboo',
+                                   words(80, 4)] };
+        for (const path of ['/rerank', '/v1/rerank', '/reranking', '/v1/reranking']) {
+            const ours = await curl(`${reranker.url}${path}`, { method: 'POST', body });
+            assert.equal(ours.status, 200, JSON.stringify(ours.body));
+            assert.equal(ours.body.object, 'list');
+            assert.equal(ours.body.model, 'r');
+            assert.equal(ours.body.results.length, 4);
+            const scores = ours.body.results.map((r) => r.relevance_score);
+            assert.deepEqual(scores, [...scores].sort((a, b) => b - a)); // the best first
+            if (path !== '/rerank') continue;
+            const theirs = await curl(`${url}${path}`, { method: 'POST', body });
+            assert.equal(theirs.status, 200);
+            assert.deepEqual(ours.body.usage, theirs.body.usage); // the same prompts: the rerank template filled in
+            const byIndex = (r) => Object.fromEntries(r.body.results.map((x) => [x.index, x.relevance_score]));
+            const a = byIndex(ours), b = byIndex(theirs);
+            for (let i = 0; i < body.documents.length; i++) {
+                assert.ok(Math.abs(a[i] - b[i]) <= TOLERANCE, `document ${i}: ${a[i]} and ${b[i]}`);
+            }
+        }
+        // TEI's shape: texts in, an array out, with the text when asked.
+        const tei = await curl(`${reranker.url}/rerank`, { method: 'POST',
+            body: { query: 'q', texts: ['one', 'two'], return_text: true, top_n: 1 } });
+        assert.equal(tei.status, 200);
+        assert.equal(tei.body.length, 1);
+        assert.ok(['one', 'two'].includes(tei.body[0].text));
+        assert.equal(typeof tei.body[0].score, 'number');
+
+        for (const bad of [{ documents: ['a'] }, { query: 'q', documents: [] }, { query: 'q', documents: [1] },
+                           { query: 'q', documents: ['a'], top_n: -1 }, { query: 'q', documents: [words(600, 1)] }]) {
+            const r = await curl(`${reranker.url}/rerank`, { method: 'POST', body: bad });
+            assert.equal(r.status, 400, JSON.stringify(bad));
+            assert.equal(r.body.error.code, 400);
+        }
+        const embed = await curl(`${reranker.url}/v1/embeddings`, { method: 'POST', body: { input: 'x' } });
+        assert.equal(embed.status, 400);
+        assert.match(embed.body.error.message, /is a reranker/);
+        // An embedding model is no reranker.
+        const notRanking = await curl(`${server.url}/rerank`, { method: 'POST', body: { query: 'q', documents: ['a'] } });
+        assert.equal(notRanking.status, 400);
+        assert.match(notRanking.body.error.message, /not a reranker/);
+    } finally {
+        ls.kill('SIGTERM');
+        await reranker.stop();
+    }
 });

@@ -86,6 +86,27 @@ TEST(embedding_model_file, a_chat_model_without_a_pooling_type_is_refused) {
     EXPECT_NEAR(norm(v[0]), 1.0, 1e-5);
 }
 
+// A reranker's "vector" is its classifier's softmax over yes/no (llama.cpp's qwen3 head), never normalised: the first
+// value is the relevance llama-server reports.
+TEST(embedding_model_file, a_reranker_gives_its_classifiers_scores) {
+    embedder_options o;
+    o.model_path = test_models::generated_model("unit-embedder", "tiny-rerank");
+    o.context_size = 256;
+    o.threads = 1;
+    embedder reranker(o);
+    EXPECT_EQ(reranker.pooling(), LLAMA_POOLING_TYPE_RANK);
+    ASSERT_EQ(reranker.n_embd(), 2);
+    const auto scores = reranker.embed({common_tokenize(reranker.vocab(), "query and document", false, true),
+                                        common_tokenize(reranker.vocab(), "another pair", false, true)});
+    ASSERT_EQ(scores.size(), 2u);
+    for (const auto& s : scores) {
+        EXPECT_GT(s[0], 0.0f);
+        EXPECT_LT(s[0], 1.0f);
+        EXPECT_NEAR(s[0] + s[1], 1.0f, 1e-5);
+    }
+    EXPECT_NE(scores[0][0], scores[1][0]);
+}
+
 // Qwen3-Embedding's tokenizer appends <|endoftext|>, whose hidden state last-token pooling takes.
 TEST_F(embedder_test, the_tokenizer_appends_eos_to_every_input) {
     const auto ids = tokens("hello");

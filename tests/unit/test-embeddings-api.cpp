@@ -13,7 +13,8 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-int status_of(embedding_request (*parse)(const json&), const json& body) {
+template <typename Request>
+int status_of(Request (*parse)(const json&), const json& body) {
     try {
         parse(body);
     } catch (const request_error& e) {
@@ -131,4 +132,36 @@ TEST(embeddings_api, dimensions_shorten_and_renormalise) {
     EXPECT_NEAR(v[0][1], 0.8f, 1e-6);
     std::vector<std::vector<float>> w = {{1.0f, 0.0f}};
     EXPECT_THROW(shorten_embeddings(w, 3), request_error);
+}
+
+TEST(embeddings_api, rerank_requests_and_answers) {
+    auto jina = parse_rerank_request({{"query", "q"}, {"documents", {"a", "b", "c"}}, {"top_n", 2}});
+    EXPECT_EQ(jina.documents.size(), 3u);
+    EXPECT_EQ(jina.top_n, 2u);
+    EXPECT_FALSE(jina.tei);
+    const json answer = rerank_json("m", jina, {0.1f, 0.9f, 0.5f}, 30);
+    EXPECT_EQ(answer["object"], "list");
+    EXPECT_EQ(answer["usage"]["prompt_tokens"], 30);
+    ASSERT_EQ(answer["results"].size(), 2u);  // top_n, the best first
+    EXPECT_EQ(answer["results"][0]["index"], 1);
+    EXPECT_EQ(answer["results"][1]["index"], 2);
+    EXPECT_TRUE(answer["results"][0].contains("relevance_score"));
+
+    auto tei = parse_rerank_request({{"query", "q"}, {"texts", {"a", "b"}}, {"return_text", true}});
+    EXPECT_TRUE(tei.tei);
+    EXPECT_EQ(tei.top_n, 2u);  // all by default
+    const json tei_answer = rerank_json("m", tei, {0.2f, 0.7f}, 10);
+    ASSERT_TRUE(tei_answer.is_array());
+    EXPECT_EQ(tei_answer[0]["index"], 1);
+    EXPECT_EQ(tei_answer[0]["text"], "b");
+    EXPECT_TRUE(tei_answer[0].contains("score"));
+    EXPECT_EQ(parse_rerank_request({{"query", "q"}, {"documents", {"a"}}, {"top_n", 99}}).top_n, 1u);
+
+    const auto p = parse_rerank_request;
+    EXPECT_EQ(status_of(p, {{"documents", {"a"}}}), 400);
+    EXPECT_EQ(status_of(p, {{"query", 1}, {"documents", {"a"}}}), 400);
+    EXPECT_EQ(status_of(p, {{"query", "q"}, {"documents", json::array()}}), 400);
+    EXPECT_EQ(status_of(p, {{"query", "q"}, {"documents", {"a", 2}}}), 400);
+    EXPECT_EQ(status_of(p, {{"query", "q"}, {"documents", {"a"}}, {"top_n", -1}}), 400);
+    EXPECT_EQ(status_of(p, {{"query", "q"}, {"documents", json(std::vector<std::string>(2049, "a"))}}), 400);
 }

@@ -472,6 +472,14 @@ TEST(ModelBuilder, EmbeddingModelDeclaresItsPoolingAndAppendsEos) {
     spec.pooling = "mean";
     EXPECT_EQ(read_gguf_metadata(shared_model(spec), 16).value("qwen3.pooling_type", -1), 1);
     EXPECT_EQ(preset_spec("tiny-embed").pooling, "last");
+    // A reranker: Qwen3-Reranker's yes/no labels, its prompt with {query} and {document}, and the classifier head.
+    spec.pooling = "rank";
+    const std::string reranker = shared_model(spec);
+    const auto rank = read_gguf_metadata(reranker, 16);
+    EXPECT_EQ(rank.value("qwen3.pooling_type", -1), 4);
+    EXPECT_EQ(rank["qwen3.classifier.output_labels"], nlohmann::ordered_json({"yes", "no"}));
+    EXPECT_NE(rank.value("tokenizer.chat_template.rerank", "").find("{document}"), std::string::npos);
+    EXPECT_EQ(inspect_model(reranker).file_size, fs::file_size(reranker));
     spec.pooling = "max";
     expect_error<std::invalid_argument>(spec, "unknown pooling 'max'");
 }
