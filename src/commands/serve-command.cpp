@@ -244,9 +244,9 @@ int run_serve(serve_options opts) {
     }
     const std::vector<std::string> tenants = apply_tenancy(opts.tenancy, opts.http, ctx, policy_config, "serve");
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
-    if (serves_embeddings(opts)) return run_embedding_serve(opts, ctx, signals, model.random_weights, tenants);
     ctx.stream_keepalive = opts.http.stream_keepalive;
     ctx.busters = make_busters_detector(ctx);
+    if (serves_embeddings(opts)) return run_embedding_serve(opts, ctx, signals, model.random_weights, tenants);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     resolve_cache_budgets(opts);

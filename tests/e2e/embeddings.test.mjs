@@ -210,8 +210,24 @@ test('a chat request to an embedding server, and an embedding request to a chat 
         method: 'POST', body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], stream: false } });
     assert.equal(ollamaChat.status, 400);
     assert.match(ollamaChat.body.error, /embedding model/);
-    const completion = await curl(`${server.url}/completion`, { method: 'POST', body: { prompt: 'hi' } });
-    assert.equal(completion.status, 400);
+    // Every other chat or completion route, in its own shape, and the server goes on.
+    const others = [
+        ['/v1/completions', { model: 'x', prompt: 'hi', max_tokens: 4 }],
+        ['/v1/responses', { model: 'x', input: 'hi' }],
+        ['/v1/messages/count_tokens', { model: 'x', messages: [{ role: 'user', content: 'hi' }] }],
+        ['/completion', { prompt: 'hi' }],
+        ['/completions', { prompt: 'hi' }],
+        ['/infill', { input_prefix: 'a', input_suffix: 'b' }],
+        ['/api/generate', { model: 'x', prompt: 'hi', stream: false }],
+        ['/api/generate', { model: 'x', prompt: 'hi', raw: true, stream: false }],
+        ['/v1/chat/completions', { model: 'x', messages: [{ role: 'user', content: 'hi' }], stream: true }],
+    ];
+    for (const [path, body] of others) {
+        const r = await curl(`${server.url}${path}`, { method: 'POST', body });
+        assert.equal(r.status, 400, `${path}: ${JSON.stringify(r.body)}`);
+        assert.match(JSON.stringify(r.body), /embedding model/, path);
+    }
+    assert.equal((await curl(`${server.url}/health`)).status, 200);
 
     const chatServer = await startServer([], { preset: 'tiny' });
     try {
