@@ -100,8 +100,9 @@ async function measure(server) {
 }
 
 const servers = [
+    // No per-address connection limit: the concurrent workload is --inputs clients on one address.
     ['keepwarm', args.keepwarm, ['serve', '-m', args.model, '-t', String(args.threads), '-c', String(args.ctx),
-        '--cache-disk', '0']],
+        '--cache-disk', '0', '--max-connections-per-address', '0']],
     ['llama-server', args.llamaServer, ['-m', args.model, '--embeddings', '-t', String(args.threads), '-tb',
         String(args.threads), '-b', String(args.ctx), '-ub', String(args.ctx), '-np', String(args.parallel), '-c',
         String(args.ctx * args.parallel)]],
