@@ -64,6 +64,7 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
         take("--ssm-conv", spec.ssm_conv_kernel, f.ssm_conv_kernel);
         take("--sliding-window", spec.sliding_window, f.sliding_window);
         take("--swa-pattern", spec.sliding_window_pattern, f.sliding_window_pattern);
+        take("--pooling", spec.pooling, f.pooling);
         // Tokenizer, template, type and seed don't change the shape, so the preset name still describes it.
         if (given("--vocab")) spec.vocab = f.vocab;
         if (given("--template")) spec.chat_template = f.chat_template;
@@ -94,6 +95,9 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
                                  : n % 10 == 3     ? "rd"
                                                    : "th";
             std::printf(", sliding window %u (every %u%s layer full)", spec.sliding_window, n, suffix);
+        }
+        if (!spec.pooling.empty() && spec.pooling != "none") {
+            std::printf(", embedding model (%s pooling)", spec.pooling.c_str());
         }
         std::printf(", context %u\n", spec.n_ctx_train);
         std::printf("  %s weights, vocab %s, template %s, seed %llu\n", spec.type.c_str(), spec.vocab.c_str(),
@@ -156,6 +160,10 @@ void add_mkmodel_command(CLI::App& app) {
     cmd->add_option("--swa-pattern", f.sliding_window_pattern,
                     "Every Nth layer attends to everything (gemma3, gpt-oss)")
         ->check(whole_number_at_least(1, ""));
+    cmd->add_option("--pooling", f.pooling,
+                    "An embedding model, its pooling: mean, cls or last (tiny-embed: last); rank: a reranker "
+                    "(tiny-rerank); none: a chat model")
+        ->check(CLI::IsMember({"none", "mean", "cls", "last", "rank"}));
     cmd->add_option("--vocab", f.vocab,
                     "Tokenizer: models/ggml-vocab-NAME.gguf of llama.cpp (qwen2, qwen35, gemma-4, llama-bpe)");
     cmd->add_option("--template", f.chat_template,

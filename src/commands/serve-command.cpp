@@ -30,10 +30,12 @@
 #include "commands/options-file.h"
 #include "common.h"
 #include "engine/draft-sources.h"
+#include "engine/embedder.h"
 #include "engine/llama-runtime.h"
 #include "http/api-keys.h"
 #include "http/http-server.h"
 #include "local/chat-generation.h"
+#include "local/embedding-routes.h"
 #include "local/local-model.h"
 #include "local/local-status-routes.h"
 #include "local/model-card.h"
@@ -74,6 +76,8 @@ struct serve_options {
     std::optional<written_policy> written;      // its [policy] table
     tenancy_options tenancy;
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
+    bool embeddings = false;       // --embeddings: serve the model as an embedding model (see serves_embeddings)
+    std::string pooling;           // --pooling: mean, cls, last or rank (--reranking), over the model's own
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -133,6 +137,91 @@ std::string describe_cache_budgets(const engine_options& eo) {
                                     : std::string("off (--cache-disk 0)"));
 }
 
+// Waits for SIGINT/SIGTERM. A clean stop waits for the engine's current step, which one request's grammar can hold
+// for long: past the limit, the process exits anyway (the disk tier's files are written whole or not at all).
+void wait_for_stop_signal(const sigset_t& signals, double shutdown_seconds) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log::announce("serve", std::string("keepwarm: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
+    std::thread([seconds = shutdown_seconds] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        log::error("serve", "a clean shutdown did not finish in {} s (--shutdown-timeout); exiting now",
+                   log::fixed(seconds, 0));
+        std::_Exit(1);
+    }).detach();
+}
+
+// Which engine serves the model: the embedder when the GGUF declares a pooling type (an embedding model, as
+// llama.cpp reads it) or the command line asks for embeddings (--embeddings, --pooling); else the chat engine.
+bool serves_embeddings(const serve_options& opts) {
+    return opts.embeddings || !opts.pooling.empty() ||
+           model_file_pooling(opts.engine.model_path) != LLAMA_POOLING_TYPE_NONE;
+}
+
+// `keepwarm serve` on an embedding model: the embedder behind the embedding routes; the chat routes answer 400.
+int run_embedding_serve(serve_options& opts, frontend_context& ctx, const sigset_t& signals, bool random_weights,
+                        const std::vector<std::string>& tenants) {
+    const engine_options& e = opts.engine;
+    embedder_options eo;
+    eo.model_path = e.model_path;
+    eo.context_size = e.context_size;
+    eo.batch_size = e.batch_size;
+    eo.max_sequences = std::max(e.slots, 16);
+    eo.threads = e.threads;
+    eo.gpu_layers = e.gpu_layers;
+    eo.flash_attn = e.flash_attn;
+    eo.load_mode = e.load_mode;
+    eo.max_queue = e.max_queue;
+    eo.verbose = e.verbose;
+    static const std::map<std::string, enum llama_pooling_type> poolings = {{"mean", LLAMA_POOLING_TYPE_MEAN},
+                                                                            {"cls", LLAMA_POOLING_TYPE_CLS},
+                                                                            {"last", LLAMA_POOLING_TYPE_LAST},
+                                                                            {"rank", LLAMA_POOLING_TYPE_RANK}};
+    if (!opts.pooling.empty()) eo.pooling = poolings.at(opts.pooling);
+
+    http::http_server server(opts.http);
+    server.hold(503, R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})");
+    server.start();
+    const std::string url = "http://" + opts.http.host + ":" + std::to_string(server.port());
+    log::info("serve", "bound {}; loading the embedding model (requests get 503 Loading model until it is loaded)",
+              url);
+    embedder model(eo);
+    const std::string& id = ctx.model_id;
+    register_models_routes(server, ctx,
+                           {{"path", eo.model_path},
+                            {"n_ctx", model.context_size()},
+                            {"n_embd", model.n_embd()},
+                            {"pooling", pooling_name(model.pooling())},
+                            {"random_weights", random_weights}});
+    register_embedding_routes(server, ctx, model);
+    register_ollama_model_routes(server, make_embedding_model_card(model, eo.model_path, id));
+    response_store responses({});  // the Responses routes answer 400 before they store anything
+    register_openai_routes(server, ctx, chat_refused(id), openai_completions(raw_completion_refused(id)), responses);
+    register_llama_server_routes(server, ctx, raw_completion_refused(id), nullptr);
+    register_anthropic_routes(server, ctx, chat_refused(id), token_count_refused(id));
+    register_ollama_routes(server, ctx, chat_refused(id), raw_completion_refused(id), false);
+    server.open();
+
+    const embedder_options& r = model.options();
+    std::ostringstream banner;
+    const bool reranker = model.pooling() == LLAMA_POOLING_TYPE_RANK;
+    banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << id << " (" << eo.model_path << ") as "
+           << (reranker ? "a reranker (POST /rerank)\n" : "an embedding model\n") << "  " << model.n_embd()
+           << (reranker ? " classifier labels, " : "-value vectors, ") << pooling_name(model.pooling())
+           << " pooling, inputs of up to " << r.context_size << " tokens; " << r.batch_size << " tokens and "
+           << r.max_sequences << " inputs per batch, " << r.threads << " threads\n"
+           << "  compute: " << describe_compute(r.gpu_layers, llama_model_n_layer(model.model())) << "\n"
+           << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
+    if (random_weights) {
+        banner << "  NOTE: this model was generated with random weights for testing: its vectors are noise.\n";
+    }
+    log::announce("serve", banner.str());
+    log::announce("serve", "listening on " + url, {{"url", url}});
+    wait_for_stop_signal(signals, opts.shutdown_seconds);
+    server.stop();
+    return 0;
+}
+
 int run_serve(serve_options opts) {
     const sigset_t signals = block_stop_signals();
 
@@ -157,6 +246,7 @@ int run_serve(serve_options opts) {
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     ctx.stream_keepalive = opts.http.stream_keepalive;
     ctx.busters = make_busters_detector(ctx);
+    if (serves_embeddings(opts)) return run_embedding_serve(opts, ctx, signals, model.random_weights, tenants);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
     resolve_cache_budgets(opts);
@@ -223,6 +313,7 @@ int run_serve(serve_options opts) {
     register_ollama_model_routes(server, make_model_card(*model.llm, *model.renderer, model.model_path, ctx.model_id));
     register_tokenizer_routes(server, model);
     register_busters_routes(server, ctx);
+    register_embedding_refusals(server, ctx.model_id);
     model.llm->start();
     server.open();
     if (dir_lock) dir_lock->describe("keepwarm serve on " + url);
@@ -258,17 +349,7 @@ int run_serve(serve_options opts) {
     log::announce("serve", banner.str());
     log::announce("serve", "listening on " + url, {{"url", url}});
 
-    int sig = 0;
-    sigwait(&signals, &sig);
-    log::announce("serve", std::string("keepwarm: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
-    // A clean stop waits for the engine's current step, which one request's grammar can hold for long: past the
-    // limit, the process exits anyway (the disk tier's files are written whole or not at all).
-    std::thread([seconds = opts.shutdown_seconds] {
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        log::error("serve", "a clean shutdown did not finish in {} s (--shutdown-timeout); exiting now",
-                   log::fixed(seconds, 0));
-        std::_Exit(1);
-    }).detach();
+    wait_for_stop_signal(signals, opts.shutdown_seconds);
     server.stop();
     model.llm->stop();
     return 0;
@@ -326,7 +407,8 @@ help_groups serve_help_groups() {
     return {
         {"Model",
          {"--model", "--alias", "--chat-template-file", "--gpu-layers", "--n-cpu-moe", "--cpu-moe", "--flash-attn",
-          "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode"}},
+          "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode", "--embeddings", "--pooling",
+          "--reranking"}},
         {"Context & slots",
          {"--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--cache-type-k", "--cache-type-v",
           "--max-step-ms", "--pad-to-tile"}},
@@ -557,6 +639,16 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--min-p", sampling.min_p, "min_p of requests that set none (0: off)")
         ->capture_default_str()
         ->check(real_number(0, 1, ""));
+    cmd->add_flag("--embeddings,--embedding", opts->embeddings,
+                  "Serve the model as an embedding model (POST /v1/embeddings, /api/embed, /embedding), as "
+                  "llama-server's flag; a model whose GGUF declares a pooling type is served so without it");
+    cmd->add_option("--pooling", opts->pooling,
+                    "Embedding models: how a sequence becomes one vector (mean, cls, last; rank: a reranker's "
+                    "score), over the model's own")
+        ->check(CLI::IsMember({"mean", "cls", "last", "rank"}));
+    cmd->add_flag_callback(
+        "--reranking,--rerank", [opts] { opts->pooling = "rank"; },
+        "Serve the model as a reranker (POST /rerank), as llama-server's flag: --pooling rank");
     cmd->add_flag("-v,--verbose", e.verbose, "Log llama.cpp's messages");
     add_llama_server_flags(*cmd);
     cmd->add_option("--config", opts->settings_file,

@@ -75,4 +75,27 @@ ollama::model_card make_model_card(const engine& llm, const chat_renderer& rende
     return card;
 }
 
+ollama::model_card make_embedding_model_card(const embedder& model, const std::string& model_path,
+                                             const std::string& model_id) {
+    const model_report report = inspect_model(model_path);
+    ollama::model_card card;
+    card.name = ollama::tagged_name(model_id);
+    card.architecture = report.architecture;
+    card.parameter_size = ollama::parameter_size(llama_model_n_params(model.model()));
+    card.quantization_level = ollama::quantization_level(llama_model_ftype(model.model()));
+    card.file_bytes = report.file_size;
+    card.digest = model_fingerprint(model_path, "");
+    card.modified_at = std::chrono::file_clock::to_sys(std::filesystem::last_write_time(model_path));
+    card.path = model_path;
+    card.model_info = model_info(model_path);
+    if (!card.model_info.contains("general.parameter_count")) {
+        card.model_info["general.parameter_count"] = llama_model_n_params(model.model());
+    }
+    card.capabilities = {"embedding"};  // Ollama's word for a model /api/embed serves
+    card.context_length = model.context_size();
+    card.memory_bytes = llama_model_size(model.model());  // the weights; the batch's KV and buffers are small
+    card.vram_bytes = model.options().gpu_layers != 0 && !gpu_devices().empty() ? card.memory_bytes : 0;
+    return card;
+}
+
 }  // namespace keepwarm

@@ -6,6 +6,7 @@
 
 #include "api/ollama-api.h"
 #include "chat/chat-renderer.h"
+#include "engine/embedder.h"
 #include "engine/engine.h"
 
 namespace keepwarm {
@@ -14,5 +15,9 @@ namespace keepwarm {
 // the GGUF file's metadata (its header only; the model is not loaded again).
 api::ollama::model_card make_model_card(const engine& llm, const chat_renderer& renderer, const std::string& model_path,
                                         const std::string& model_id);
+
+// The same for an embedding model: capabilities ["embedding"], no chat template, the context of one input.
+api::ollama::model_card make_embedding_model_card(const embedder& model, const std::string& model_path,
+                                                  const std::string& model_id);
 
 }  // namespace keepwarm

@@ -41,6 +41,17 @@ constexpr uint32_t k_generator_version = 1;
 
 const std::vector<std::string> k_archs = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "gemma3", "gpt-oss"};
 const std::vector<std::string> k_types = {"f32", "f16", "q8_0", "q4_0"};
+// llama_pooling_type's values by name, as <arch>.pooling_type stores them (none: 0, mean: 1, cls: 2, last: 3, rank: 4).
+const std::vector<std::string> k_poolings = {"none", "mean", "cls", "last", "rank"};
+
+// Qwen3-Reranker's prompt, as its GGUF carries it (tokenizer.chat_template.rerank): llama-server puts the query and
+// the document in, and the classifier head reads the last token's hidden state.
+constexpr const char* k_rerank_template =
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a "
+    "web "
+    "search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: "
+    "{document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
 
 std::string join(const std::vector<std::string>& items) {
     std::string out;
@@ -254,6 +265,30 @@ void copy_tokenizer(gguf_context* meta, const model_spec& spec) {
     }
 }
 
+// An embedding model: its pooling type, and for last-token pooling Qwen3-Embedding's tokenizer, which appends
+// <|endoftext|> to every input (the hidden state there is the embedding), so llama.cpp's tokenizer adds it as EOS. A
+// reranker (rank): Qwen3-Reranker's classifier labels and its prompt (the head is cls.output, add_tensor_list).
+void add_pooling(gguf_context* meta, const model_spec& spec) {
+    const auto it = std::find(k_poolings.begin(), k_poolings.end(), spec.pooling);
+    set_u32(meta, spec.arch + ".pooling_type", uint32_t(it - k_poolings.begin()));
+    if (spec.pooling == "rank") {
+        const char* labels[] = {"yes", "no"};  // llama.cpp's qwen3 head: a softmax over them; the score is "yes"
+        gguf_set_arr_str(meta, (spec.arch + ".classifier.output_labels").c_str(), labels, 2);
+        gguf_set_val_str(meta, "tokenizer.chat_template.rerank", k_rerank_template);
+        return;
+    }
+    if (spec.pooling != "last") return;
+    const int64_t tokens_id = gguf_find_key(meta, "tokenizer.ggml.tokens");
+    const size_t n_tokens = gguf_get_arr_n(meta, tokens_id);
+    for (size_t i = 0; i < n_tokens; ++i) {
+        if (std::strcmp(gguf_get_arr_str(meta, tokens_id, i), "<|endoftext|>") == 0) {
+            gguf_set_val_u32(meta, "tokenizer.ggml.eos_token_id", uint32_t(i));
+            gguf_set_val_bool(meta, "tokenizer.ggml.add_eos_token", true);
+            return;
+        }
+    }
+}
+
 // gpt-oss speaks harmony (<|start|>assistant<|channel|>analysis<|message|>...<|end|>), and its o200k_harmony
 // tokenizer is not among llama.cpp's vocab files. The Qwen vocab gets harmony's special tokens appended as control
 // tokens, so the template's markup tokenizes to single tokens and common/chat's harmony parser sees the same token
@@ -376,6 +411,7 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
     const int64_t n_vocab = int64_t(gguf_get_val_u32(m, gguf_find_key(m, (s.arch + ".vocab_size").c_str())));
     add_tensor_info(m, s, "token_embd.weight", {n_embd, n_vocab});
     add_tensor_info(m, s, "output_norm.weight", {n_embd});
+    if (s.pooling == "rank") add_tensor_info(m, s, "cls.output.weight", {n_embd, 2});  // the reranker's yes/no
     if (s.arch == "gpt-oss") {
         add_tensor_info(m, s, "output.weight", {n_embd, n_vocab});
         add_gpt_oss_layers(m, s);
@@ -505,6 +541,7 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
 
     copy_tokenizer(m, spec);
     if (a == "gpt-oss") add_harmony_tokens(m, spec);
+    if (!spec.pooling.empty() && spec.pooling != "none") add_pooling(m, spec);
     gguf_set_val_str(m, "tokenizer.chat_template", read_file(template_path(spec)).c_str());
     add_tensor_list(m, spec);
     return meta;
@@ -549,8 +586,8 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny",     "tiny-hybrid",  "tiny-moe",    "tiny-hybrid-moe",
-            "tiny-swa", "tiny-gpt-oss", "bench-dense", "bench-hybrid"};
+    return {"tiny",         "tiny-hybrid", "tiny-moe",    "tiny-hybrid-moe", "tiny-swa",
+            "tiny-gpt-oss", "tiny-embed",  "tiny-rerank", "bench-dense",     "bench-hybrid"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -614,6 +651,25 @@ model_spec preset_spec(const std::string& name) {
         spec.sliding_window = 128;
         spec.sliding_window_pattern = 2;
         spec.chat_template = "openai-gpt-oss-120b";
+        return spec;
+    }
+    if (name == "tiny-embed") {
+        // Qwen3-Embedding's shape (qwen3, last-token pooling, EOS appended) at a width that keeps the file near 20 MB,
+        // most of it the 152K-token embedding table.
+        spec.n_layer = 2;
+        spec.n_embd = 128;
+        spec.n_head = 4;
+        spec.n_head_kv = 2;
+        spec.n_ff = 384;
+        spec.pooling = "last";
+        return spec;
+    }
+    if (name == "tiny-rerank") {
+        // Qwen3-Reranker's shape: tiny-embed's with rank pooling, its prompt template and a yes/no classifier head on
+        // the last token.
+        spec = preset_spec("tiny-embed");
+        spec.preset = name;
+        spec.pooling = "rank";
         return spec;
     }
     if (name == "bench-dense" || name == "bench-hybrid") {
@@ -702,6 +758,9 @@ void validate_spec(const model_spec& s) {
         if (is_hybrid(s.arch)) block(uint64_t(s.ssm_state_size) * s.ssm_time_step_rank, "ssm inner size");
     }
 
+    require(s.pooling.empty() || contains(k_poolings, s.pooling),
+            "unknown pooling '" + s.pooling + "' (known: " + join(k_poolings) + ")");
+
     require(is_plain_name(s.vocab), "vocab must be a name like qwen2, got '" + s.vocab + "'");
     require(is_plain_name(s.chat_template),
             "template must be a name like Qwen-Qwen3-0.6B, got '" + s.chat_template + "'");
@@ -734,6 +793,7 @@ std::string spec_hash(const model_spec& s) {
          << s.chat_template << '|' << s.type << '|' << s.seed << '|' << s.preset;
     // Only where it applies, so the digests (and cached files) of the other architectures stay what they were.
     if (s.arch == "gemma3" || s.arch == "gpt-oss") text << '|' << s.sliding_window << '|' << s.sliding_window_pattern;
+    if (!s.pooling.empty()) text << "|pooling=" << s.pooling;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(text.str())));
     return hex;

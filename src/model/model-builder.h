@@ -42,6 +42,11 @@ struct model_spec {
     uint32_t sliding_window = 512;
     uint32_t sliding_window_pattern = 6;
 
+    // Embedding models: how llama.cpp pools a sequence's hidden states into one vector (<arch>.pooling_type): mean,
+    // cls or last (Qwen3-Embedding's: the last token, with EOS appended to every input); rank: a reranker
+    // (Qwen3-Reranker's: a yes/no classifier on the last token, and its prompt template). "" or none: a chat model.
+    std::string pooling;
+
     std::string vocab = "qwen2";                    // models/ggml-vocab-<vocab>.gguf in the llama.cpp source tree
     std::string chat_template = "Qwen-Qwen3-0.6B";  // models/templates/<chat_template>.jinja
     std::string type = "q8_0";                      // f32 | f16 | q8_0 | q4_0
@@ -55,7 +60,8 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, bench-dense, bench-hybrid. Throws
+// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, tiny-rerank,
+// bench-dense, bench-hybrid. Throws
 // std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
 

@@ -457,6 +457,33 @@ TEST(ModelBuilder, PresetsAreValid) {
     EXPECT_NE(spec_hash(preset_spec("tiny")), spec_hash(preset_spec("tiny-hybrid")));
 }
 
+// Qwen3-Embedding's shape: qwen3 with <arch>.pooling_type last (3), and <|endoftext|> as an EOS the tokenizer appends
+// to every input; a chat model's file has neither key, so its digest and bytes are what they were.
+TEST(ModelBuilder, EmbeddingModelDeclaresItsPoolingAndAppendsEos) {
+    model_spec spec = small_spec();
+    spec.pooling = "last";
+    const auto meta = read_gguf_metadata(shared_model(spec), 16);
+    EXPECT_EQ(meta.value("qwen3.pooling_type", -1), 3);
+    EXPECT_EQ(meta.value("tokenizer.ggml.add_eos_token", false), true);
+    EXPECT_EQ(meta.value("tokenizer.ggml.eos_token_id", 0), 151643);  // <|endoftext|> in the qwen2 vocab
+    const auto chat = read_gguf_metadata(shared_model(small_spec()), 16);
+    EXPECT_FALSE(chat.contains("qwen3.pooling_type"));
+    EXPECT_NE(spec_hash(spec), spec_hash(small_spec()));
+    spec.pooling = "mean";
+    EXPECT_EQ(read_gguf_metadata(shared_model(spec), 16).value("qwen3.pooling_type", -1), 1);
+    EXPECT_EQ(preset_spec("tiny-embed").pooling, "last");
+    // A reranker: Qwen3-Reranker's yes/no labels, its prompt with {query} and {document}, and the classifier head.
+    spec.pooling = "rank";
+    const std::string reranker = shared_model(spec);
+    const auto rank = read_gguf_metadata(reranker, 16);
+    EXPECT_EQ(rank.value("qwen3.pooling_type", -1), 4);
+    EXPECT_EQ(rank["qwen3.classifier.output_labels"], nlohmann::ordered_json({"yes", "no"}));
+    EXPECT_NE(rank.value("tokenizer.chat_template.rerank", "").find("{document}"), std::string::npos);
+    EXPECT_EQ(inspect_model(reranker).file_size, fs::file_size(reranker));
+    spec.pooling = "max";
+    expect_error<std::invalid_argument>(spec, "unknown pooling 'max'");
+}
+
 TEST(ModelBuilder, BadArgumentsAreClearErrors) {
     EXPECT_THROW(preset_spec("huge"), std::invalid_argument);
     auto with = [](auto change) {
