@@ -530,8 +530,8 @@ void prompt_cache::refresh_guard() {
 
 bool prompt_cache::reseat_window(llama_seq_id seq) {
     std::vector<uint8_t> window(llama_state_seq_get_size_ext(ctx_, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-    window.resize(llama_state_seq_get_data_ext(ctx_, window.data(), window.size(), seq,
-                                               LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    window.resize(
+        llama_state_seq_get_data_ext(ctx_, window.data(), window.size(), seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     return !window.empty() && restore_checkpoint(seq, window);
 }
 

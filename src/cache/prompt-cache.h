@@ -160,8 +160,8 @@ public:
     // Tokens held by `slot`'s sequence.
     int slot_length(int slot) const;
     // Cuts what `slot` holds back to its first `length` positions (nothing if it holds fewer). Models that need no
-    // checkpoints only (needs_checkpoints() false). For exact reuse (engine_options::exact_reuse): KV that a cold run would
-    // have computed in other batches is not kept.
+    // checkpoints only (needs_checkpoints() false). For exact reuse (engine_options::exact_reuse): KV that a cold run
+    // would have computed in other batches is not kept.
     void trim(int slot, int length);
     // The KV of positions [p0, p1) of `slot`'s sequence, serialized as a RAM or disk block holds it. For tests that
     // compare restored KV with computed KV byte for byte.

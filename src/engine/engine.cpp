@@ -897,7 +897,8 @@ bool engine::step() {
                                 s.prompt_done % static_cast<size_t>(options_.checkpoint_interval) == 0;
             // Also at the prompt's end, where the next turn's prompt leaves this path (its tail is kept there).
             const bool prompt_end = s.prompt_done == s.request->prompt.size();
-            if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end) && !cache_->checkpoint(s.id)) {
+            if (cache_->needs_checkpoints() && ((s.prefilling() && at_cut) || prompt_end) &&
+                !cache_->checkpoint(s.id)) {
                 finish(s, finish_reason::error, "the prompt's sliding-window KV could not be kept");
                 continue;
             }

@@ -309,8 +309,8 @@ private:
     llama_context_ptr ctx_;
     int slot_context_size_ = 0;
     std::vector<llama_token> eog_tokens_;
-    size_t longest_piece_bytes_ = 0;                   // see min_tokens_for_text()
-    int draft_room_ = 0;  // rows a step's answers and drafts may take together (see the constructor)
+    size_t longest_piece_bytes_ = 0;  // see min_tokens_for_text()
+    int draft_room_ = 0;              // rows a step's answers and drafts may take together (see the constructor)
     llama_token turn_start_token_ = LLAMA_TOKEN_NULL;  // hybrid checkpoints go before each of these (message starts)
     std::unique_ptr<prompt_cache> cache_;              // engine thread only (snapshot() from any)
 

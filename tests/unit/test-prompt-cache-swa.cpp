@@ -263,8 +263,8 @@ TEST_P(prompt_cache_swa, a_slot_taking_a_prefix_from_a_generating_slot_leaves_it
     e.start();
     const tokens first = tokenize(e, turns(words(1400, 121), {words(20, 122)}));
     const tokens second = tokenize(e, turns(words(1400, 121), {words(60, 123)}));
-    const int common = static_cast<int>(
-        std::mismatch(first.begin(), first.end(), second.begin(), second.end()).first - first.begin());
+    const int common =
+        static_cast<int>(std::mismatch(first.begin(), first.end(), second.begin(), second.end()).first - first.begin());
     ASSERT_GT(common, 3 * window());
     const result expected = cold(second);
     auto answering = greedy_runs::greedy_request(e, first, 300);
