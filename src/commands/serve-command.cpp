@@ -302,6 +302,17 @@ int run_serve(serve_options opts) {
         }
     }
 
+    // Beside the disk tier, the notes `move` span rules appended to messages, so that the first turns after a restart
+    // render their history as it was cached (see policy/moved-notes.h). Saved once the server and engine have stopped.
+    const bool keeps_notes = opts.engine.cache_disk_bytes > 0 && !opts.engine.cache_dir.empty();
+    const std::filesystem::path notes_file =
+        keeps_notes ? std::filesystem::path(opts.engine.cache_dir) / "moved-notes.kwmn" : std::filesystem::path();
+    if (!notes_file.empty() && std::filesystem::exists(notes_file)) {
+        if (const std::string why = ctx.policy->moved_span_notes().load(notes_file); !why.empty()) {
+            log::warn("policy", "ignored {}: {}", notes_file.string(), why);
+        }
+    }
+
     register_local_status_routes(server, ctx, model);
     register_models_routes(server, ctx, local_model_meta(model));
     const generation_opener open = local_generation(ctx, model);
@@ -352,6 +363,13 @@ int run_serve(serve_options opts) {
     wait_for_stop_signal(signals, opts.shutdown_seconds);
     server.stop();
     model.llm->stop();
+    if (!notes_file.empty()) {
+        try {
+            ctx.policy->moved_span_notes().save(notes_file);
+        } catch (const std::exception& e) {
+            log::warn("policy", "moved-span notes not saved: {}", e.what());
+        }
+    }
     return 0;
 }
 

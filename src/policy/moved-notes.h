@@ -2,6 +2,9 @@
 // the conversation up to that message, so that the next turn, which sends that message again as history without the
 // note, gets the same note back: the history renders as the previous prompt did, and the cache reuses all of it
 // (the previous answer included) instead of recomputing from that message on. Bounded in entries and bytes.
+// save()/load() carry the notes across a restart, as the disk tier carries the KV they were cached with: without
+// them, the first turn after a restart renders its history without the notes and leaves the cached path at the end
+// of the first message that had one (a whole conversation's turns recomputed).
 // Threading: every member may be called from any number of threads at once (one mutex).
 #pragma once
 
@@ -9,6 +12,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -36,6 +40,12 @@ public:
     // Remembers `note` for `key` (replacing an earlier one); the oldest entries go first past the bounds.
     void remember(const XXH128_hash_t& key, std::string note);
     size_t size() const;
+
+    // Writes the notes, oldest first, to `file` atomically, with a checksum. Throws std::runtime_error when it cannot.
+    void save(const std::filesystem::path& file) const;
+    // Remembers the notes saved in `file`, oldest first (within this object's bounds). Returns an empty string on
+    // success, otherwise why the file was ignored (missing, truncated, checksum, another format): nothing is added.
+    std::string load(const std::filesystem::path& file);
 
 private:
     struct hash_of_hash {

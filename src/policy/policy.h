@@ -176,6 +176,10 @@ public:
     // The span rules in force now.
     std::shared_ptr<const span_rule_set> span_rules() const { return spans_.load(); }
 
+    // The notes `move` rules appended to messages (see moved-notes.h): serve saves them beside the disk tier at
+    // shutdown and loads them at start-up.
+    moved_notes& moved_span_notes() const { return *notes_; }
+
     const policy_config& config() const { return config_; }
     const std::string& served_model() const { return served_model_; }
     // The effective policy (GET /v1/policy): every section with its values, and the live span rules.

@@ -2,8 +2,13 @@
 // the built-in span rules on real samples, replace/drop/move, hostile input, and rules added while requests run.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "http/http-server.h"
@@ -665,6 +670,80 @@ TEST(MovedNotes, BoundedOldestFirst) {
     small.remember(keys[1], "12345678");  // over the bytes: the oldest goes
     EXPECT_FALSE(small.find(keys[0]));
     EXPECT_TRUE(small.find(keys[1]));
+}
+
+// A restarted server (serve saves the notes beside the disk tier at shutdown, loads them at start-up) gives the next
+// turn's history the note its first turn got, as the server before the restart did: without it, the history rendered
+// without the note and the turn reused the cache only up to that message (the gauntlet's restart lost 1,300 tokens).
+TEST(Policy, MovedNotesComeBackAfterARestart) {
+    const auto dir = std::filesystem::temp_directory_path() / ("keepwarm-test-notes-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const auto file = dir / "moved-notes.kwmn";
+    const auto system = [](const std::string& time) {
+        return message("system", "You are terse. Current time: " + time);
+    };
+    chat_request one = chat({system("2026-12-06 11:42:17"), message("user", "Do it.")});
+    {
+        request_policy before = policy_from("");
+        before.apply(one, {.tenant = "alice"});
+        before.moved_span_notes().save(file);
+    }
+    request_policy after = policy_from("");
+    EXPECT_EQ(after.moved_span_notes().load(file), "");
+    EXPECT_EQ(after.moved_span_notes().size(), 1u);
+    chat_request two = chat({system("2026-12-06 11:43:02"), message("user", "Do it."), message("assistant", "Done."),
+                             message("user", "Next.")});
+    after.apply(two, {.tenant = "alice"});
+    EXPECT_EQ(two.messages[1].content, one.messages[1].content);  // the first turn's note, as it was cached
+    EXPECT_EQ(two.messages[3].content, "Next.\n\n[moved from the system prompt: 2026-12-06 11:43:02]");
+    std::filesystem::remove_all(dir);
+}
+
+// A notes file is hostile input: a damaged, truncated or foreign one is ignored whole, saying why.
+TEST(MovedNotes, ADamagedFileIsIgnored) {
+    const auto dir = std::filesystem::temp_directory_path() / ("keepwarm-test-notes-bad-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const auto file = dir / "notes.kwmn";
+    const auto keys = conversation_keys("", {message("user", "a"), message("user", "b")});
+    moved_notes notes;
+    notes.remember(keys[0], "x");
+    notes.remember(keys[1], "yz");
+    notes.save(file);
+    moved_notes back;
+    EXPECT_EQ(back.load(file), "");
+    EXPECT_EQ(back.find(keys[0]), "x");
+    EXPECT_EQ(back.find(keys[1]), "yz");
+
+    std::string bytes;
+    {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const auto write = [&](const std::string& content) {
+        std::ofstream(file, std::ios::binary | std::ios::trunc) << content;
+    };
+    const auto rejected = [&](const std::string& content) {
+        write(content);
+        moved_notes n;
+        const std::string why = n.load(file);
+        EXPECT_EQ(n.size(), 0u) << why;
+        return why;
+    };
+    std::string flipped = bytes;
+    flipped[flipped.size() - 12] ^= 1;  // in the last note
+    EXPECT_EQ(rejected(flipped), "checksum mismatch");
+    for (size_t cut : {size_t{0}, size_t{5}, size_t{20}, bytes.size() - 1}) {
+        EXPECT_NE(rejected(bytes.substr(0, cut)), "") << cut;
+    }
+    EXPECT_NE(rejected(std::string(64, '\xff')), "");
+    moved_notes tiny(1, 1);  // a file larger than its bounds could hold is not read
+    write(bytes + std::string(4096, 'x'));
+    EXPECT_NE(tiny.load(file), "");
+    std::filesystem::remove(file);
+    EXPECT_NE(back.load(file), "");  // missing
+    std::filesystem::remove_all(dir);
 }
 
 TEST(Policy, HeaderValueIsPrintableAndBounded) {
