@@ -599,7 +599,7 @@ bool prompt_cache::checkpoint(int slot) {
     // highest one in use: a cold 8K prompt on tiny-swa computed no faster than with a full-size cache. Freeing them
     // lowers the head to the first cell freed (llama_kv_cache::seq_rm), so the prompt goes on in about a window and a
     // batch of cells, as llama-server's cache of one window and a batch per slot does.
-    if (checkpoints_ && can_truncate_ && shared_depth(s) + n_swa_ <= pos && !restore_checkpoint(s.seq, state)) {
+    if (options_.windowed_swa && shared_depth(s) + n_swa_ <= pos && !restore_checkpoint(s.seq, state)) {
         log::warn("cache", "sequence {} lost its sliding-window KV at {}: dropped", s.seq, pos);
         counters_.restore_failures++;
         drop(s);
@@ -625,7 +625,7 @@ bool prompt_cache::valid_checkpoint(const std::vector<uint8_t>& state, int32_t p
     std::memcpy(&first, state.data() + state_header, sizeof first);
     std::memcpy(&second, state.data() + state_header + sizeof first, sizeof second);
     if (magic != state_magic) return false;
-    if (can_truncate_) return first == 1 && second >= 1 && second <= std::min(pos, n_swa_);
+    if (options_.windowed_swa) return first == 1 && second >= 1 && second <= std::min(pos, n_swa_);
     return first == 1 && second == pos - 1;
 }
 
@@ -810,7 +810,7 @@ acquire_plan prompt_cache::plan_for(const device_sequence& s, const node* root, 
         // A recurrent state is right only at the end of the holder's own sequence or at a checkpoint; a windowed SWA
         // cache's window, wherever the holder still has it (window_at_device) or at a checkpoint.
         plan.target = 0;
-        if (can_truncate_) {
+        if (options_.windowed_swa) {
             if (window_at_device) plan.target = plan.device;
         } else if (dm.holder && static_cast<int>(dm.holder->tip->depth) == dm.length && dm.length <= limit) {
             plan.target = dm.length;
@@ -1002,7 +1002,7 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
     }
     // 4. Windowed SWA: a slot that shares cells with another sequence holds in its SWA layers the window it needs,
     // in cells of its own (reseat_window).
-    if (ok && checkpoints_ && can_truncate_ && !plan.from_checkpoint && target > 0 && shared_depth(s) > 0) {
+    if (ok && options_.windowed_swa && !plan.from_checkpoint && target > 0 && shared_depth(s) > 0) {
         ok = reseat_window(s.seq);
     }
     if (!ok) {
@@ -1050,7 +1050,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     bool window_at_device = true;
     for (int round = 0;; ++round) {
         plan = plan_for(s, root, prompt, limit, device_cap, window_at_device);
-        if (checkpoints_ && can_truncate_) {
+        if (options_.windowed_swa) {
             // Windowed SWA: the full-attention layers' cells are all there; the window before the device span's end
             // may not be (llama.cpp gives cells outside their holder's window to new tokens). Then a checkpoint.
             if (window_at_device && !plan.from_checkpoint && plan.target > 0 && plan.target == plan.device &&
