@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 debian_packages=(
     build-essential cmake git pkg-config ca-certificates curl openssl
+    ccache               # compiler cache: a fresh clone's builds reuse earlier objects (CMakeLists.txt)
     libboost-dev         # Boost.Beast/Asio: HTTP server and client
     libcli11-dev         # command line parsing
     libgtest-dev         # unit tests

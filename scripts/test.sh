@@ -14,8 +14,9 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -L unit -j"$jobs"
 # The proxy's end-to-end tests run llama-server as one of its upstreams: built from the pinned source against the
-# same prebuilt libraries, cached outside the build tree by llama.cpp commit (a no-op once built).
-LLAMA_SERVER="$(bench/build-llama-server.sh)"
+# same prebuilt libraries, cached outside the build tree by llama.cpp commit (a no-op once built; on every core the
+# first time, as nothing else runs then).
+LLAMA_SERVER="$(JOBS="$jobs" bench/build-llama-server.sh)"
 export LLAMA_SERVER
 ctest --test-dir build --output-on-failure -L e2e --verbose
 

@@ -13,8 +13,8 @@ before(async () => {
 });
 after(() => server?.stop());
 
-// Long enough that computing it takes several keep-alive intervals on one thread.
-const longText = Array.from({ length: 1000 }, (_, i) => `line ${i} of the design notes`).join('\n');
+// Long enough that computing it takes many keep-alive intervals (0.05 s) on a fast machine: about 2,000 tokens.
+const longText = Array.from({ length: 250 }, (_, i) => `line ${i} of the design notes`).join('\n');
 const user = (n) => [{ role: 'user', content: `${n}: ${longText}` }];
 
 // The raw bytes of a streamed POST, and where the first answer text arrived.
