@@ -1,0 +1,182 @@
+// Several models on one port (`keepwarm serve --models-dir DIR`): a router in front of one child server per loaded
+// model. Two chat models and an embedding model with --models-max 1: each API's requests reach the model they name,
+// a request for another model swaps the first out and its conversation comes back from its disk tier as if it had
+// stayed, keep_alive 0 unloads, an unknown model is a 404, and a client that goes away mid-stream cancels only itself.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { Ollama } from 'ollama';
+import { startProcess, startServer, testModel, tempDir, curl, waitFor, words } from './harness.mjs';
+
+const args = ['--parallel', '1', '--cache-parked', '0']; // startServer adds -t 1
+let router;
+let dir;
+const others = [];
+
+before(async () => {
+    dir = tempDir('models');
+    const modelsDir = path.join(dir, 'models');
+    mkdirSync(path.join(modelsDir, 'beta'), { recursive: true });
+    copyFileSync(await testModel('tiny'), path.join(modelsDir, 'alpha.gguf'));
+    copyFileSync(await testModel('tiny'), path.join(modelsDir, 'beta', 'beta.gguf')); // a folder holding one model
+    copyFileSync(await testModel('tiny-embed'), path.join(modelsDir, 'embed.gguf'));
+    writeFileSync(path.join(modelsDir, 'README.md'), 'not a model');
+    router = await startProcess(['serve', '--models-dir', modelsDir, '--models-max', '1', '--port', '0',
+        '--cache-dir', path.join(dir, 'cache'), '-t', '1', ...args]);
+});
+after(async () => {
+    for (const s of others) await s.stop();
+    await router?.stop();
+});
+
+const statuses = async () => {
+    const { body } = await curl(`${router.url}/v1/models`);
+    return Object.fromEntries(body.data.map((m) => [m.id, m.status.value]));
+};
+
+function chat(model, system, user) {
+    return { model, temperature: 0, max_tokens: 4, messages: [{ role: 'system', content: system }, { role: 'user', content: user }] };
+}
+function nextTurn(body, answer, question) {
+    return { ...body, messages: [...body.messages, { role: 'assistant', content: answer }, { role: 'user', content: question }] };
+}
+async function complete(url, body) {
+    const res = await curl(`${url}/v1/chat/completions`, { method: 'POST', body });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    return res.body;
+}
+
+test('the listing names every model of the folder with its status; none is loaded before a request', async () => {
+    assert.deepEqual(await statuses(), { alpha: 'unloaded', beta: 'unloaded', embed: 'unloaded' });
+    const tags = (await curl(`${router.url}/api/tags`)).body;
+    assert.deepEqual(tags.models.map((m) => m.name), ['alpha', 'beta', 'embed']);
+    assert.deepEqual((await curl(`${router.url}/api/ps`)).body.models, []);
+    assert.match(router.output(), /alpha: .*alpha\.gguf/);
+    assert.match(router.output(), /beta: .*beta\/beta\.gguf/);
+});
+
+test('OpenAI, Anthropic and Ollama requests reach the model they name', async () => {
+    const openai = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const r = await openai.chat.completions.create({ model: 'alpha', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 });
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.model, 'alpha');
+    assert.equal((await statuses()).alpha, 'loaded');
+
+    const anthropic = new Anthropic({ baseURL: router.url, apiKey: 'none', maxRetries: 0 });
+    const m = await anthropic.messages.create({ model: 'alpha', max_tokens: 3, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(m.type, 'message');
+    const count = await anthropic.messages.countTokens({ model: 'alpha', messages: [{ role: 'user', content: 'hi' }] });
+    assert.ok(count.input_tokens > 0);
+
+    const ollama = new Ollama({ host: router.url });
+    const o = await ollama.chat({ model: 'alpha', messages: [{ role: 'user', content: 'hi' }], stream: false, options: { num_predict: 3 } });
+    assert.equal(o.done, true);
+    let pieces = 0;
+    for await (const part of await ollama.generate({ model: 'alpha', prompt: 'once', stream: true, options: { num_predict: 3 } })) {
+        pieces += part.done ? 0 : 1;
+    }
+    assert.ok(pieces > 0, 'NDJSON streamed through');
+    assert.equal((await curl(`${router.url}/tokenize`, { method: 'POST', body: { model: 'alpha', content: 'hello' } })).status, 200);
+});
+
+test('a request for another model swaps the first out, and its conversation comes back from disk whole', async () => {
+    // What the second turn reuses on a server that never unloaded the model.
+    const baseline = await startServer(args);
+    others.push(baseline);
+    const first = chat('alpha', words(400, 13), 'a question before the swap');
+    const b1 = await complete(baseline.url, first);
+    const b2 = await complete(baseline.url, nextTurn(first, b1.choices[0].message.content, 'and after it'));
+    const expected = b2.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(expected > 300, `${expected}`);
+
+    const a1 = await complete(router.url, first);
+    assert.deepEqual(a1.choices[0].message, b1.choices[0].message);
+    const other = await complete(router.url, chat('beta', words(50, 3), 'another model'));
+    assert.equal(other.model, 'beta');
+    assert.deepEqual(await statuses(), { alpha: 'unloaded', beta: 'loaded', embed: 'unloaded' });
+    const a2 = await complete(router.url, nextTurn(first, a1.choices[0].message.content, 'and after it'));
+    assert.equal(a2.usage.prompt_tokens_details.cached_tokens, expected, JSON.stringify(a2.timings));
+    assert.equal(a2.timings.cache_disk_n, expected, 'all of it from the disk tier its server wrote when it unloaded');
+    assert.deepEqual(await statuses(), { alpha: 'loaded', beta: 'unloaded', embed: 'unloaded' });
+});
+
+test('the official clients make embeddings through the router', async () => {
+    const openai = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const e = await openai.embeddings.create({ model: 'embed', input: ['hello', 'world'] });
+    assert.equal(e.data.length, 2);
+    assert.ok(e.data[0].embedding.length > 0);
+    const ollama = new Ollama({ host: router.url });
+    const o = await ollama.embed({ model: 'embed', input: 'hello' });
+    assert.equal(o.embeddings.length, 1);
+    assert.equal(o.embeddings[0].length, e.data[0].embedding.length);
+    assert.equal((await statuses()).embed, 'loaded');
+});
+
+test('keep_alive 0 unloads the model once its request is done; /api/ps lists what is loaded', async () => {
+    const ollama = new Ollama({ host: router.url });
+    await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'hi' }], stream: false, options: { num_predict: 2 } });
+    const ps = (await curl(`${router.url}/api/ps`)).body;
+    assert.deepEqual(ps.models.map((m) => m.name), ['beta']);
+    assert.ok(ps.models[0].expires_at && ps.models[0].size > 0, JSON.stringify(ps));
+    await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'bye' }], stream: false, keep_alive: 0, options: { num_predict: 2 } });
+    assert.ok(await waitFor(async () => (await curl(`${router.url}/api/ps`)).body.models.length === 0), 'unloaded');
+    assert.ok(await waitFor(async () => (await statuses()).beta === 'unloaded'), JSON.stringify(await statuses()));
+});
+
+test('an unknown model is a 404 in the API\'s error shape, before anything loads', async () => {
+    const res = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: chat('nope', 'x', 'y') });
+    assert.equal(res.status, 404);
+    assert.match(res.body.error.message, /'nope' does not exist.*alpha, beta, embed/);
+    const ollama = await curl(`${router.url}/api/chat`, { method: 'POST', body: chat('nope', 'x', 'y') });
+    assert.equal(ollama.status, 404);
+    assert.equal(typeof ollama.body.error, 'string');
+    const none = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: { messages: [] } });
+    assert.equal(none.status, 400);
+});
+
+test('POST /models/load and /models/unload; /metrics counts loads and unloads', async () => {
+    assert.equal((await curl(`${router.url}/models/load`, { method: 'POST', body: { model: 'beta' } })).status, 200);
+    assert.equal((await statuses()).beta, 'loaded');
+    assert.equal((await curl(`${router.url}/models/unload`, { method: 'POST', body: { model: 'beta' } })).status, 200);
+    assert.equal((await statuses()).beta, 'unloaded');
+    const { body } = await curl(`${router.url}/metrics`, { raw: true });
+    const loads = Number(body.match(/^keepwarm_router_loads_total (\d+)/m)[1]);
+    const unloads = Number(body.match(/^keepwarm_router_unloads_total (\d+)/m)[1]);
+    assert.ok(loads >= 5 && unloads >= 4, body);
+});
+
+test('a client that goes away mid-stream cancels its generation; the router keeps serving', async () => {
+    const openai = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const controller = new AbortController();
+    const stream = await openai.chat.completions.create(
+        { model: 'alpha', messages: [{ role: 'user', content: 'Write a very long story.' }], max_tokens: 100000,
+          ignore_eos: true, stream: true },
+        { signal: controller.signal });
+    let chunks = 0;
+    try {
+        for await (const _ of stream) {
+            if (++chunks === 3) {
+                controller.abort();
+                break;
+            }
+        }
+    } catch {
+        // The abort may surface as an error; the connection is closed either way.
+    }
+    assert.equal(chunks, 3);
+    const cancelled = await waitFor(async () => {
+        const { body } = await curl(`${router.url}/metrics?model=alpha`, { raw: true });
+        return /^keepwarm_requests_cancelled_total 1$/m.test(body);
+    });
+    assert.ok(cancelled, 'the model server cancelled the generation');
+    const r = await openai.chat.completions.create({ model: 'alpha', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+    assert.equal(r.object, 'chat.completion');
+});
+
+test('SIGTERM stops every model server, each writing its cache', async () => {
+    assert.equal(await router.stop(), 0);
+    assert.match(router.output(), /stopping model alpha's server/);
+});
