@@ -105,7 +105,10 @@ std::vector<std::string> child_arguments(CLI::App& cmd, const std::vector<given_
                                          const std::string& disk_share) {
     std::vector<CLI::Option*> overridden;
     for (const auto& [key, values] : m.options) overridden.push_back(find_option(cmd, key, true));
-    std::vector<std::string> args = {"serve", "-m", m.path, "-a", m.name};
+    // Its aliases too: it answers a request under the name the request gave, as a single-model server does.
+    std::string names = m.name;
+    for (const std::string& a : m.aliases) names += "," + a;
+    std::vector<std::string> args = {"serve", "-m", m.path, "-a", names};
     bool table_sets_disk = false;
     for (const given_option& g : given) {
         if (g.option) {

@@ -165,7 +165,10 @@ model_set::model_set(std::vector<model_entry> from_dir, std::vector<model_entry>
         std::vector<std::string> names = m.aliases;
         names.insert(names.begin(), m.name);
         for (const std::string& n : names) {
-            if (n.empty()) throw std::invalid_argument("model '" + m.name + "' (" + m.source + ") has an empty alias");
+            if (n.empty() || n.find(',') != std::string::npos) {
+                throw std::invalid_argument("model '" + m.name + "' (" + m.source + "): a name or alias '" + n +
+                                            "' is empty or holds a comma");
+            }
             const auto [it, inserted] = by_name_.emplace(n, i);
             if (!inserted && it->second != i) {
                 const model_entry& other = entries_[it->second];

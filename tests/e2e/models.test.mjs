@@ -180,3 +180,53 @@ test('SIGTERM stops every model server, each writing its cache', async () => {
     assert.equal(await router.stop(), 0);
     assert.match(router.output(), /stopping model alpha's server/);
 });
+
+test('a settings file\'s [models.NAME] tables: path, aliases, load = true and the model\'s own serve options', async () => {
+    const d = tempDir('models-config');
+    const settings = path.join(d, 'keepwarm.toml');
+    copyFileSync(await testModel('tiny'), path.join(d, 'coder.gguf'));
+    writeFileSync(settings, [
+        'parallel = 1',
+        '[models.coder]',
+        'path = "coder.gguf"', // relative to the file's folder
+        'aliases = ["big", "qwen-coder"]',
+        'ctx-size = 2048',
+        'load = true',
+        '[models.small]',
+        `path = "${await testModel('tiny')}"`,
+        'ctx-size = 1024',
+    ].join('\n'));
+    const server = await startProcess(['serve', '--config', settings, '--port', '0', '-t', '1', '--cache-dir', path.join(d, 'cache')]);
+    others.push(server);
+    assert.ok(await waitFor(async () => {
+        const { body } = await curl(`${server.url}/v1/models`);
+        return body.data.find((m) => m.id === 'coder')?.status.value === 'loaded';
+    }), 'load = true loads it at start');
+    const props = (await curl(`${server.url}/props?model=big`)).body;
+    assert.match(JSON.stringify(props), /"n_ctx":2048/);
+    const r = await complete(server.url, chat('qwen-coder', 'x', 'y'));
+    assert.equal(r.model, 'coder'); // an alias answers under the model's name, as a single-model server's -a does
+    assert.match(JSON.stringify((await curl(`${server.url}/props?model=small`)).body), /"n_ctx":1024/);
+
+    writeFileSync(settings, '[models.coder]\npath = "coder.gguf"\nctx-sise = 2048\n');
+    const bad = await startProcess(['serve', '--config', settings, '--port', '0']).catch((e) => e);
+    assert.match(String(bad), /keepwarm\.toml:3:\d+: unknown key 'ctx-sise' in \[models\.coder\]/);
+});
+
+test('a model server that dies is marked unloaded and its next request starts it again', async () => {
+    const d = tempDir('models-crash');
+    mkdirSync(path.join(d, 'models'));
+    copyFileSync(await testModel('tiny'), path.join(d, 'models', 'solo.gguf'));
+    const server = await startProcess(['serve', '--models-dir', path.join(d, 'models'), '--port', '0', '-t', '1',
+        '--cache-dir', path.join(d, 'cache')]);
+    others.push(server);
+    await complete(server.url, chat('solo', 'x', 'y'));
+    const { body } = await curl(`${server.url}/v1/models`);
+    const pid = body.data[0].status.pid;
+    assert.ok(pid > 0, JSON.stringify(body));
+    process.kill(pid, 'SIGKILL');
+    assert.ok(await waitFor(async () => (await curl(`${server.url}/v1/models`)).body.data[0].status.value === 'unloaded'));
+    assert.match(server.output(), /model solo's server was killed by signal 9/);
+    const again = await complete(server.url, chat('solo', 'x', 'y'));
+    assert.equal(again.object, 'chat.completion');
+});
