@@ -250,8 +250,8 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
            << "  tenants: " << http::describe_tenants(http.api_key, http.api_keys, tenants) << "\n";
     if (!run.settings_file.empty()) banner << "  settings: " << run.settings_file << "\n";
     log::announce("serve", banner.str());
-    std::thread loader([&router] { router.load_at_start(); });
     log::announce("serve", "listening on " + url, {{"url", url}});
+    std::thread loader([&router] { router.load_at_start(); });  // after the line above: a child's is not taken for it
 
     int sig = 0;
     sigwait(&signals, &sig);

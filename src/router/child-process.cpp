@@ -1,16 +1,18 @@
-// See child-process.h. The child is spawned with posix_spawn (no code of ours runs between fork and exec): its stdout
-// is a pipe the router reads for the "listening on" line, its stdin /dev/null, every other descriptor of the router
-// (its listening socket, its clients' connections) closed, its signal mask cleared.
+// See child-process.h. The child is forked by the launcher's spawner thread and runs only async-signal-safe calls
+// before exec: its stdout is a pipe the router reads for the "listening on" line (its other lines are logged), its
+// stdin /dev/null, every other descriptor of the router (its listening socket, its clients' connections) closed, its
+// signal mask cleared, and SIGTERM set to come to it if the router dies.
 #include "router/child-process.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <regex>
@@ -18,8 +20,6 @@
 #include <thread>
 
 #include "base/logger.h"
-
-extern char** environ;
 
 namespace keepwarm::router {
 
@@ -72,6 +72,8 @@ public:
     }
 
 private:
+    // Its standard output: the banner, logged line by line under the model's name, and the "listening on" line,
+    // which says where it listens.
     void read_stdout() {
         static const std::regex listening(R"(listening on (http://[^\s"]+))");
         std::string pending;
@@ -80,27 +82,26 @@ private:
             const ssize_t n = ::read(stdout_fd_, buf, sizeof buf);
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0) break;
-            bool found = false;
-            {
-                std::lock_guard lk(mu_);
-                found = origin_.has_value();
-            }
-            if (found) continue;  // the banner's rest and nothing else: not needed
             pending.append(buf, static_cast<size_t>(n));
-            std::smatch m;
-            if (std::regex_search(pending, m, listening)) {
-                std::optional<http::endpoint> at;
-                try {
-                    at = http::endpoint::parse(m[1].str());
-                } catch (const std::invalid_argument&) {
+            size_t end;
+            while ((end = pending.find('\n')) != std::string::npos) {
+                const std::string line = pending.substr(0, end);
+                pending.erase(0, end + 1);
+                std::smatch m;
+                if (std::regex_search(line, m, listening)) {
+                    std::optional<http::endpoint> at;
+                    try {
+                        at = http::endpoint::parse(m[1].str());
+                    } catch (const std::invalid_argument&) {
+                    }
+                    std::lock_guard lk(mu_);
+                    if (!origin_) origin_ = at;
+                    cv_.notify_all();
+                } else if (!line.empty()) {
+                    log::info("router", "model {}: {}", name_, line);
                 }
-                std::lock_guard lk(mu_);
-                origin_ = at;
-                pending.clear();
-                cv_.notify_all();
-            } else if (pending.size() > (1 << 20)) {
-                pending.erase(0, pending.size() - 4096);  // a very long banner: keep its tail for the line
             }
+            if (pending.size() > (1 << 16)) pending.clear();  // no line this long is worth keeping
         }
         ::close(stdout_fd_);
     }
@@ -153,42 +154,78 @@ process_launcher::process_launcher(std::string executable, argument_builder argu
                                    std::chrono::milliseconds load_timeout)
     : executable_(std::move(executable)), arguments_for_(std::move(arguments_for)), load_timeout_(load_timeout) {}
 
+process_launcher::~process_launcher() {
+    {
+        std::lock_guard lk(spawn_mu_);
+        closing_ = true;
+        spawn_cv_.notify_all();
+    }
+    if (spawner_.joinable()) spawner_.join();
+}
+
+void process_launcher::run_spawner() {
+    std::unique_lock lk(spawn_mu_);
+    for (;;) {
+        spawn_cv_.wait(lk, [this] { return closing_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        std::packaged_task<spawned()> job = std::move(jobs_.front());
+        jobs_.pop_front();
+        lk.unlock();
+        job();
+        lk.lock();
+    }
+}
+
+// Runs on the spawner thread, which lives as long as the launcher: a child's parent-death signal follows the thread
+// that forked it, so a child forked by a connection's thread would get SIGTERM when that connection closed.
+process_launcher::spawned process_launcher::spawn(const std::vector<std::string>& args) const {
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return {0, -1, std::string("pipe: ") + std::strerror(errno)};
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        // The child, until exec: async-signal-safe calls only. It gets SIGTERM (a clean stop, its cache written)
+        // if the router dies without stopping it, so no model server outlives its router.
+        ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (::getppid() != parent) ::_exit(127);
+        if (devnull >= 0) ::dup2(devnull, 0);
+        ::dup2(pipe_fds[1], 1);
+        ::close_range(3, ~0U, 0);  // the router's sockets and files
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    const int fork_errno = errno;
+    ::close(pipe_fds[1]);
+    if (devnull >= 0) ::close(devnull);
+    if (pid < 0) {
+        ::close(pipe_fds[0]);
+        return {0, -1, std::string("fork: ") + std::strerror(fork_errno)};
+    }
+    return {pid, pipe_fds[0], {}};
+}
+
 std::unique_ptr<model_child> process_launcher::launch(const model_entry& model, child_exit_callback on_exit) {
     std::vector<std::string> args = arguments_for_(model);
     args.insert(args.begin(), executable_);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    int pipe_fds[2];
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGPIPE);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    pid_t pid = 0;
-    const int rc = ::posix_spawn(&pid, executable_.c_str(), &actions, &attr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    ::close(pipe_fds[1]);
-    if (rc != 0) {
-        ::close(pipe_fds[0]);
-        throw std::runtime_error("cannot start " + executable_ + ": " + std::strerror(rc));
+    std::packaged_task<spawned()> job([this, &args] { return spawn(args); });
+    std::future<spawned> result = job.get_future();
+    {
+        std::lock_guard lk(spawn_mu_);
+        if (!spawner_.joinable()) spawner_ = std::thread([this] { run_spawner(); });
+        jobs_.push_back(std::move(job));
+        spawn_cv_.notify_all();
     }
-    log::info("router", "model {}: started its server (pid {})", model.name, static_cast<int>(pid));
-    auto child = std::make_unique<spawned_child>(model.name, pid, pipe_fds[0], std::move(on_exit));
+    const spawned s = result.get();
+    if (s.pid <= 0) throw std::runtime_error("cannot start " + executable_ + ": " + s.error);
+    log::info("router", "model {}: started its server (pid {})", model.name, static_cast<int>(s.pid));
+    auto child = std::make_unique<spawned_child>(model.name, s.pid, s.stdout_fd, std::move(on_exit));
     child->wait_until_listening(load_timeout_);
     return child;
 }

@@ -8,9 +8,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "http/http-client.h"
@@ -42,17 +47,31 @@ public:
 };
 
 // The real launcher: runs `executable` with the arguments `arguments_for` gives for a model (argv[1] on; argv[0] is
-// the executable), and waits up to `load_timeout` for it to listen.
+// the executable), and waits up to `load_timeout` for it to listen. A child gets SIGTERM if the router dies.
 class process_launcher : public child_launcher {
 public:
     using argument_builder = std::function<std::vector<std::string>(const model_entry&)>;
     process_launcher(std::string executable, argument_builder arguments_for, std::chrono::milliseconds load_timeout);
+    ~process_launcher() override;  // after every child it started has been stopped
     std::unique_ptr<model_child> launch(const model_entry& model, child_exit_callback on_exit) override;
 
 private:
+    struct spawned {
+        int pid = 0;  // 0: not started (error says why)
+        int stdout_fd = -1;
+        std::string error;
+    };
+    spawned spawn(const std::vector<std::string>& args) const;
+    void run_spawner();
+
     std::string executable_;
     argument_builder arguments_for_;
     std::chrono::milliseconds load_timeout_;
+    std::mutex spawn_mu_;
+    std::condition_variable spawn_cv_;
+    std::deque<std::packaged_task<spawned()>> jobs_;  // guarded by spawn_mu_
+    bool closing_ = false;                            // guarded by spawn_mu_
+    std::thread spawner_;                             // started by the first launch()
 };
 
 // "exited with status 1", "killed by signal 9 (Killed)": a waitpid status as the log says it.

@@ -250,6 +250,30 @@ void forward(model_router& router, const http::request& req, http::response_writ
     relay(lease.origin(), req, w, router.models()[model].name);
 }
 
+// Ollama's unload request (`ollama stop`): /api/generate without a prompt, or /api/chat without messages, and
+// keep_alive 0. Answered here, so that a model that is not loaded is not loaded to be unloaded.
+bool answer_ollama_unload(model_router& router, const http::request& req, http::response_writer& w) {
+    const std::optional<json> body = json_body(req);
+    if (!body || !body->is_object() || !body->contains("keep_alive")) return false;
+    const bool chat = req.path == "/api/chat";
+    const auto field = body->find(chat ? "messages" : "prompt");
+    if (field != body->end() && !field->is_null() && !field->empty()) return false;
+    const std::optional<keep_alive> k = parse_keep_alive((*body)["keep_alive"]);
+    if (!k || k->what != keep_alive::kind::unload_now) return false;
+    const size_t model = requested_model(router, req, body);
+    router.unload(model);
+    json answer = {{"model", (*body)["model"]}, {"created_at", iso8601(std::chrono::system_clock::now())}};
+    if (chat) {
+        answer["message"] = {{"role", "assistant"}, {"content", ""}};
+    } else {
+        answer["response"] = "";
+    }
+    answer["done"] = true;
+    answer["done_reason"] = "unload";
+    w.send(200, "application/json", answer.dump());
+    return true;
+}
+
 // The model a /models/load or /models/unload body names.
 size_t named_model(const model_router& router, const http::request& req) {
     const std::optional<json> body = json_body(req);
@@ -427,6 +451,14 @@ void register_router_routes(http::http_server& server, model_router& router, con
             server.add_route(method, prefix, forwarded, *options);
     }
     server.add_route("POST", "/v1/messages", forwarded, anthropic);
+    for (const char* path : {"/api/generate", "/api/chat"}) {
+        server.add_route(
+            "POST", path,
+            [&router](const http::request& req, http::response_writer& w) {
+                if (!answer_ollama_unload(router, req, w)) forward(router, req, w);
+            },
+            ollama);
+    }
     server.set_error_format("/api/", shapes.ollama);
 }
 

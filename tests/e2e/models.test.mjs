@@ -124,6 +124,14 @@ test('keep_alive 0 unloads the model once its request is done; /api/ps lists wha
     await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'bye' }], stream: false, keep_alive: 0, options: { num_predict: 2 } });
     assert.ok(await waitFor(async () => (await curl(`${router.url}/api/ps`)).body.models.length === 0), 'unloaded');
     assert.ok(await waitFor(async () => (await statuses()).beta === 'unloaded'), JSON.stringify(await statuses()));
+    // `ollama stop`: an empty generate with keep_alive 0 unloads a loaded model, and loads none that is not.
+    await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'hi' }], stream: false, options: { num_predict: 2 } });
+    const stop = await curl(`${router.url}/api/generate`, { method: 'POST', body: { model: 'beta', keep_alive: 0 } });
+    assert.equal(stop.body.done_reason, 'unload', JSON.stringify(stop.body));
+    assert.equal((await statuses()).beta, 'unloaded');
+    const again = await curl(`${router.url}/api/generate`, { method: 'POST', body: { model: 'embed', keep_alive: 0 } });
+    assert.equal(again.body.done_reason, 'unload');
+    assert.equal((await statuses()).embed, 'unloaded');
 });
 
 test('an unknown model is a 404 in the API\'s error shape, before anything loads', async () => {
@@ -229,4 +237,27 @@ test('a model server that dies is marked unloaded and its next request starts it
     assert.match(server.output(), /model solo's server was killed by signal 9/);
     const again = await complete(server.url, chat('solo', 'x', 'y'));
     assert.equal(again.object, 'chat.completion');
+});
+
+test('no model server outlives its router, even one killed with SIGKILL', async () => {
+    const d = tempDir('models-orphans');
+    mkdirSync(path.join(d, 'models'));
+    copyFileSync(await testModel('tiny'), path.join(d, 'models', 'solo.gguf'));
+    const server = await startProcess(['serve', '--models-dir', path.join(d, 'models'), '--port', '0', '-t', '1',
+        '--cache-dir', path.join(d, 'cache')]);
+    others.push(server);
+    await complete(server.url, chat('solo', 'x', 'y'));
+    const pid = (await curl(`${server.url}/v1/models`)).body.data[0].status.pid;
+    // From another connection than the one that loaded it: the model server's life does not follow a connection's.
+    await complete(server.url, chat('solo', 'x', 'z'));
+    assert.equal(await server.stop('SIGKILL'), 'SIGKILL');
+    const alive = () => {
+        try {
+            process.kill(pid, 0);
+            return true;
+        } catch {
+            return false;
+        }
+    };
+    assert.ok(await waitFor(() => !alive()), `model server ${pid} still runs`);
 });
