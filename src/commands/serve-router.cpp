@@ -26,6 +26,7 @@ namespace {
 
 // Options the router sets for each child itself, or that only the router reads: never passed on as given.
 const std::vector<std::string> router_only = {"model",
+                                              "max-connections-per-address",
                                               "alias",
                                               "host",
                                               "port",
@@ -123,7 +124,9 @@ std::vector<std::string> child_arguments(CLI::App& cmd, const std::vector<given_
         if (values.empty()) args.push_back("--" + key);
         for (const std::string& v : values) args.push_back("--" + key + "=" + v);
     }
-    args.insert(args.end(), {"--host", "127.0.0.1", "--port", "0", "--cache-dir", (cache_root / m.name).string()});
+    // Every connection to it comes from the router, whose own server holds each client address to its share.
+    args.insert(args.end(), {"--host", "127.0.0.1", "--port", "0", "--cache-dir", (cache_root / m.name).string(),
+                             "--max-connections-per-address", "0"});
     if (!table_sets_disk) args.push_back("--cache-disk=" + disk_share);
     return args;
 }

@@ -161,7 +161,11 @@ model_set::model_set(std::vector<model_entry> from_dir, std::vector<model_entry>
     for (model_entry& t : from_tables) entries_.push_back(std::move(t));
     for (size_t i = 0; i < entries_.size(); ++i) {
         const model_entry& m = entries_[i];
-        if (m.name.empty()) throw std::invalid_argument("a model of " + m.source + " has no name");
+        if (m.name.empty() || m.name == "." || m.name == ".." || m.name.find('/') != std::string::npos) {
+            // The name is a folder of the cache directory too.
+            throw std::invalid_argument("a model of " + m.source + " is named '" + m.name +
+                                        "': a model's name is a non-empty folder name");
+        }
         std::vector<std::string> names = m.aliases;
         names.insert(names.begin(), m.name);
         for (const std::string& n : names) {

@@ -233,9 +233,15 @@ size_t requested_model(const model_router& router, const http::request& req, con
                         "model_not_found");
 }
 
+// The body, parsed; nullopt when there is none. Every keepwarm route that takes a body takes JSON: one that is not
+// is refused here, as the model's server would refuse it, without loading a model for it.
 std::optional<json> json_body(const http::request& req) {
     if (req.body.empty()) return std::nullopt;
-    return bounded_json::try_parse(req.body);
+    try {
+        return bounded_json::parse(req.body);
+    } catch (const bounded_json::limit_error& e) {
+        throw request_error(400, std::string("the request body is not valid JSON: ") + e.what());
+    }
 }
 
 void forward(model_router& router, const http::request& req, http::response_writer& w) {

@@ -143,6 +143,9 @@ test('an unknown model is a 404 in the API\'s error shape, before anything loads
     assert.equal(typeof ollama.body.error, 'string');
     const none = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: { messages: [] } });
     assert.equal(none.status, 400);
+    const notJson = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: '{"model": "alpha",' });
+    assert.equal(notJson.status, 400);
+    assert.match(notJson.body.error.message, /not valid JSON/);
 });
 
 test('POST /models/load and /models/unload; /metrics counts loads and unloads', async () => {

@@ -407,6 +407,10 @@ pinned = true
     clash.path = "/x.gguf";
     clash.aliases = {"tiny"};
     EXPECT_THROW(model_set({clash}, m), std::invalid_argument);
+    model_entry escaping;  // a name is a folder of the cache directory too
+    escaping.name = "../elsewhere";
+    escaping.path = "/x.gguf";
+    EXPECT_THROW(model_set({escaping}, {}), std::invalid_argument);
 }
 
 TEST(ModelSet, SettingsTableMistakesNameTheFileAndLine) {
