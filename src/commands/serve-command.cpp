@@ -685,6 +685,9 @@ void add_serve_command(CLI::App& app) {
     group_help(*cmd, serve_help_groups());
     cmd->callback([opts, cmd] {
         run_command("serve", [&] {
+            if (cmd->get_option("--model")->count() > 0 && cmd->get_option("--models-dir")->count() > 0) {
+                throw CLI::ValidationError("--models-dir", "give -m FILE (one model) or --models-dir DIR, not both");
+            }
             const environment env = process_environment();
             opts->from_environment = apply_environment(*cmd, llama_server_environment(), env);
             if (const auto unread = unread_variables(llama_server_environment(), env, "LLAMA_ARG_"); !unread.empty()) {

@@ -124,6 +124,11 @@ test('keep_alive 0 unloads the model once its request is done; /api/ps lists wha
     await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'bye' }], stream: false, keep_alive: 0, options: { num_predict: 2 } });
     assert.ok(await waitFor(async () => (await curl(`${router.url}/api/ps`)).body.models.length === 0), 'unloaded');
     assert.ok(await waitFor(async () => (await statuses()).beta === 'unloaded'), JSON.stringify(await statuses()));
+    // A duration: unloaded once it has been idle that long.
+    await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'hi' }], stream: false, keep_alive: '1s', options: { num_predict: 2 } });
+    const expires = Date.parse((await curl(`${router.url}/api/ps`)).body.models[0].expires_at);
+    assert.ok(expires < Date.now() + 60_000, `expires_at ${expires}`);
+    assert.ok(await waitFor(async () => (await statuses()).beta === 'unloaded'), 'unloaded after its keep_alive');
     // `ollama stop`: an empty generate with keep_alive 0 unloads a loaded model, and loads none that is not.
     await ollama.chat({ model: 'beta', messages: [{ role: 'user', content: 'hi' }], stream: false, options: { num_predict: 2 } });
     const stop = await curl(`${router.url}/api/generate`, { method: 'POST', body: { model: 'beta', keep_alive: 0 } });

@@ -4,7 +4,9 @@
 // and a settings file's [models.NAME] tables, whose mistakes name the file and line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -164,6 +166,60 @@ TEST(ModelRouter, AFullQueueRefusesAndAWaitTimesOut) {
     EXPECT_EQ(r.counters().queue_refused, 1u);
     EXPECT_EQ(r.counters().wait_timeouts, 1u);
     EXPECT_EQ(r.counters().waiting, 0);
+}
+
+// A launcher whose launch of `slow` waits until released: a model that takes long to load.
+class gated_launcher : public fake_launcher {
+public:
+    std::unique_ptr<model_child> launch(const model_entry& m, child_exit_callback on_exit) override {
+        if (m.name == slow) {
+            std::unique_lock lk(gate_mu);
+            loading = true;
+            gate_cv.notify_all();
+            gate_cv.wait(lk, [this] { return open; });
+        }
+        return fake_launcher::launch(m, std::move(on_exit));
+    }
+    void release() {
+        std::lock_guard lk(gate_mu);
+        open = true;
+        gate_cv.notify_all();
+    }
+    void wait_loading() {
+        std::unique_lock lk(gate_mu);
+        gate_cv.wait(lk, [this] { return loading; });
+    }
+    std::string slow = "c";
+    std::mutex gate_mu;
+    std::condition_variable gate_cv;
+    bool loading = false;
+    bool open = false;
+};
+
+TEST(ModelRouter, OtherModelsKeepServingWhileOneLoadsAndItsRequestsWaitForIt) {
+    gated_launcher launcher;
+    model_router r(three_models(), launcher, opts(3));
+    { auto l = r.acquire(0); }
+    std::atomic<int> served{0};
+    std::thread first([&] {
+        auto l = r.acquire(2);
+        ++served;
+    });
+    launcher.wait_loading();
+    std::thread second([&] {
+        auto l = r.acquire(2);  // the same model: waits for the load under way, does not start another
+        ++served;
+    });
+    while (r.counters().waiting == 0) std::this_thread::yield();
+    EXPECT_EQ(state_of(r, 2), model_state::loading);
+    { auto l = r.acquire(0); }  // loaded: served at once
+    { auto l = r.acquire(1); }  // not loaded: loads beside it
+    EXPECT_EQ(served, 0);
+    launcher.release();
+    first.join();
+    second.join();
+    EXPECT_EQ(served, 2);
+    EXPECT_EQ(std::count(launcher.launched.begin(), launcher.launched.end(), "c"), 1);
 }
 
 TEST(ModelRouter, UnlimitedModelsMaxNeverUnloads) {
