@@ -13,6 +13,7 @@
 #include "api/ollama-api.h"
 #include "base/logger.h"
 #include "cache/cache-dir-lock.h"
+#include "commands/llama-server-flags.h"
 #include "commands/number-checks.h"
 #include "http/api-keys.h"
 #include "model/demo-model.h"
@@ -50,7 +51,8 @@ bool in(const std::vector<std::string>& list, const std::string& name) {
     return std::find(list.begin(), list.end(), name) != list.end();
 }
 
-// The arguments this process was started with after `serve`, from /proc/self/cmdline (CLI11 keeps no raw copy).
+// The arguments this process was started with after `serve`, from /proc/self/cmdline (CLI11 keeps no raw copy), with
+// llama-server's multi-letter flags spelled out as main() gave them to CLI11.
 std::vector<std::string> serve_arguments() {
     std::ifstream in("/proc/self/cmdline", std::ios::binary);
     const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -64,6 +66,8 @@ std::vector<std::string> serve_arguments() {
             current += c;
         }
     }
+    if (args.empty()) return {};
+    args = expand_llama_server_flags({args.begin() + 1, args.end()});
     const auto serve = std::find(args.begin(), args.end(), "serve");
     if (serve == args.end()) return {};
     return std::vector<std::string>(serve + 1, args.end());
@@ -87,8 +91,11 @@ std::vector<given_option> group_arguments(CLI::App& cmd, const std::vector<std::
             inline_value = eq != std::string::npos;
             g.option = find_option(cmd, t.substr(2, inline_value ? eq - 2 : std::string::npos), true);
         } else if (t.size() >= 2 && t[0] == '-' && t[1] != '-') {
-            inline_value = t.size() > 2;
-            g.option = find_option(cmd, t.substr(1, 1), false);
+            g.option = find_option(cmd, t.substr(1), false);  // "-c"
+            if (!g.option) {                                  // "-c4096"
+                inline_value = true;
+                g.option = find_option(cmd, t.substr(1, 1), false);
+            }
         }
         if (g.option && !inline_value && g.option->get_expected_max() > 0 && i + 1 < args.size()) {
             const bool optional_value = g.option->get_expected_min() == 0;
@@ -99,11 +106,12 @@ std::vector<given_option> group_arguments(CLI::App& cmd, const std::vector<std::
     return groups;
 }
 
-// A child's command line after its executable: `serve -m FILE`, the router's options less the router's own and those
-// the model's table sets, the table's, and where it listens and keeps its cache.
-std::vector<std::string> child_arguments(CLI::App& cmd, const std::vector<given_option>& given,
-                                         const router::model_entry& m, const std::filesystem::path& cache_root,
-                                         const std::string& disk_share) {
+}  // namespace
+
+std::vector<std::string> child_command_line(CLI::App& cmd, const std::vector<std::string>& router_arguments,
+                                            const router::model_entry& m, const std::filesystem::path& cache_root,
+                                            const std::string& disk_share) {
+    const std::vector<given_option> given = group_arguments(cmd, router_arguments);
     std::vector<CLI::Option*> overridden;
     for (const auto& [key, values] : m.options) overridden.push_back(find_option(cmd, key, true));
     // Its aliases too: it answers a request under the name the request gave, as a single-model server does.
@@ -130,8 +138,6 @@ std::vector<std::string> child_arguments(CLI::App& cmd, const std::vector<given_
     if (!table_sets_disk) args.push_back("--cache-disk=" + disk_share);
     return args;
 }
-
-}  // namespace
 
 void add_router_options(CLI::App& cmd, router_settings& s) {
     cmd.add_option("--models-dir", s.models_dir,
@@ -204,11 +210,11 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
     const uint64_t share_mib = disk_total / models.size() / (1u << 20);
     const std::string disk_share = disk_total == 0 ? "0" : std::to_string(std::max<uint64_t>(share_mib, 1));
 
-    const std::vector<given_option> given = group_arguments(cmd, serve_arguments());
+    const std::vector<std::string> given = serve_arguments();
     router::process_launcher launcher(
         "/proc/self/exe",
         [&cmd, &given, cache_root, disk_share](const router::model_entry& m) {
-            return child_arguments(cmd, given, m, cache_root, disk_share);
+            return child_command_line(cmd, given, m, cache_root, disk_share);
         },
         std::chrono::milliseconds(static_cast<int64_t>(s.load_timeout_seconds * 1000)));
     router::router_options ro;

@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,14 @@ struct router_run {
     double shutdown_seconds = 10;
     std::string settings_file;
 };
+
+// A model's server's command line after its executable: `serve -m FILE -a NAME,ALIASES`, the router's own serve
+// arguments (`router_arguments`, as CLI11 got them) less the options the router sets itself and those the model's table
+// sets, then the table's, then where it listens (127.0.0.1, a port of its choice) and keeps its cache
+// (`cache_root`/NAME, `disk_share` MiB unless its table sets cache-disk).
+std::vector<std::string> child_command_line(CLI::App& serve, const std::vector<std::string>& router_arguments,
+                                            const router::model_entry& m, const std::filesystem::path& cache_root,
+                                            const std::string& disk_share);
 
 // Runs the router until SIGINT/SIGTERM; returns the exit code.
 int run_router_serve(CLI::App& cmd, const router_run& run);

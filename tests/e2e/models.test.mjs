@@ -240,7 +240,16 @@ test('a model server that dies is marked unloaded and its next request starts it
     const { body } = await curl(`${server.url}/v1/models`);
     const pid = body.data[0].status.pid;
     assert.ok(pid > 0, JSON.stringify(body));
+    // A request in flight when it dies gets an error, not a hang.
+    const pending = curl(`${server.url}/v1/chat/completions`, { method: 'POST',
+        body: { model: 'solo', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 100000, ignore_eos: true } });
+    assert.ok(await waitFor(async () => {
+        const slots = (await curl(`${server.url}/slots?model=solo`)).body;
+        return Array.isArray(slots) && slots.some((s) => s.is_processing);
+    }), 'the long request is being generated');
     process.kill(pid, 'SIGKILL');
+    const cut = await pending;
+    assert.equal(cut.status, 502, JSON.stringify(cut.body));
     assert.ok(await waitFor(async () => (await curl(`${server.url}/v1/models`)).body.data[0].status.value === 'unloaded'));
     assert.match(server.output(), /model solo's server was killed by signal 9/);
     const again = await complete(server.url, chat('solo', 'x', 'y'));
