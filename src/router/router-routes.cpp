@@ -224,7 +224,17 @@ size_t requested_model(const model_router& router, const http::request& req, con
     if (name.empty()) name = http::query_value(req.query, "model").value_or("");
     const model_set& models = router.models();
     if (name.empty()) {
+        // Without a name (a GET /slots, /v1/responses/ID): the one model there is, or the one loaded now.
         if (models.size() == 1) return 0;
+        std::optional<size_t> loaded;
+        int count = 0;
+        for (const model_status& st : router.snapshot()) {
+            if (st.state == model_state::loaded) {
+                loaded = st.index;
+                ++count;
+            }
+        }
+        if (count == 1) return *loaded;
         throw request_error(400, "say which model: \"model\" in the JSON body, or ?model=NAME (this server serves " +
                                      models.names() + ")");
     }

@@ -146,8 +146,13 @@ test('an unknown model is a 404 in the API\'s error shape, before anything loads
     const ollama = await curl(`${router.url}/api/chat`, { method: 'POST', body: chat('nope', 'x', 'y') });
     assert.equal(ollama.status, 404);
     assert.equal(typeof ollama.body.error, 'string');
+    // No model named: the one loaded now, else a 400 naming the models.
+    assert.equal((await curl(`${router.url}/models/load`, { method: 'POST', body: { model: 'alpha' } })).status, 200);
+    assert.equal((await curl(`${router.url}/props`)).body.model_alias, 'alpha');
+    assert.equal((await curl(`${router.url}/models/unload`, { method: 'POST', body: { model: 'alpha' } })).status, 200);
     const none = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: { messages: [] } });
     assert.equal(none.status, 400);
+    assert.match(none.body.error.message, /say which model.*alpha, beta, embed/);
     const notJson = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: '{"model": "alpha",' });
     assert.equal(notJson.status, 400);
     assert.match(notJson.body.error.message, /not valid JSON/);
