@@ -273,6 +273,16 @@ TEST(ModelRouter, WithoutAutoloadOnlyLoadLoads) {
     EXPECT_FALSE(r.unload(0));
 }
 
+TEST(ModelRouter, UnloadWaitsForTheRequestsInFlight) {
+    fake_launcher launcher;
+    model_router r(three_models(), launcher, opts(4));
+    std::optional<model_router::lease> busy(r.acquire(0));
+    EXPECT_TRUE(r.unload(0));
+    EXPECT_EQ(state_of(r, 0), model_state::loaded);  // not under its request
+    busy.reset();
+    EXPECT_EQ(state_of(r, 0), model_state::unloaded);
+}
+
 TEST(ModelRouter, KeepAliveZeroUnloadsWhenTheRequestEndsAndNegativePins) {
     fake_launcher launcher;
     router_options quick = opts(1);
