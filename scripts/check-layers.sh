@@ -29,8 +29,10 @@ declare -A allowed=(
     [routes]="base json config http chat policy api backend"
     [local]="base json config http cache engine model chat policy api backend"
     [proxy]="base json config http chat policy api backend"
+    # Several models: the router in front of one child `keepwarm serve` per model. It never loads a model itself.
+    [router]="base json config http"
     [bench]="base json config http cache engine model chat policy api spec"
-    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench spec"
+    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench spec router"
 )
 
 # folders whose names live in keepwarm itself; every other folder is keepwarm::FOLDER.

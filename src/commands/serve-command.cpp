@@ -28,6 +28,7 @@
 #include "commands/llama-server-flags.h"
 #include "commands/number-checks.h"
 #include "commands/options-file.h"
+#include "commands/serve-router.h"
 #include "common.h"
 #include "engine/draft-sources.h"
 #include "engine/embedder.h"
@@ -78,6 +79,7 @@ struct serve_options {
     double shutdown_seconds = 10;  // after SIGINT/SIGTERM, the process exits this soon even if a clean stop hangs
     bool embeddings = false;       // --embeddings: serve the model as an embedding model (see serves_embeddings)
     std::string pooling;           // --pooling: mean, cls, last or rank (--reranking), over the model's own
+    router_settings router;        // several models (--models-dir, [models.NAME]): see serve-router.h
 };
 
 ggml_type parse_cache_type(const std::string& name) {
@@ -411,6 +413,9 @@ options_file_rules settings_file_rules(serve_options& opts, CLI::App& cmd) {
     rules.tables["policy"] = [&opts](const toml::table& t, const config::toml_reader& reader) {
         opts.written = written_policy{t, reader.source()};
     };
+    rules.tables["models"] = [&opts, &cmd](const toml::table& t, const config::toml_reader& reader) {
+        read_models_settings(t, reader, cmd, opts.router);
+    };
     rules.tables["tenants"] = [&opts, &cmd](const toml::table& t, const config::toml_reader& reader) {
         const bool keys_on_command_line = cmd.get_option("--api-key")->count() > 0 ||
                                           cmd.get_option("--api-keys-file")->count() > 0 ||
@@ -427,6 +432,7 @@ help_groups serve_help_groups() {
          {"--model", "--alias", "--chat-template-file", "--gpu-layers", "--n-cpu-moe", "--cpu-moe", "--flash-attn",
           "--threads", "--threads-batch", "--no-mmap", "--mlock", "--load-mode", "--embeddings", "--pooling",
           "--reranking"}},
+        {"Several models (docs/models.md)", router_option_names()},
         {"Context & slots",
          {"--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--cache-type-k", "--cache-type-v",
           "--max-step-ms", "--pad-to-tile"}},
@@ -461,6 +467,7 @@ void add_serve_command(CLI::App& app) {
                     "Model name reported to clients (default: the file name); NAME,OTHER,...: the other names are "
                     "aliases of the first")
         ->delimiter(',');
+    add_router_options(*cmd, opts->router);
     add_listen_options(*cmd, h);
     add_tenancy_options(*cmd, opts->tenancy, "cache");
     add_log_options(*cmd);
@@ -678,6 +685,9 @@ void add_serve_command(CLI::App& app) {
     group_help(*cmd, serve_help_groups());
     cmd->callback([opts, cmd] {
         run_command("serve", [&] {
+            if (cmd->get_option("--model")->count() > 0 && cmd->get_option("--models-dir")->count() > 0) {
+                throw CLI::ValidationError("--models-dir", "give -m FILE (one model) or --models-dir DIR, not both");
+            }
             const environment env = process_environment();
             opts->from_environment = apply_environment(*cmd, llama_server_environment(), env);
             if (const auto unread = unread_variables(llama_server_environment(), env, "LLAMA_ARG_"); !unread.empty()) {
@@ -694,6 +704,15 @@ void add_serve_command(CLI::App& app) {
                     throw std::runtime_error(opts->settings_file +
                                              ": give either 'policy = FILE' or a [policy] table, not both");
                 }
+            }
+            if (opts->router.wanted(opts->engine.model_path)) {
+                return run_router_serve(*cmd, router_run{.settings = opts->router,
+                                                         .http = opts->http,
+                                                         .tenancy = opts->tenancy,
+                                                         .cache_disk = opts->cache_disk,
+                                                         .cache_dir = opts->cache_dir,
+                                                         .shutdown_seconds = opts->shutdown_seconds,
+                                                         .settings_file = opts->settings_file});
             }
             return run_serve(*opts);
         });

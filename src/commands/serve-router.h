@@ -1,0 +1,69 @@
+// `keepwarm serve` with several models (--models-dir, or a settings file's [models.NAME] tables, without -m): a router
+// (src/router/) in front of one child `keepwarm serve -m FILE` per loaded model. This file wires it: the options that
+// choose the mode, the [models] table's rules, each child's command line (the router's own serve options, less those
+// the router sets itself, plus the model's table), the banner, and the run until SIGINT/SIGTERM.
+// Threading: called on the command's thread.
+#pragma once
+
+#include <toml++/toml.h>
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "commands/cache-budget-option.h"
+#include "commands/listen-options.h"
+#include "config/toml-reader.h"
+#include "http/http-server.h"
+#include "router/model-set.h"
+
+namespace keepwarm {
+
+struct router_settings {
+    std::string models_dir;                   // --models-dir
+    int models_max = 4;                       // --models-max (0: no limit)
+    int models_queue = 64;                    // --models-queue
+    double idle_seconds = 0;                  // --models-idle-seconds (0: never)
+    bool no_autoload = false;                 // --no-models-autoload
+    double load_timeout_seconds = 600;        // --models-load-timeout
+    std::vector<router::model_entry> tables;  // the settings file's [models.NAME]
+    bool has_tables = false;
+
+    // Router mode: no -m, and a folder or tables of models.
+    bool wanted(const std::string& model_path) const {
+        return model_path.empty() && (!models_dir.empty() || has_tables);
+    }
+};
+
+// Adds --models-dir, --models-max, --models-queue, --models-idle-seconds, --no-models-autoload, --models-load-timeout.
+void add_router_options(CLI::App& cmd, router_settings& settings);
+// serve --help's group of them.
+std::vector<std::string> router_option_names();
+
+// Reads a settings file's [models] table into `settings` (errors name the file and line).
+void read_models_settings(const toml::table& models, const config::toml_reader& reader, CLI::App& cmd,
+                          router_settings& settings);
+
+struct router_run {
+    const router_settings& settings;
+    http::server_options http;
+    const tenancy_options& tenancy;
+    cache_budget cache_disk;
+    std::string cache_dir;  // empty: the default
+    double shutdown_seconds = 10;
+    std::string settings_file;
+};
+
+// A model's server's command line after its executable: `serve -m FILE -a NAME,ALIASES`, the router's own serve
+// arguments (`router_arguments`, as CLI11 got them) less the options the router sets itself and those the model's table
+// sets, then the table's, then where it listens (127.0.0.1, a port of its choice) and keeps its cache
+// (`cache_root`/NAME, `disk_share` MiB unless its table sets cache-disk).
+std::vector<std::string> child_command_line(CLI::App& serve, const std::vector<std::string>& router_arguments,
+                                            const router::model_entry& m, const std::filesystem::path& cache_root,
+                                            const std::string& disk_share);
+
+// Runs the router until SIGINT/SIGTERM; returns the exit code.
+int run_router_serve(CLI::App& cmd, const router_run& run);
+
+}  // namespace keepwarm
