@@ -52,6 +52,14 @@ model_router::lease model_router::acquire(size_t model) {
             if (queued) --waiting;
         }
     } place{queued, counters_.waiting};
+    bool waits_for_room = false;
+    struct room_place {  // counted in room_waiters_ while the request waits for a model to make room
+        model_router& router;
+        bool& waits;
+        ~room_place() {
+            if (waits) router.stop_waiting_for_room_locked();
+        }
+    } room{*this, waits_for_room};
     const std::string& name = models_[model].name;
     const auto wait = [&] {
         if (!queued) {
@@ -79,6 +87,10 @@ model_router::lease model_router::acquire(size_t model) {
         slot& s = slots_[model];
         switch (s.state) {
             case model_state::loaded:
+                if (s.draining) {  // it makes room for a waiting request first; loaded again after
+                    wait();
+                    continue;
+                }
                 ++s.in_flight;
                 s.last_used = std::chrono::steady_clock::now();
                 return lease(this, model, s.child->origin());
@@ -99,6 +111,11 @@ model_router::lease model_router::acquire(size_t model) {
                 } else if (const std::optional<size_t> victim = victim_locked()) {
                     stop_locked(lk, *victim, "to make room");
                 } else {
+                    if (!waits_for_room) {
+                        waits_for_room = true;
+                        ++room_waiters_;
+                    }
+                    drain_one_locked();
                     wait();
                 }
                 continue;
@@ -223,6 +240,7 @@ void model_router::stop_locked(std::unique_lock<std::mutex>& lk, size_t model, c
     slot& s = slots_[model];
     s.state = model_state::unloading;
     s.unload_when_idle = false;
+    s.draining = false;
     std::unique_ptr<model_child> child = std::move(s.child);
     lk.unlock();
     log::info("router", "unloading model {} {} (its server writes its cache to disk)", models_[model].name, why);
@@ -244,6 +262,7 @@ void model_router::on_child_exit(size_t model, uint64_t generation, const std::s
     log::error("router", "model {}'s server {}; it loads again on its next request", models_[model].name, how);
     exited_.push_back(std::move(s.child));
     s.state = model_state::unloaded;
+    s.draining = false;
     --counters_.loaded;
     ++counters_.crashes;
     changed_.notify_all();
@@ -275,6 +294,27 @@ std::optional<size_t> model_router::victim_locked() const {
         if (!victim || s.last_used < slots_[*victim].last_used) victim = i;
     }
     return victim;
+}
+
+void model_router::drain_one_locked() {
+    std::optional<size_t> oldest;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        const slot& s = slots_[i];
+        if (s.state != model_state::loaded || pinned_locked(i)) continue;
+        if (s.draining) return;
+        if (!oldest || s.last_used < slots_[*oldest].last_used) oldest = i;
+    }
+    if (oldest) {
+        slots_[*oldest].draining = true;
+        log::info("router", "model {} takes no new requests until its last one ends: another model waits for room",
+                  models_[*oldest].name);
+    }
+}
+
+void model_router::stop_waiting_for_room_locked() {
+    if (--room_waiters_ > 0) return;
+    for (slot& s : slots_) s.draining = false;  // nobody waits for room now: a draining model serves again
+    changed_.notify_all();
 }
 
 void model_router::unload_expired(std::chrono::steady_clock::time_point now) {

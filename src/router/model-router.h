@@ -3,8 +3,9 @@
 // flight and is not pinned is unloaded to make room (its server stopped with SIGTERM, which writes its prefix cache to
 // its disk tier, so that loading it again restores its conversations). A request waits, in a bounded queue, while its
 // model loads or while every loaded model is busy; other models keep serving meanwhile (no lock is held while a
-// server starts or stops). A server that exits on its own leaves its model unloaded; its next request starts it
-// again. Idle models unload after their idle time (--models-idle-seconds, or a request's keep_alive).
+// server starts or stops). While a request waits for room, the model that must make it takes no new requests, so a
+// model that is never idle cannot keep another out. A server that exits on its own leaves its model unloaded; its next
+// request starts it again. Idle models unload after their idle time (--models-idle-seconds, or a request's keep_alive).
 // Threading: every public function may be called from any thread; acquire() and the unloads block the caller while a
 // server starts or stops, never holding mu_.
 #pragma once
@@ -121,6 +122,9 @@ private:
         std::unique_ptr<model_child> child;
         uint64_t generation = 0;  // of the server started last; an exit callback of an older one is ignored
         int in_flight = 0;
+        // A request waits for room that only this model's unload can make: it takes no new request until its last
+        // one ends and it is unloaded (else a model that is never idle would keep the waiting one out for good).
+        bool draining = false;
         bool unload_when_idle = false;             // keep_alive 0 or /models/unload with requests in flight
         std::optional<keep_alive> keep_alive_set;  // the last request's keep_alive, over the defaults
         std::chrono::steady_clock::time_point last_used{};
@@ -134,6 +138,10 @@ private:
     void stop_locked(std::unique_lock<std::mutex>& lk, size_t model, const char* why);
     // The loaded model to unload for room: least recently used, none in flight, not pinned; nullopt if none.
     std::optional<size_t> victim_locked() const;
+    // No loaded model is idle: marks the least recently used unpinned one draining, unless one already is.
+    void drain_one_locked();
+    // A request stopped waiting for room (it loaded its model, failed or timed out); the last one ends the draining.
+    void stop_waiting_for_room_locked();
     bool has_room_locked() const;
     bool pinned_locked(size_t model) const;
     std::optional<std::chrono::milliseconds> idle_time_locked(size_t model) const;
@@ -149,6 +157,7 @@ private:
     std::vector<slot> slots_;          // guarded by mu_, one per model
     router_counters counters_;         // guarded by mu_
     bool stopping_ = false;            // guarded by mu_
+    int room_waiters_ = 0;             // guarded by mu_: requests waiting for a loaded model to make room
     std::vector<std::unique_ptr<model_child>> exited_;  // guarded by mu_: servers that exited, destroyed later
     std::thread housekeeper_;
 };

@@ -9,7 +9,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { Ollama } from 'ollama';
-import { startProcess, startServer, testModel, tempDir, curl, waitFor, words } from './harness.mjs';
+import { startProcess, startServer, testModel, tempDir, curl, metrics, waitFor, words } from './harness.mjs';
 
 const args = ['--parallel', '1', '--cache-parked', '0']; // startServer adds -t 1
 let router;
@@ -195,6 +195,29 @@ test('a client that goes away mid-stream cancels its generation; the router keep
     assert.ok(cancelled, 'the model server cancelled the generation');
     const r = await openai.chat.completions.create({ model: 'alpha', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
     assert.equal(r.object, 'chat.completion');
+});
+
+test('both models\' clients at once, one model loaded at a time: every request is answered', async () => {
+    // Two clients per chat model, three turns each, all at once: the router swaps the models back and forth under
+    // them, and each request waits for its model instead of failing.
+    const before = await metrics(router.url);
+    const client = async (model, n) => {
+        for (let turn = 0; turn < 3; turn++) {
+            const body = { ...chat(model, `client ${n} of ${model}`, `turn ${turn}: ${words(40)}`), max_tokens: 8, stream: turn % 2 === 1 };
+            const res = await fetch(`${router.url}/v1/chat/completions`, {
+                method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+            });
+            const text = await res.text();
+            assert.equal(res.status, 200, `${model} client ${n} turn ${turn}: ${text.slice(0, 300)}`);
+            if (body.stream) assert.match(text, /data: \[DONE\]/);
+        }
+    };
+    await Promise.all([client('alpha', 1), client('beta', 1), client('alpha', 2), client('beta', 2)]);
+    const after = await metrics(router.url);
+    for (const name of ['keepwarm_router_wait_timeouts_total', 'keepwarm_router_queue_refused_total']) {
+        assert.equal(after[name], before[name], name);
+    }
+    assert.ok(after.keepwarm_router_loads_total >= before.keepwarm_router_loads_total + 2, 'the models swapped');
 });
 
 test('SIGTERM stops every model server, each writing its cache', async () => {

@@ -139,6 +139,53 @@ TEST(ModelRouter, TheVictimSkipsBusyAndPinnedModels) {
     EXPECT_EQ(state_of(r, 1), model_state::loaded);
 }
 
+// With room for one model, a model that always has a request in flight would keep a request for another out until
+// its wait timed out: once a request waits for room, the busy model takes no new requests, is unloaded when its last
+// one ends, and the requests that came for it meanwhile are served after it loads again.
+TEST(ModelRouter, ABusyModelTakesNoNewRequestsWhileAnotherWaitsForRoom) {
+    fake_launcher launcher;
+    model_router r(three_models(), launcher, opts(1));
+    std::optional<model_router::lease> first_a(r.acquire(0));
+    std::atomic<bool> got_b{false};
+    std::atomic<bool> got_second_a{false};
+    std::thread b_request([&] {
+        auto l = r.acquire(1);
+        got_b = true;
+        std::this_thread::sleep_for(50ms);  // served while the second request for a still waits
+        EXPECT_FALSE(got_second_a);
+    });
+    while (r.counters().waiting < 1) std::this_thread::sleep_for(1ms);
+    std::thread second_a([&] {
+        auto l = r.acquire(0);  // a is loaded, but b waits for its room: this one waits too
+        got_second_a = true;
+    });
+    for (int i = 0; i < 2000 && r.counters().waiting < 2 && !got_second_a; ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_FALSE(got_b);
+    EXPECT_FALSE(got_second_a);
+    EXPECT_EQ(r.snapshot()[0].in_flight, 1);
+    first_a.reset();  // a's last request ends: a makes room for b
+    b_request.join();
+    second_a.join();
+    EXPECT_TRUE(got_b);
+    EXPECT_TRUE(got_second_a);
+    EXPECT_EQ(launcher.launched, (std::vector<std::string>{"a", "b", "a"}));
+    EXPECT_EQ(r.counters().wait_timeouts, 0u);
+}
+
+// A request that stops waiting for room (its wait timed out) leaves the busy model serving new requests again.
+TEST(ModelRouter, AModelDrainingForAWaiterThatLeftServesAgain) {
+    fake_launcher launcher;
+    router_options o = opts(1);
+    o.wait_timeout = 100ms;
+    model_router r(three_models(), launcher, o);
+    std::optional<model_router::lease> busy_a(r.acquire(0));
+    EXPECT_THROW(r.acquire(1), request_error);  // a stays busy past b's wait
+    EXPECT_EQ(r.counters().wait_timeouts, 1u);
+    auto again = r.acquire(0);  // at once: a is no longer kept for b
+    EXPECT_EQ(r.snapshot()[0].in_flight, 2);
+    EXPECT_EQ(launcher.launched, std::vector<std::string>{"a"});
+}
+
 TEST(ModelRouter, AFullQueueRefusesAndAWaitTimesOut) {
     fake_launcher launcher;
     router_options o = opts(1, /*queue=*/1);
