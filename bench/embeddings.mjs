@@ -8,6 +8,7 @@
 //
 //   node bench/embeddings.mjs [--model build/test-models/tiny-embed.gguf] [--keepwarm build/keepwarm]
 //        [--llama-server PATH] [--threads 2] [--inputs 64] [--words 100] [--repeats 5] [--ctx 2048] [--parallel 4]
+//        [--keepwarm-args "--ubatch-size 256"]
 //
 // --ctx is the tokens one input may have on both (keepwarm -c; llama-server -b, -ub and each slot's context);
 // --parallel is llama-server's slots (its default 4). Run it on a quiet machine: the numbers are the machine's.
@@ -17,7 +18,7 @@ import { performance } from 'node:perf_hooks';
 
 const args = {
     model: 'build/test-models/tiny-embed.gguf', keepwarm: 'build/keepwarm', llamaServer: process.env.LLAMA_SERVER ?? '',
-    threads: 2, inputs: 64, words: 100, repeats: 5, ctx: 2048, parallel: 4,
+    threads: 2, inputs: 64, words: 100, repeats: 5, ctx: 2048, parallel: 4, keepwarmArgs: '',
 };
 for (let i = 2; i < process.argv.length; i++) {
     const key = process.argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
@@ -102,7 +103,7 @@ async function measure(server) {
 const servers = [
     // No per-address connection limit: the concurrent workload is --inputs clients on one address.
     ['keepwarm', args.keepwarm, ['serve', '-m', args.model, '-t', String(args.threads), '-c', String(args.ctx),
-        '--cache-disk', '0', '--max-connections-per-address', '0']],
+        '--cache-disk', '0', '--max-connections-per-address', '0', ...args.keepwarmArgs.split(' ').filter(Boolean)]],
     ['llama-server', args.llamaServer, ['-m', args.model, '--embeddings', '-t', String(args.threads), '-tb',
         String(args.threads), '-b', String(args.ctx), '-ub', String(args.ctx), '-np', String(args.parallel), '-c',
         String(args.ctx * args.parallel)]],
