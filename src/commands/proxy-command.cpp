@@ -9,13 +9,18 @@
 #include <csignal>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "api/openai-api.h"
 #include "backend/cache-busters.h"
 #include "backend/frontend-context.h"
 #include "backend/http-counters.h"
 #include "base/command-exit.h"
 #include "base/logger.h"
+#include "base/request-error.h"
 #include "commands/environment-options.h"
 #include "commands/listen-options.h"
 #include "commands/llama-server-flags.h"
@@ -120,6 +125,34 @@ void register_proxy_status_routes(http::http_server& server, frontend_context& c
         w.send(200, "application/json", ctx.policy->to_json().dump());
     });
     register_models_routes(server, ctx);
+    // Over those: the proxy lists its own name and every model an upstream serves (upstream_pool::all_models: routing
+    // by model name), and GET /v1/models/{id} knows each of them too.
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
+    const auto list = [&ctx, &pool, created](const http::request&, http::response_writer& w) {
+        json data = json::array({api::model_json(ctx.model_id, created, "keepwarm")});
+        for (const std::string& name : pool.all_models()) {
+            if (name != ctx.model_id) data.push_back(api::model_json(name, created, "keepwarm"));
+        }
+        w.send(200, "application/json", json{{"object", "list"}, {"data", std::move(data)}}.dump());
+    };
+    server.add_route("GET", "/v1/models", list);
+    server.add_route("GET", "/models", list);
+    for (const std::string prefix : {"/v1/models/", "/models/"}) {
+        server.add_route(
+            "GET", prefix + "*", [&ctx, &pool, created, prefix](const http::request& req, http::response_writer& w) {
+                const std::optional<std::string> id = http::path_rest(req.path, prefix);
+                if (!id) throw request_error(400, "the model id in the path has a malformed %-escape");
+                const std::vector<std::string> listed = pool.all_models();
+                if (!model_id_known(ctx, *id) && std::find(listed.begin(), listed.end(), *id) == listed.end()) {
+                    const std::string quoted = id->size() <= 200 ? *id : id->substr(0, 200) + "...";
+                    throw request_error(404,
+                                        "The model '" + quoted + "' does not exist; this proxy serves '" +
+                                            ctx.model_id + "' and the models its upstreams list",
+                                        "model_not_found");
+                }
+                w.send(200, "application/json", api::model_json(*id, created, "keepwarm").dump());
+            });
+    }
 }
 
 int run_proxy(proxy::proxy_settings opts, const tenancy_options& tenancy, bool no_policy) {

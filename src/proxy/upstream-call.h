@@ -25,9 +25,9 @@ namespace keepwarm::proxy {
 // Where a request may go (upstream_pool::acquire's arguments).
 struct upstream_choice {
     std::span<const uint64_t> blocks;  // the prompt's chained block hashes
-    std::string fallback_model;        // sent when the upstream's model is unknown
+    std::string model;                 // the name the request asks for (after the policy): see acquire()
     uint64_t routing_key = 0;          // routing_key() of the request; 0: none
-    std::vector<size_t> excluded;      // upstreams that cannot take it (another dialect)
+    std::vector<size_t> excluded;  // upstreams that cannot take it (another dialect), besides those not serving model
 };
 
 // An upstream that took the request and answered with a 2xx head.

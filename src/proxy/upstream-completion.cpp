@@ -209,7 +209,7 @@ generation_handler upstream_completions(upstream_pool& pool) {
         const std::vector<uint64_t> blocks = chained_block_hashes(text, pool.routing().block_chars, req.tenant);
         const std::string asked = body.value("model", std::string());
         // Only OpenAI-dialect upstreams take a raw prompt.
-        upstream_choice choice{.blocks = blocks, .fallback_model = body.value("model", std::string())};
+        upstream_choice choice{.blocks = blocks, .model = body.value("model", std::string())};
         for (size_t i = 0; i < pool.size(); i++) {
             if (pool.config(i).dialect != upstream_dialect::openai) choice.excluded.push_back(i);
         }

@@ -868,6 +868,13 @@ upstream_listing parse_listing(upstream_dialect dialect, const std::string& body
         if (parsed.is_object() && parsed.contains(list) && parsed[list].is_array() && !parsed[list].empty()) {
             const answer_json& first = parsed[list].front();
             listing.model = string_at(first, key);
+            for (const answer_json& entry : parsed[list]) {
+                if (listing.models.size() >= max_listed_models) break;
+                std::string name = string_at(entry, key);
+                if (name.empty() || name.size() > max_model_name_bytes) continue;
+                if (std::find(listing.models.begin(), listing.models.end(), name) != listing.models.end()) continue;
+                listing.models.push_back(std::move(name));
+            }
             if (string_at(first, "owned_by") == "keepwarm" && first.contains("created")) {
                 listing.instance = first["created"].dump();
             }

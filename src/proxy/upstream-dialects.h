@@ -5,6 +5,7 @@
 // Pure functions and a decoder object: no sockets, no threads.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -150,11 +151,16 @@ void write_openai_sampling(nlohmann::ordered_json& body, const sampling_options&
 // The cheap call that says whether an upstream is up, never running inference: GET /v1/models (OpenAI, Anthropic)
 // or /api/tags (Ollama).
 std::string health_target(upstream_dialect dialect);
-// What a health answer says: the first model it lists, and which running instance answered, when it says (keepwarm
+// What a health answer says: the models it lists, and which running instance answered, when it says (keepwarm
 // lists its model with the server's start time as "created"; other engines' "created" means nothing stable).
+// The list is bounded: at most max_listed_models names, each of at most max_model_name_bytes (a longer name, an
+// empty one, one that is not a string, and a repeat are left out); the answer itself is at most 1 MiB.
+inline constexpr size_t max_listed_models = 256;
+inline constexpr size_t max_model_name_bytes = 512;
 struct upstream_listing {
-    std::string model;     // empty: none listed
-    std::string instance;  // empty: not known
+    std::string model;                // the first entry's name; empty: none listed
+    std::vector<std::string> models;  // every name it lists, in its order, within the bounds above
+    std::string instance;             // empty: not known
 };
 upstream_listing parse_listing(upstream_dialect dialect, const std::string& body);
 

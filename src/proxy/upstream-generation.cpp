@@ -44,10 +44,7 @@ void upstream_generation::connect(const http::request& req) {
     const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars, req.tenant);
     std::vector<std::string> bias_rules;  // the policy's biases as bound for the upstream that answers
     upstream_exchange x = call_upstream(
-        pool_,
-        {.blocks = blocks,
-         .fallback_model = chat_.model,
-         .routing_key = routing_key(chat_.prompt_cache_key, req.tenant)},
+        pool_, {.blocks = blocks, .model = chat_.model, .routing_key = routing_key(chat_.prompt_cache_key, req.tenant)},
         [&](const upstream_pool::route& route) {
             bias_rules = bind_biases(route.upstream);
             return build_call(route.config->dialect, chat_, route.model, pool_.credential(route.upstream, req.api_key));

@@ -16,6 +16,7 @@ upstream_health::upstream_health(const std::vector<upstream_config>& upstreams, 
       hooks_(std::move(hooks)),
       up_(upstreams.size(), true),
       listed_models_(upstreams.size()),
+      model_lists_(upstreams.size()),
       failed_checks_(upstreams.size(), 0),
       seen_up_(upstreams.size(), false) {}
 
@@ -88,6 +89,7 @@ void upstream_health::check_now() {
             }
             up_[i] = up;
             if (healthy && !listing.model.empty()) listed_models_[i] = listing.model;
+            if (healthy && !listing.models.empty()) model_lists_[i] = std::move(listing.models);
             if (hooks_.on_state) {
                 hooks_.on_state({.upstream = i, .up = up, .instance = listing.instance, .checked = true});
             }
@@ -119,6 +121,11 @@ size_t upstream_health::up_count() const {
 std::string upstream_health::listed_model(size_t upstream) const {
     std::lock_guard lock(mu_);
     return listed_models_.at(upstream);
+}
+
+std::vector<std::string> upstream_health::listed_models(size_t upstream) const {
+    std::lock_guard lock(mu_);
+    return model_lists_.at(upstream);
 }
 
 }  // namespace keepwarm::proxy

@@ -1,13 +1,13 @@
 // Whether each upstream engine behind `keepwarm proxy` is up: a checker thread asks every upstream each interval with
 // a call that never runs inference (GET /v1/models, or /api/tags for Ollama) and keeps what its answer listed (its
-// model, its running instance). An upstream that has answered goes down only after `failures_to_down` checks in a row
-// fail (one late answer from a busy upstream must not turn every request away, when it is the only one); one never
-// seen up is down at its first failed check. A call on the request path that fails below HTTP marks an upstream down
-// at once, until a check sees it answer again. Whoever builds it learns of every check and change through two hooks;
-// the pool passes them on to routing, idle connections and bias tokens. Threading: every member function may be called
-// from any thread. One mutex (mu_) guards the up/down state, and hooks.on_state runs under it, so that what it is told
-// keeps the order of the changes; on_state must not call back into this object (lock order: this mutex, then whatever
-// on_state takes). hooks.after_up runs on the checking thread with no lock held.
+// models, bounded as parse_listing says, and its running instance). An upstream that has answered goes down only after
+// `failures_to_down` checks in a row fail (one late answer from a busy upstream must not turn every request away, when
+// it is the only one); one never seen up is down at its first failed check. A call on the request path that fails below
+// HTTP marks an upstream down at once, until a check sees it answer again. Whoever builds it learns of every check and
+// change through two hooks; the pool passes them on to routing, idle connections and bias tokens. Threading: every
+// member function may be called from any thread. One mutex (mu_) guards the up/down state, and hooks.on_state runs
+// under it, so that what it is told keeps the order of the changes; on_state must not call back into this object (lock
+// order: this mutex, then whatever on_state takes). hooks.after_up runs on the checking thread with no lock held.
 #pragma once
 
 #include <chrono>
@@ -66,6 +66,8 @@ public:
     size_t up_count() const;
     // The first model its health answer listed, from the last check that found it up with one; empty: none yet.
     std::string listed_model(size_t upstream) const;
+    // Every model its health answer listed (in its order), from the last check that found it up with at least one.
+    std::vector<std::string> listed_models(size_t upstream) const;
     // The client options every check (and after_up's calls) use: the timeouts, and answers of at most 1 MiB.
     http::client_options client_options() const;
 
@@ -77,11 +79,12 @@ private:
     const health_hooks hooks_;
 
     mutable std::mutex mu_;
-    std::vector<bool> up_;                    // guarded by mu_
-    std::vector<std::string> listed_models_;  // guarded by mu_
-    std::vector<int> failed_checks_;          // guarded by mu_: checks failed in a row since the last one answered
-    std::vector<bool> seen_up_;               // guarded by mu_: a check has found it up at least once
-    bool stopping_ = false;                   // guarded by mu_
+    std::vector<bool> up_;                               // guarded by mu_
+    std::vector<std::string> listed_models_;             // guarded by mu_: the first model each listed
+    std::vector<std::vector<std::string>> model_lists_;  // guarded by mu_: every model each listed
+    std::vector<int> failed_checks_;  // guarded by mu_: checks failed in a row since the last one answered
+    std::vector<bool> seen_up_;       // guarded by mu_: a check has found it up at least once
+    bool stopping_ = false;           // guarded by mu_
     std::condition_variable stop_cv_;
     std::thread thread_;
 };

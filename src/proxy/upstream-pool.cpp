@@ -50,36 +50,70 @@ std::optional<int32_t> upstream_pool::bias_token(size_t upstream, const std::str
 
 std::optional<upstream_pool::route> upstream_pool::acquire(std::span<const uint64_t> blocks,
                                                            const std::vector<size_t>& excluded,
-                                                           const std::string& fallback_model, uint64_t key) {
+                                                           const std::string& model, uint64_t key) {
+    const std::vector<size_t> not_here = excluded_for(excluded, model);
     std::optional<upstream_router::decision> decision;
     {
         std::lock_guard lock(router_mu_);
-        decision = router_.choose(blocks, excluded, key);
+        decision = router_.choose(blocks, not_here, key);
         if (!decision) return std::nullopt;
         router_.start(*decision, blocks, key);
     }
-    return route_for(*decision, fallback_model);
+    return route_for(*decision, model);
 }
 
-std::optional<upstream_pool::route> upstream_pool::peek(std::span<const uint64_t> blocks,
-                                                        const std::string& fallback_model, uint64_t key) const {
+std::optional<upstream_pool::route> upstream_pool::peek(std::span<const uint64_t> blocks, const std::string& model,
+                                                        uint64_t key) const {
+    const std::vector<size_t> not_here = excluded_for({}, model);
     std::optional<upstream_router::decision> decision;
     {
         std::lock_guard lock(router_mu_);
-        decision = router_.choose(blocks, {}, key);
+        decision = router_.choose(blocks, not_here, key);
     }
     if (!decision) return std::nullopt;
-    return route_for(*decision, fallback_model);
+    return route_for(*decision, model);
 }
 
-upstream_pool::route upstream_pool::route_for(const upstream_router::decision& d,
-                                              const std::string& fallback_model) const {
+std::vector<size_t> upstream_pool::excluded_for(const std::vector<size_t>& excluded, const std::string& model) const {
+    std::vector<std::vector<std::string>> served(upstreams_.size());
+    for (size_t i = 0; i < upstreams_.size(); i++) served[i] = served_models(i);
+    std::vector<size_t> out = excluded;
+    for (const size_t i : upstreams_not_serving(served, model)) {
+        if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
+    }
+    return out;
+}
+
+upstream_pool::route upstream_pool::route_for(const upstream_router::decision& d, const std::string& model) const {
     const upstream_config& config = upstreams_[d.upstream];
-    std::string model = config.model;
-    if (model.empty()) model = health_.listed_model(d.upstream);
-    if (model.empty()) model = fallback_model;
+    const std::vector<std::string> served = served_models(d.upstream);
+    std::string sent;
+    if (!model.empty() && std::find(served.begin(), served.end(), model) != served.end()) sent = model;
+    if (sent.empty()) sent = config.model;
+    if (sent.empty()) sent = health_.listed_model(d.upstream);
+    if (sent.empty()) sent = model;
     return route{
-        .upstream = d.upstream, .config = &config, .model = std::move(model), .matched_blocks = d.matched_blocks};
+        .upstream = d.upstream, .config = &config, .model = std::move(sent), .matched_blocks = d.matched_blocks};
+}
+
+std::vector<std::string> upstream_pool::served_models(size_t upstream) const {
+    std::vector<std::string> served;
+    if (const std::string& configured = upstreams_.at(upstream).model; !configured.empty())
+        served.push_back(configured);
+    for (std::string& name : health_.listed_models(upstream)) {
+        if (std::find(served.begin(), served.end(), name) == served.end()) served.push_back(std::move(name));
+    }
+    return served;
+}
+
+std::vector<std::string> upstream_pool::all_models() const {
+    std::vector<std::string> all;
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        for (std::string& name : served_models(i)) {
+            if (std::find(all.begin(), all.end(), name) == all.end()) all.push_back(std::move(name));
+        }
+    }
+    return all;
 }
 
 std::string upstream_pool::credential(size_t upstream, const std::string& client_key) const {
@@ -126,6 +160,7 @@ std::vector<upstream_snapshot> upstream_pool::snapshot() const {
         out[i].url = u.origin.url();
         out[i].dialect = u.dialect;
         out[i].model = !u.model.empty() ? u.model : health_.listed_model(i);
+        out[i].models = served_models(i);
         out[i].healthy = health_.up(i);
         out[i].connections = connections_.stats(i);
     }

@@ -80,15 +80,16 @@ public:
         std::string model;  // what to send as the model name
         size_t matched_blocks = 0;
     };
-    // Picks an upstream (see upstream_router) among healthy ones not in `excluded` and counts the request in flight
-    // there until release(); nullopt when none is left. `fallback_model` is sent when the upstream's model is unknown.
-    // `key`: the request's routing_key() (0: none).
+    // Picks an upstream (see upstream_router) among healthy ones not in `excluded` that serve `model` (the request's
+    // name after the policy: see upstreams_not_serving; when no upstream serves it, among all) and counts the request
+    // in flight there until release(); nullopt when none is left. `key`: the request's routing_key() (0: none).
+    // The model sent is `model` when the upstream serves it, else its spec's model=, else the first it lists, else
+    // `model`.
     std::optional<route> acquire(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded,
-                                 const std::string& fallback_model, uint64_t key = 0);
+                                 const std::string& model, uint64_t key = 0);
     void release(size_t upstream);
     // Where a request would go now, without sending it there (count_tokens): nothing is counted or remembered.
-    std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& fallback_model,
-                              uint64_t key = 0) const;
+    std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& model, uint64_t key = 0) const;
     // A call to it failed below HTTP or timed out: it is down until a health check sees it answer (its tree is
     // forgotten then). `why` goes into the log.
     void mark_down(size_t upstream, const std::string& why = "a call failed");
@@ -121,8 +122,12 @@ public:
     // The pool's options as configured (the answer timeouts a request's progress is held to).
     const pool_options& options() const { return options_; }
     size_t healthy_count() const;
+    // The models upstream i serves: its spec's model= (if any), then what its last health answer listed.
+    std::vector<std::string> served_models(size_t upstream) const;
+    // Every upstream's served_models(), each name once, in upstream order (the proxy's GET /v1/models).
+    std::vector<std::string> all_models() const;
     // GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,
-    // in-flight load, and the size of its prefix tree.
+    // in-flight load, the size of its prefix tree, and the models it serves.
     nlohmann::ordered_json cache_json() const;
     // GET /metrics on the proxy: the same per upstream (labelled with its URL), connections, and the proxy's own
     // share of time to first token as histograms (phase forward, first_delta, total).
@@ -130,7 +135,9 @@ public:
 
 private:
     // The route for a decision; takes the health lock (for the listed model), so never called under router_mu_.
-    route route_for(const upstream_router::decision& d, const std::string& fallback_model) const;
+    route route_for(const upstream_router::decision& d, const std::string& model) const;
+    // `excluded` and the upstreams that do not serve `model` (upstreams_not_serving); takes the health lock.
+    std::vector<size_t> excluded_for(const std::vector<size_t>& excluded, const std::string& model) const;
     // What each part knows of every upstream now (taken part by part, not as one instant).
     std::vector<upstream_snapshot> snapshot() const;
     // What a health check or a failed call said, passed on to routing, connections and bias tokens (under the

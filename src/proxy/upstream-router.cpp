@@ -61,6 +61,16 @@ std::optional<size_t> upstream_router::keyed_upstream(uint64_t key) const {
     return it->second->second;
 }
 
+std::vector<size_t> upstreams_not_serving(const std::vector<std::vector<std::string>>& served, std::string_view model) {
+    std::vector<size_t> not_serving;
+    if (model.empty()) return not_serving;
+    for (size_t i = 0; i < served.size(); i++) {
+        if (std::find(served[i].begin(), served[i].end(), model) == served[i].end()) not_serving.push_back(i);
+    }
+    if (not_serving.size() == served.size()) not_serving.clear();  // nobody serves the name: a client's label
+    return not_serving;
+}
+
 std::optional<upstream_router::decision> upstream_router::choose(std::span<const uint64_t> blocks,
                                                                  const std::vector<size_t>& excluded,
                                                                  uint64_t key) const {

@@ -44,6 +44,12 @@ struct router_options {
 // meet, like their block hashes.
 uint64_t routing_key(std::string_view prompt_cache_key, std::string_view tenant);
 
+// Routing by model name: the upstreams a request for `model` must not go to. When at least one upstream serves the
+// name (`served[i]`: the models upstream i serves, its spec's model= and what its health answer lists), those that do
+// not serve it; when none does (a client's label such as "claude-...", which a single-model set-up answers whatever
+// its name), or the name is empty, none: the request goes wherever routing sends it, as if every upstream served it.
+std::vector<size_t> upstreams_not_serving(const std::vector<std::vector<std::string>>& served, std::string_view model);
+
 class upstream_router {
 public:
     upstream_router(size_t upstreams, router_options options);

@@ -45,15 +45,16 @@ private:
 struct upstream_snapshot {
     std::string url;
     upstream_dialect dialect = upstream_dialect::openai;
-    std::string model;  // configured, else the one its health answer listed; empty: not known yet
+    std::string model;                // configured, else the one its health answer listed; empty: not known yet
+    std::vector<std::string> models;  // every model it serves (upstream_pool::served_models)
     bool healthy = false;
     upstream_router::upstream_stats routing;
     upstream_connections::counts connections;
 };
 
-// GET /v1/cache on the proxy: per upstream its URL, dialect, model, health, requests, estimated prefix hits,
-// in-flight load, prefix tree and connections; the proxy's added latency (`overhead`: added_latency::summary()); the
-// routing options.
+// GET /v1/cache on the proxy: per upstream its URL, dialect, model, the models it serves, health, requests, estimated
+// prefix hits, in-flight load, prefix tree and connections; the proxy's added latency (`overhead`:
+// added_latency::summary()); the routing options.
 nlohmann::ordered_json cache_json(const std::vector<upstream_snapshot>& upstreams, nlohmann::ordered_json overhead,
                                   const router_options& routing);
 // GET /metrics on the proxy: the same per upstream as counters and gauges labelled with its URL.

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "api/anthropic-api.h"
 #include "api/ollama-api.h"
@@ -311,4 +314,22 @@ TEST(UpstreamDialects, DraftLimitGoesOnToAnOpenAiUpstream) {
     const chat_request back =
         api::parse_chat_request(json::parse(build_call(upstream_dialect::openai, sent, "m", "").body));
     EXPECT_EQ(back.draft_max, 0);
+}
+
+// Routing by model name reads every model a health answer lists, within bounds: hostile listings stay small.
+TEST(UpstreamDialects, AListingKeepsEveryModelWithinBounds) {
+    const auto two = parse_listing(upstream_dialect::openai,
+                                   R"({"data":[{"id":"a"},{"id":"b"},{"id":"a"},{"id":7},{"id":""},42,{"x":1}]})");
+    EXPECT_EQ(two.model, "a");
+    EXPECT_EQ(two.models, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(parse_listing(upstream_dialect::ollama, R"({"models":[{"name":"x:1"},{"name":"y:2"}]})").models,
+              (std::vector<std::string>{"x:1", "y:2"}));
+
+    nlohmann::json many = {{"data", nlohmann::json::array()}};
+    many["data"].push_back({{"id", std::string(max_model_name_bytes + 1, 'l')}});  // too long: left out
+    for (size_t i = 0; i < max_listed_models + 10; i++) many["data"].push_back({{"id", "m" + std::to_string(i)}});
+    const auto bounded = parse_listing(upstream_dialect::openai, many.dump());
+    ASSERT_EQ(bounded.models.size(), max_listed_models);
+    EXPECT_EQ(bounded.models.front(), "m0");
+    EXPECT_EQ(bounded.models.back(), "m" + std::to_string(max_listed_models - 1));
 }

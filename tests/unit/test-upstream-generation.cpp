@@ -592,7 +592,7 @@ TEST_F(upstream_generation_test, when_every_upstream_refuses_the_request_is_a_50
 TEST_F(upstream_generation_test, a_call_that_throws_while_building_its_request_leaves_no_upstream_counted) {
     const std::vector<uint64_t> blocks;
     EXPECT_THROW(proxy::call_upstream(
-                     *pool, {.blocks = blocks, .fallback_model = "m"},
+                     *pool, {.blocks = blocks, .model = "m"},
                      [](const proxy::upstream_pool::route&) -> proxy::upstream_call {
                          throw std::invalid_argument("cannot write this request");
                      },

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -177,6 +178,54 @@ TEST(upstream_pool, the_model_sent_is_the_configured_one_else_the_listed_one_els
     const auto peeked = pool.peek({}, "client-model");  // nothing counted: the least loaded is still upstream 0
     ASSERT_TRUE(peeked);
     EXPECT_EQ(peeked->config, &pool.config(peeked->upstream));
+}
+
+TEST(upstream_pool, a_request_goes_only_to_the_upstreams_that_serve_its_model_and_that_name_is_sent) {
+    fake_upstream first, second;
+    first.answer(200, R"({"object":"list","data":[{"id":"qwen"},{"id":"llama"}]})");
+    second.answer(200, R"({"object":"list","data":[{"id":"mistral"}]})");
+    proxy::upstream_pool pool(
+        {proxy::upstream_config::parse(first.url()), proxy::upstream_config::parse(second.url() + ",model=configured")},
+        checking_every(std::chrono::hours(1)));
+    pool.start_health_checks();
+    EXPECT_EQ(pool.served_models(0), (std::vector<std::string>{"qwen", "llama"}));
+    EXPECT_EQ(pool.served_models(1), (std::vector<std::string>{"configured", "mistral"}));
+    EXPECT_EQ(pool.all_models(), (std::vector<std::string>{"qwen", "llama", "configured", "mistral"}));
+    for (int i = 0; i < 6; i++) {  // the least loaded would alternate: the model keeps each on its upstream
+        const auto llama = pool.acquire(blocks, {}, "llama");
+        ASSERT_TRUE(llama);
+        EXPECT_EQ(llama->upstream, 0u);
+        EXPECT_EQ(llama->model, "llama");
+        const auto mistral = pool.acquire(blocks, {}, "mistral");
+        ASSERT_TRUE(mistral);
+        EXPECT_EQ(mistral->upstream, 1u);
+        EXPECT_EQ(mistral->model, "mistral");  // the request's model, not the spec's
+    }
+    EXPECT_EQ(pool.acquire(blocks, {}, "configured")->upstream, 1u);
+    EXPECT_EQ(pool.peek(blocks, "qwen")->upstream, 0u);
+    // Its only upstream left out (failed over): nowhere else serves it.
+    EXPECT_FALSE(pool.acquire(blocks, {0}, "qwen"));
+    const auto cache = pool.cache_json();
+    EXPECT_EQ(cache["upstreams"][0]["models"], nlohmann::ordered_json({"qwen", "llama"}));
+    EXPECT_EQ(cache["upstreams"][1]["models"], nlohmann::ordered_json({"configured", "mistral"}));
+}
+
+TEST(upstream_pool, a_name_no_upstream_lists_goes_to_every_upstream_as_before) {
+    fake_upstream first, second;
+    first.answer(200, R"({"object":"list","data":[{"id":"qwen"}]})");
+    second.answer(200, R"({"object":"list","data":[{"id":"llama"}]})");
+    proxy::upstream_pool pool({proxy::upstream_config::parse(first.url()), proxy::upstream_config::parse(second.url())},
+                              checking_every(std::chrono::hours(1)));
+    pool.start_health_checks();
+    std::vector<size_t> chosen;
+    for (int i = 0; i < 4; i++) {
+        const auto route = pool.acquire({}, {}, "claude-sonnet-4-5");  // no prefix, held: the least loaded alternates
+        ASSERT_TRUE(route);
+        chosen.push_back(route->upstream);
+        EXPECT_EQ(route->model, route->upstream == 0 ? "qwen" : "llama");  // each upstream's own, as before
+    }
+    EXPECT_NE(std::count(chosen.begin(), chosen.end(), 0u), 0);
+    EXPECT_NE(std::count(chosen.begin(), chosen.end(), 1u), 0);
 }
 
 TEST(upstream_pool, cache_json_and_metrics_show_routing_health_connections_and_added_latency) {

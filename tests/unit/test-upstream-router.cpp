@@ -232,3 +232,19 @@ TEST(upstream_router, requests_with_one_prompt_cache_key_go_to_one_upstream) {
     }
     EXPECT_FALSE(router.choose(blocks_of(conversation("h", 1)), {}, key)->keyed);
 }
+
+// Routing by model name: the upstreams that do not serve the name are left out, unless none serves it.
+TEST(UpstreamsNotServing, LeavesOutTheUpstreamsThatDoNotServeTheName) {
+    const std::vector<std::vector<std::string>> served = {{"qwen", "llama"}, {"llama"}, {}, {"mistral"}};
+    EXPECT_EQ(upstreams_not_serving(served, "qwen"), (std::vector<size_t>{1, 2, 3}));
+    EXPECT_EQ(upstreams_not_serving(served, "llama"), (std::vector<size_t>{2, 3}));
+    EXPECT_EQ(upstreams_not_serving(served, "mistral"), (std::vector<size_t>{0, 1, 2}));
+}
+
+TEST(UpstreamsNotServing, ANameNoUpstreamServesIsAClientsLabelAndExcludesNone) {
+    const std::vector<std::vector<std::string>> served = {{"qwen"}, {"llama"}};
+    EXPECT_TRUE(upstreams_not_serving(served, "claude-sonnet-4-5").empty());
+    EXPECT_TRUE(upstreams_not_serving(served, "").empty());
+    EXPECT_TRUE(upstreams_not_serving({{}, {}}, "qwen").empty());  // nothing listed yet
+    EXPECT_TRUE(upstreams_not_serving({}, "qwen").empty());
+}
