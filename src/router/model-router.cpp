@@ -293,12 +293,13 @@ bool model_router::has_room_locked(size_t model) const {
 void model_router::check_fits_budget(size_t model) const {
     const model_entry& m = models_[model];
     if (options_.memory_budget == 0 || m.footprint_bytes <= options_.memory_budget) return;
-    throw request_error(503,
-                        "model '" + m.name + "' needs " + bytes_text(m.footprint_bytes) +
-                            " (weights, KV cache of its context and slots, RAM tier) but --models-memory is " +
-                            bytes_text(options_.memory_budget) +
-                            ": it can never load; raise --models-memory or give it a smaller ctx-size or cache-ram",
-                        "unavailable_error");
+    throw request_error(
+        503,
+        "model '" + m.name + "' needs " + bytes_text(m.footprint_bytes) +
+            " for its weights, the KV cache of its context and slots and its RAM tier, but --models-memory is " +
+            bytes_text(options_.memory_budget) +
+            ": it can never load; raise --models-memory or give it a smaller ctx-size or cache-ram",
+        "unavailable_error");
 }
 
 uint64_t model_router::memory_in_use_locked() const {
