@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands/model-footprint.h"
+#include "commands/serve-router.h"
 #include "generated-models.h"
 #include "model/context-sizing.h"
 #include "model/model-inspect.h"
@@ -91,4 +92,28 @@ TEST(ModelFootprint, NoContextSizeCountsTheMostTheServersOwnSizingChooses) {
     EXPECT_EQ(f.context_size, per_slot * 3);
     EXPECT_EQ(f.kv_bytes, inspected_kv_per_token()["f16"].get<uint64_t>() * per_slot * 3);
     EXPECT_NE(describe_footprint(f).find("-c 0"), std::string::npos);
+}
+
+TEST(ModelFootprint, AModelWithoutAFootprintStopsStartUpOnlyUnderABudget) {
+    router::model_entry good;
+    good.name = "good";
+    good.path = tiny();
+    router::model_entry broken;
+    broken.name = "broken";
+    broken.path = "/nonexistent/broken.gguf";
+    broken.source = "models/";
+    footprint_settings base;
+    base.context_size = 1024;
+    std::vector<router::model_entry> models = {good, broken};
+    const std::vector<model_footprint> f = set_footprints(models, base, /*budget=*/0);  // a warning, no footprint
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_EQ(models[0].footprint_bytes, compute_footprint(inspect_model(tiny()), base).total());
+    EXPECT_EQ(models[1].footprint_bytes, 0u);
+    try {
+        set_footprints(models, base, uint64_t{1} << 30);
+        FAIL() << "a model whose footprint is unknown was served under --models-memory";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("broken"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("--models-memory"), std::string::npos) << e.what();
+    }
 }
