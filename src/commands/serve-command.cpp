@@ -706,13 +706,20 @@ void add_serve_command(CLI::App& app) {
                 }
             }
             if (opts->router.wanted(opts->engine.model_path)) {
-                return run_router_serve(*cmd, router_run{.settings = opts->router,
-                                                         .http = opts->http,
-                                                         .tenancy = opts->tenancy,
-                                                         .cache_disk = opts->cache_disk,
-                                                         .cache_dir = opts->cache_dir,
-                                                         .shutdown_seconds = opts->shutdown_seconds,
-                                                         .settings_file = opts->settings_file});
+                return run_router_serve(
+                    *cmd, router_run{.settings = opts->router,
+                                     .http = opts->http,
+                                     .tenancy = opts->tenancy,
+                                     .cache_disk = opts->cache_disk,
+                                     .footprint = {.context_size = static_cast<uint64_t>(opts->engine.context_size),
+                                                   .slots = opts->engine.slots,
+                                                   .parked = opts->engine.cache_parked_sequences,
+                                                   .cache_type_k = opts->cache_type_k,
+                                                   .cache_type_v = opts->cache_type_v,
+                                                   .cache_ram = opts->cache_ram},
+                                     .cache_dir = opts->cache_dir,
+                                     .shutdown_seconds = opts->shutdown_seconds,
+                                     .settings_file = opts->settings_file});
             }
             return run_serve(*opts);
         });

@@ -17,6 +17,7 @@
 #include "commands/number-checks.h"
 #include "http/api-keys.h"
 #include "model/demo-model.h"
+#include "model/model-inspect.h"
 #include "router/child-process.h"
 #include "router/model-router.h"
 #include "router/router-routes.h"
@@ -34,6 +35,7 @@ const std::vector<std::string> router_only = {"model",
                                               "cache-dir",
                                               "models-dir",
                                               "models-max",
+                                              "models-memory",
                                               "models-queue",
                                               "models-idle-seconds",
                                               "no-models-autoload",
@@ -150,6 +152,22 @@ void add_router_options(CLI::App& cmd, router_settings& s) {
                    "(its cache written to disk) to load another (0: no limit)")
         ->capture_default_str()
         ->check(whole_number_at_least(0, "models; 0: no limit"));
+    cmd.add_option_function<std::string>(
+           "--models-memory",
+           [&s](const std::string& text) {
+               try {
+                   const cache_budget budget = parse_cache_budget(text, "--models-memory");
+                   if (!budget) throw std::invalid_argument("--models-memory -1: give a size, or 0 for no budget");
+                   s.models_memory = *budget;
+               } catch (const std::invalid_argument& e) {
+                   throw CLI::ValidationError(e.what());
+               }
+           },
+           "Several models: memory the loaded models may take in all, each counted as its weights + the KV cache "
+           "of its context and slots + its --cache-ram; the least recently used idle ones are unloaded until a "
+           "model fits (MiB as a bare number, or 8GiB, 512MB; 0: no budget, only --models-max)")
+        ->type_name("SIZE")
+        ->default_str("0");
     cmd.add_option("--models-queue", s.models_queue,
                    "Several models: requests that may wait for their model to load or to be free; one more gets a "
                    "503 at once")
@@ -169,7 +187,7 @@ void add_router_options(CLI::App& cmd, router_settings& s) {
 }
 
 std::vector<std::string> router_option_names() {
-    return {"--models-dir",          "--models-max",         "--models-queue",
+    return {"--models-dir",          "--models-max",         "--models-memory",      "--models-queue",
             "--models-idle-seconds", "--no-models-autoload", "--models-load-timeout"};
 }
 
@@ -187,6 +205,26 @@ void read_models_settings(const toml::table& models, const config::toml_reader& 
     settings.has_tables = true;
 }
 
+std::vector<model_footprint> set_footprints(std::vector<router::model_entry>& models, const footprint_settings& base,
+                                            uint64_t budget) {
+    std::vector<model_footprint> footprints;
+    for (router::model_entry& m : models) {
+        model_footprint f;
+        try {
+            f = compute_footprint(inspect_model(m.path), footprint_settings_for(base, m));
+            m.footprint_bytes = f.total();
+        } catch (const std::exception& e) {
+            if (budget > 0) {
+                throw std::runtime_error("--models-memory: the footprint of model " + m.name + " (" + m.source +
+                                         ") cannot be computed: " + e.what());
+            }
+            log::warn("router", "model {}: footprint unknown: {}", m.name, e.what());
+        }
+        footprints.push_back(f);
+    }
+    return footprints;
+}
+
 int run_router_serve(CLI::App& cmd, const router_run& run) {
     const router_settings& s = run.settings;
     const sigset_t signals = block_stop_signals();
@@ -196,11 +234,14 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
         from_dir = router::scan_models_dir(s.models_dir, &skipped);
         for (const std::string& why : skipped) log::warn("router", "not a model: {}", why);
     }
-    router::model_set models(std::move(from_dir), s.tables);
-    if (models.size() == 0) {
+    router::model_set scanned(std::move(from_dir), s.tables);
+    if (scanned.size() == 0) {
         throw std::runtime_error("no models to serve: --models-dir " + s.models_dir +
                                  " holds no .gguf file and the settings file has no [models.NAME] table");
     }
+    std::vector<router::model_entry> entries = scanned.entries();
+    const std::vector<model_footprint> footprints = set_footprints(entries, run.footprint, s.models_memory);
+    const router::model_set models(std::move(entries), {});
 
     const std::filesystem::path root =
         run.cache_dir.empty() ? cache_dir() / "prefix-cache" : std::filesystem::path(run.cache_dir);
@@ -219,6 +260,7 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
         std::chrono::milliseconds(static_cast<int64_t>(s.load_timeout_seconds * 1000)));
     router::router_options ro;
     ro.models_max = s.models_max;
+    ro.memory_budget = s.models_memory;
     ro.queue_limit = s.models_queue;
     ro.autoload = !s.no_autoload;
     ro.idle_unload = std::chrono::milliseconds(static_cast<int64_t>(s.idle_seconds * 1000));
@@ -242,15 +284,26 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
     banner << "keepwarm " << KEEPWARM_VERSION << ": serving " << models.size()
            << (models.size() == 1 ? " model" : " models") << ", each by a server of its own loaded on demand ("
            << (s.models_max == 0 ? std::string("no limit") : "at most " + std::to_string(s.models_max))
-           << " loaded at once" << (s.no_autoload ? "; loaded only by POST /models/load" : "") << ")\n";
-    for (const router::model_entry& m : models.entries()) {
+           << " loaded at once"
+           << (s.models_memory > 0 ? ", their footprints within " + format_bytes(s.models_memory) + " (--models-memory)"
+                                   : std::string())
+           << (s.no_autoload ? "; loaded only by POST /models/load" : "") << ")\n";
+    for (size_t i = 0; i < models.size(); ++i) {
+        const router::model_entry& m = models[i];
         banner << "  " << m.name << ": " << m.path;
         if (!m.aliases.empty()) {
             banner << " (aliases:";
             for (const std::string& a : m.aliases) banner << " " << a;
             banner << ")";
         }
-        banner << (m.load_at_start ? ", loaded at start" : "") << (m.pinned ? ", pinned" : "") << "\n";
+        banner << (m.load_at_start ? ", loaded at start" : "") << (m.pinned ? ", pinned" : "");
+        if (m.footprint_bytes > 0) {
+            banner << ", footprint " << describe_footprint(footprints[i]);
+            if (s.models_memory > 0 && m.footprint_bytes > s.models_memory) {
+                banner << ", over --models-memory: its requests are refused";
+            }
+        }
+        banner << "\n";
     }
     banner << "  cache: each model's disk tier in " << cache_root.string() << "/NAME, "
            << (disk_total > 0 ? format_bytes(disk_total / models.size()) + " each (--cache-disk shared)"

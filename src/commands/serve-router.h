@@ -14,6 +14,7 @@
 
 #include "commands/cache-budget-option.h"
 #include "commands/listen-options.h"
+#include "commands/model-footprint.h"
 #include "config/toml-reader.h"
 #include "http/http-server.h"
 #include "router/model-set.h"
@@ -27,6 +28,7 @@ struct router_settings {
     double idle_seconds = 0;                  // --models-idle-seconds (0: never)
     bool no_autoload = false;                 // --no-models-autoload
     double load_timeout_seconds = 600;        // --models-load-timeout
+    uint64_t models_memory = 0;               // --models-memory: bytes of footprints loaded at once (0: no budget)
     std::vector<router::model_entry> tables;  // the settings file's [models.NAME]
     bool has_tables = false;
 
@@ -36,7 +38,8 @@ struct router_settings {
     }
 };
 
-// Adds --models-dir, --models-max, --models-queue, --models-idle-seconds, --no-models-autoload, --models-load-timeout.
+// Adds --models-dir, --models-max, --models-memory, --models-queue, --models-idle-seconds, --no-models-autoload,
+// --models-load-timeout.
 void add_router_options(CLI::App& cmd, router_settings& settings);
 // serve --help's group of them.
 std::vector<std::string> router_option_names();
@@ -50,7 +53,8 @@ struct router_run {
     http::server_options http;
     const tenancy_options& tenancy;
     cache_budget cache_disk;
-    std::string cache_dir;  // empty: the default
+    footprint_settings footprint;  // the router's own -c, --parallel, cache types, --cache-ram: each child's default
+    std::string cache_dir;         // empty: the default
     double shutdown_seconds = 10;
     std::string settings_file;
 };
@@ -62,6 +66,12 @@ struct router_run {
 std::vector<std::string> child_command_line(CLI::App& serve, const std::vector<std::string>& router_arguments,
                                             const router::model_entry& m, const std::filesystem::path& cache_root,
                                             const std::string& disk_share);
+
+// Each model's footprint (model-footprint.h) into its entry. A model whose header cannot be read or whose table has a
+// bad value: with a budget (`budget` > 0) a std::runtime_error naming it; without one a warning, and no footprint.
+// Returns each model's footprint, in order (a default one where none was computed).
+std::vector<model_footprint> set_footprints(std::vector<router::model_entry>& models, const footprint_settings& base,
+                                            uint64_t budget);
 
 // Runs the router until SIGINT/SIGTERM; returns the exit code.
 int run_router_serve(CLI::App& cmd, const router_run& run);

@@ -2,11 +2,22 @@
 #include "router/model-router.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "base/logger.h"
 #include "base/request-error.h"
 
 namespace keepwarm::router {
+
+std::string bytes_text(uint64_t bytes) {
+    char buf[64];
+    if (bytes >= (uint64_t{1} << 30)) {
+        std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30));
+    } else {
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 20));
+    }
+    return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
+}
 
 const char* state_name(model_state s) {
     switch (s) {
@@ -106,7 +117,8 @@ model_router::lease model_router::acquire(size_t model) {
                                             "(--no-models-autoload): POST /models/load first",
                                         "unavailable_error");
                 }
-                if (has_room_locked()) {
+                check_fits_budget(model);
+                if (has_room_locked(model)) {
                     start_locked(lk, model);
                 } else if (const std::optional<size_t> victim = victim_locked()) {
                     stop_locked(lk, *victim, "to make room");
@@ -139,16 +151,20 @@ void model_router::load(size_t model) {
                 }
                 continue;
             case model_state::unloaded:
-                if (has_room_locked()) {
+                check_fits_budget(model);
+                if (has_room_locked(model)) {
                     start_locked(lk, model);
                 } else if (const std::optional<size_t> victim = victim_locked()) {
                     stop_locked(lk, *victim, "to make room");
                 } else if (changed_.wait_until(lk, deadline) == std::cv_status::timeout) {
-                    throw request_error(503,
-                                        "no loaded model could be unloaded to make room for '" + models_[model].name +
-                                            "' (every one is busy or pinned; --models-max " +
-                                            std::to_string(options_.models_max) + ")",
-                                        "unavailable_error");
+                    throw request_error(
+                        503,
+                        "no loaded model could be unloaded to make room for '" + models_[model].name +
+                            "' (every one is busy or pinned; --models-max " + std::to_string(options_.models_max) +
+                            (options_.memory_budget > 0 ? ", --models-memory " + bytes_text(options_.memory_budget)
+                                                        : std::string()) +
+                            ")",
+                        "unavailable_error");
                 }
                 continue;
         }
@@ -268,8 +284,30 @@ void model_router::on_child_exit(size_t model, uint64_t generation, const std::s
     changed_.notify_all();
 }
 
-bool model_router::has_room_locked() const {
-    return options_.models_max <= 0 || counters_.loaded < options_.models_max;
+bool model_router::has_room_locked(size_t model) const {
+    if (options_.models_max > 0 && counters_.loaded >= options_.models_max) return false;
+    return options_.memory_budget == 0 ||
+           memory_in_use_locked() + models_[model].footprint_bytes <= options_.memory_budget;
+}
+
+void model_router::check_fits_budget(size_t model) const {
+    const model_entry& m = models_[model];
+    if (options_.memory_budget == 0 || m.footprint_bytes <= options_.memory_budget) return;
+    throw request_error(
+        503,
+        "model '" + m.name + "' needs " + bytes_text(m.footprint_bytes) +
+            " for its weights, the KV cache of its context and slots and its RAM tier, but --models-memory is " +
+            bytes_text(options_.memory_budget) +
+            ": it can never load; raise --models-memory or give it a smaller ctx-size or cache-ram",
+        "unavailable_error");
+}
+
+uint64_t model_router::memory_in_use_locked() const {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].state != model_state::unloaded) bytes += models_[i].footprint_bytes;
+    }
+    return bytes;
 }
 
 bool model_router::pinned_locked(size_t model) const {
@@ -408,7 +446,9 @@ std::vector<model_status> model_router::snapshot() const {
 
 router_counters model_router::counters() const {
     std::lock_guard lk(mu_);
-    return counters_;
+    router_counters c = counters_;
+    c.memory_in_use = memory_in_use_locked();
+    return c;
 }
 
 void model_router::housekeeping() {

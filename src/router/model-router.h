@@ -6,6 +6,9 @@
 // server starts or stops). While a request waits for room, the model that must make it takes no new requests, so a
 // model that is never idle cannot keep another out. A server that exits on its own leaves its model unloaded; its next
 // request starts it again. Idle models unload after their idle time (--models-idle-seconds, or a request's keep_alive).
+// With a memory budget (--models-memory), a model loads only when the footprints of the loaded (and loading, and
+// unloading) models and its own fit in it too: idle models are unloaded, least recently used first, until they do; a
+// model whose footprint alone is over the budget is refused (503, naming both sizes), never queued.
 // Threading: every public function may be called from any thread; acquire() and the unloads block the caller while a
 // server starts or stops, never holding mu_.
 #pragma once
@@ -29,9 +32,14 @@ namespace keepwarm::router {
 
 enum class model_state { unloaded, loading, loaded, unloading };
 const char* state_name(model_state s);
+// "1.5 GiB (1610612736 bytes)", "512.0 MiB (536870912 bytes)": a footprint or budget in messages.
+std::string bytes_text(uint64_t bytes);
 
 struct router_options {
-    int models_max = 4;    // loaded (and loading) models at most; 0: no limit
+    int models_max = 4;  // loaded (and loading) models at most; 0: no limit
+    // Bytes the loaded (and loading, unloading) models' footprints (model_entry::footprint_bytes) may take in all;
+    // 0: no byte budget, only models_max.
+    uint64_t memory_budget = 0;
     int queue_limit = 64;  // requests waiting for a model, in all; one more is refused (503)
     bool autoload = true;  // false: a request for a model that is not loaded is refused; only load() loads
     std::chrono::milliseconds idle_unload{0};                          // 0: never
@@ -63,6 +71,7 @@ struct router_counters {
     double load_seconds = 0;     // time spent starting servers, in all
     int waiting = 0;             // requests waiting now
     int loaded = 0;              // models loaded or loading now
+    uint64_t memory_in_use = 0;  // the footprints of the models loaded, loading or unloading now
 };
 
 class model_router {
@@ -142,7 +151,11 @@ private:
     void drain_one_locked();
     // A request stopped waiting for room (it loaded its model, failed or timed out); the last one ends the draining.
     void stop_waiting_for_room_locked();
-    bool has_room_locked() const;
+    // Room to start `model`: under models_max, and its footprint fits in the memory budget beside the others'.
+    bool has_room_locked(size_t model) const;
+    // Throws request_error 503 if `model`'s footprint alone is over the memory budget: it can never load.
+    void check_fits_budget(size_t model) const;
+    uint64_t memory_in_use_locked() const;
     bool pinned_locked(size_t model) const;
     std::optional<std::chrono::milliseconds> idle_time_locked(size_t model) const;
     void on_child_exit(size_t model, uint64_t generation, const std::string& how);

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -29,6 +30,9 @@ struct model_entry {
     bool load_at_start = false;  // its table's `load = true`: started with the router
     bool pinned = false;         // its table's `pinned = true`: never unloaded to make room, nor for being idle
     std::string source;          // where it was found ("DIR/" or "FILE:LINE"), for messages
+    // The memory its server takes at most, computed at start-up (weights + KV cache of its context and slots + its
+    // RAM tier); what --models-memory counts. 0: not known (then it counts nothing).
+    uint64_t footprint_bytes = 0;
 };
 
 // How a [models.NAME] key that is a serve option takes its value, as the command line would (see options-file.h).

@@ -315,6 +315,8 @@ json model_json(const model_router& router, const model_status& st) {
               {"status", std::move(status)},
               {"in_flight", st.in_flight},
               {"pinned", st.pinned}};
+    // What --models-memory counts for it: weights + KV cache of its context and slots + its RAM tier.
+    if (m.footprint_bytes > 0) j["footprint_bytes"] = m.footprint_bytes;
     return j;
 }
 }  // namespace
@@ -330,7 +332,8 @@ std::string ollama_tags_json(const model_router& router, bool loaded_only) {
     for (const model_status& st : router.snapshot()) {
         if (loaded_only && st.state != model_state::loaded) continue;
         const model_entry& m = router.models()[st.index];
-        const uint64_t size = file_size(m.path);
+        // Ollama's size is the memory a model takes loaded: its footprint where known, else its file's.
+        const uint64_t size = m.footprint_bytes > 0 ? m.footprint_bytes : file_size(m.path);
         json j = {{"name", m.name},
                   {"model", m.name},
                   {"modified_at",
@@ -370,6 +373,11 @@ std::string router_metrics_text(const model_router& router) {
               static_cast<double>(c.wait_timeouts));
     m.gauge("keepwarm_router_waiting_requests", "Requests waiting for their model now", c.waiting);
     m.gauge("keepwarm_router_loaded_models", "Models loaded or loading now", c.loaded);
+    m.gauge("keepwarm_router_memory_bytes",
+            "Footprints (weights + KV cache + RAM tier) of the models loaded, loading or unloading now",
+            static_cast<double>(c.memory_in_use));
+    m.gauge("keepwarm_router_memory_budget_bytes", "--models-memory (0: no byte budget)",
+            static_cast<double>(router.options().memory_budget));
     m.family("keepwarm_router_model_loaded", "gauge", "1 for each model loaded now, by model");
     for (const model_status& st : router.snapshot()) {
         m.sample("keepwarm_router_model_loaded", st.state == model_state::loaded ? 1 : 0,

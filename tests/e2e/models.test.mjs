@@ -307,3 +307,33 @@ test('no model server outlives its router, even one killed with SIGKILL', async 
     };
     assert.ok(await waitFor(() => !alive()), `model server ${pid} still runs`);
 });
+
+test('--models-memory: a model that does not fit unloads the idle one under --models-max; one over it alone is a 503', async () => {
+    const d = tempDir('models-memory');
+    mkdirSync(path.join(d, 'models'));
+    copyFileSync(await testModel('tiny'), path.join(d, 'models', 'one.gguf'));
+    copyFileSync(await testModel('tiny'), path.join(d, 'models', 'two.gguf'));
+    copyFileSync(await testModel('tiny-swa'), path.join(d, 'models', 'wide.gguf'));
+    // A tiny model's footprint at -c 2048 with an 8 MiB RAM tier is about 113 MiB, the tiny-swa's about 190 MiB.
+    const server = await startProcess(['serve', '--models-dir', path.join(d, 'models'), '--models-max', '4',
+        '--models-memory', '150MiB', '-c', '2048', '--cache-ram', '8MiB', '--port', '0', '-t', '1',
+        '--cache-dir', path.join(d, 'cache'), ...args]);
+    others.push(server);
+    assert.match(server.output(), /one: .*footprint \d+(\.\d+)? MiB \(weights .* \+ KV .* for 2048 tokens/);
+    const listed = Object.fromEntries((await curl(`${server.url}/v1/models`)).body.data.map((m) => [m.id, m]));
+    assert.ok(listed.one.footprint_bytes > 0 && listed.one.footprint_bytes <= 150 << 20, JSON.stringify(listed.one));
+    assert.ok(listed.wide.footprint_bytes > 150 << 20, JSON.stringify(listed.wide));
+
+    await complete(server.url, chat('one', 'x', 'y'));
+    await complete(server.url, chat('two', 'x', 'y')); // both would not fit: one goes, though --models-max is 4
+    const states = Object.fromEntries((await curl(`${server.url}/v1/models`)).body.data.map((m) => [m.id, m.status.value]));
+    assert.deepEqual(states, { one: 'unloaded', two: 'loaded', wide: 'unloaded' });
+    const ps = (await curl(`${server.url}/api/ps`)).body.models;
+    assert.deepEqual(ps.map((m) => [m.name, m.size]), [['two', listed.two.footprint_bytes]]);
+    assert.equal((await metrics(server.url)).keepwarm_router_memory_bytes, listed.two.footprint_bytes);
+
+    const refused = await curl(`${server.url}/v1/chat/completions`, { method: 'POST', body: chat('wide', 'x', 'y') });
+    assert.equal(refused.status, 503);
+    assert.match(refused.body.error.message, /model 'wide' needs .* but --models-memory is 150\.0 MiB/);
+    assert.equal((await curl(`${server.url}/v1/models`)).body.data.find((m) => m.id === 'two').status.value, 'loaded');
+});

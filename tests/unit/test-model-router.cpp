@@ -1,7 +1,8 @@
 // Several models behind one port: the router's scheduling with a fake launcher (no process starts): models load on
-// demand, --models-max holds, the least recently used idle model that is not pinned makes room, a full queue refuses,
-// a server that exits leaves its model unloaded, keep_alive and idle times unload; and the model set: a folder's scan
-// and a settings file's [models.NAME] tables, whose mistakes name the file and line.
+// demand, --models-max holds and so does --models-memory (a model over it alone is refused), the least recently used
+// idle model that is not pinned makes room, a full queue refuses, a server that exits leaves its model unloaded,
+// keep_alive and idle times unload; and the model set: a folder's scan and a settings file's [models.NAME] tables,
+// whose mistakes name the file and line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/request-error.h"
@@ -18,6 +20,7 @@
 #include "router/keep-alive.h"
 #include "router/model-router.h"
 #include "router/model-set.h"
+#include "router/router-routes.h"
 
 namespace fs = std::filesystem;
 using namespace keepwarm;
@@ -540,4 +543,89 @@ TEST(ModelSet, SettingsTableMistakesNameTheFileAndLine) {
     EXPECT_EQ(wrong_type.rfind("settings.toml:2:", 0), 0u) << wrong_type;
     const std::string not_table = table_error("[models]\na = 3\n");
     EXPECT_NE(not_table, "no error");
+}
+
+namespace {
+
+// a, b, c of `each` bytes each, and d of `big` bytes.
+model_set models_of_footprints(uint64_t each, uint64_t big) {
+    std::vector<model_entry> entries;
+    for (const char* name : {"a", "b", "c", "d"}) {
+        model_entry m;
+        m.name = name;
+        m.path = std::string("/models/") + name + ".gguf";
+        m.footprint_bytes = m.name == "d" ? big : each;
+        entries.push_back(m);
+    }
+    return model_set(entries, {});
+}
+
+constexpr uint64_t GiB = uint64_t{1} << 30;
+
+}  // namespace
+
+TEST(ModelRouter, MemoryBudgetUnloadsTheLeastRecentlyUsedIdleModelBeforeModelsMax) {
+    fake_launcher launcher;
+    router_options o = opts(/*max=*/4);
+    o.memory_budget = 5 * GiB;  // two of a, b, c (2 GiB each), not three
+    model_router r(models_of_footprints(2 * GiB, 8 * GiB), launcher, o);
+    { auto l = r.acquire(0); }
+    std::this_thread::sleep_for(2ms);
+    { auto l = r.acquire(1); }
+    std::this_thread::sleep_for(2ms);
+    { auto l = r.acquire(0); }  // a is now used more recently than b
+    EXPECT_EQ(r.counters().memory_in_use, 4 * GiB);
+    { auto l = r.acquire(2); }  // 6 GiB would not fit: b goes, though --models-max is far
+    EXPECT_EQ(state_of(r, 0), model_state::loaded);
+    EXPECT_EQ(state_of(r, 1), model_state::unloaded);
+    EXPECT_EQ(state_of(r, 2), model_state::loaded);
+    EXPECT_EQ(r.counters().unloads, 1u);
+    EXPECT_EQ(r.counters().loaded, 2);
+    EXPECT_EQ(r.counters().memory_in_use, 4 * GiB);
+    EXPECT_NE(router_metrics_text(r).find("keepwarm_router_memory_bytes " + std::to_string(4 * GiB)), std::string::npos)
+        << router_metrics_text(r);
+    // The listings say each model's footprint: /api/ps's size, /v1/models' footprint_bytes.
+    const auto ps = nlohmann::json::parse(ollama_tags_json(r, /*loaded_only=*/true));
+    ASSERT_EQ(ps["models"].size(), 2u);
+    EXPECT_EQ(ps["models"][0]["size"], 2 * GiB);
+    const auto list = nlohmann::json::parse(models_list_json(r));
+    EXPECT_EQ(list["data"][3]["footprint_bytes"], 8 * GiB);
+}
+
+TEST(ModelRouter, AModelOverTheMemoryBudgetIsRefusedNamingBothSizes) {
+    fake_launcher launcher;
+    router_options o = opts(4);
+    o.memory_budget = 5 * GiB;
+    model_router r(models_of_footprints(2 * GiB, 6 * GiB), launcher, o);
+    { auto l = r.acquire(0); }
+    for (const bool by_load : {false, true}) {
+        try {
+            if (by_load) {
+                r.load(3);
+            } else {
+                auto l = r.acquire(3);
+            }
+            FAIL() << "a model over --models-memory was loaded";
+        } catch (const request_error& e) {
+            EXPECT_EQ(e.status, 503);
+            const std::string message = e.what();
+            EXPECT_NE(message.find("'d'"), std::string::npos) << message;
+            EXPECT_NE(message.find("6.0 GiB"), std::string::npos) << message;
+            EXPECT_NE(message.find("--models-memory is 5.0 GiB"), std::string::npos) << message;
+        }
+    }
+    EXPECT_EQ(launcher.launched, std::vector<std::string>{"a"});  // nothing unloaded or started for it
+    EXPECT_EQ(state_of(r, 0), model_state::loaded);
+    EXPECT_EQ(r.counters().waiting, 0);
+}
+
+TEST(ModelRouter, NoMemoryBudgetCountsOnlyModelsMax) {
+    fake_launcher launcher;
+    model_router r(models_of_footprints(100 * GiB, 1000 * GiB), launcher, opts(4));  // memory_budget 0
+    for (size_t i = 0; i < 4; ++i) {
+        auto l = r.acquire(i);
+    }
+    EXPECT_EQ(r.counters().loaded, 4);
+    EXPECT_EQ(r.counters().unloads, 0u);
+    EXPECT_EQ(r.counters().memory_in_use, 1300 * GiB);
 }

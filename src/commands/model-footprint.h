@@ -1,0 +1,47 @@
+// What one model of a router (`keepwarm serve --models-dir`) takes at most once its server is loaded, for
+// --models-memory: its weights (the file, as mapped), the KV cache and recurrent states of the context and slots its
+// server is given, and the RAM tier its server may fill. Computed from the GGUF's header (inspect_model, no weights
+// read) once at start-up. A server given no context size (-c 0) sizes its own from free memory at load; its footprint
+// counts the most that sizing can choose: the model's trained context per slot, at most 131072 tokens.
+// Threading: pure functions; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "commands/cache-budget-option.h"
+#include "model/model-inspect.h"
+#include "router/model-set.h"
+
+namespace keepwarm {
+
+// The serve options a model's server gets that size its memory: the router's own, then its [models.NAME] table's.
+struct footprint_settings {
+    uint64_t context_size = 0;  // -c: KV cells of every slot together; 0: sized by the server from free memory
+    int slots = 2;              // --parallel
+    int parked = 8;             // --cache-parked: recurrent states held besides the slots
+    std::string cache_type_k = "f16";
+    std::string cache_type_v = "f16";
+    cache_budget cache_ram = uint64_t{4} << 30;  // --cache-ram; nullopt: -1, half of the machine's memory
+};
+
+struct model_footprint {
+    uint64_t weight_bytes = 0;     // the file's size
+    uint64_t kv_bytes = 0;         // KV cells of the whole context + recurrent states
+    uint64_t cache_ram_bytes = 0;  // its RAM tier
+    uint64_t context_size = 0;     // the context counted (every slot's)
+    bool auto_context = false;     // -c 0: context_size is the most the server's own sizing can choose
+    uint64_t total() const { return weight_bytes + kv_bytes + cache_ram_bytes; }
+};
+
+// `base` with `m`'s table options (ctx-size, parallel, cache-parked, cache-type-k/v, cache-ram) over it. Throws
+// std::invalid_argument naming the model when one of them is not a number or a cache type serve takes.
+footprint_settings footprint_settings_for(const footprint_settings& base, const router::model_entry& m);
+
+// The footprint of `report`'s model served with `s`. Throws std::invalid_argument for an unknown cache type.
+model_footprint compute_footprint(const model_report& report, const footprint_settings& s);
+
+// "4.2 GiB (weights 1.1 GiB + KV 3.0 GiB for 65536 tokens + RAM tier 0 B)", for the banner.
+std::string describe_footprint(const model_footprint& f);
+
+}  // namespace keepwarm

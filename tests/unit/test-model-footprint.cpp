@@ -1,0 +1,119 @@
+// A router model's footprint for --models-memory (src/commands/model-footprint.*): the weights (the file's size), the
+// KV cache of the context and slots its server gets, as `keepwarm inspect` counts KV bytes per token, and its RAM tier;
+// a [models.NAME] table's options over the router's; -c 0 counts the most the server's own sizing can choose.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "commands/model-footprint.h"
+#include "commands/serve-router.h"
+#include "generated-models.h"
+#include "model/context-sizing.h"
+#include "model/model-inspect.h"
+
+using namespace keepwarm;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string& tiny() {
+    static const std::string path = test_models::generated_model("unit-footprint");
+    return path;
+}
+
+// `keepwarm inspect --json`'s KV bytes per token of the tiny model, by cache type.
+json inspected_kv_per_token() {
+    return json::parse(format_report_json(inspect_model(tiny()), {}))["kv_bytes_per_token"];
+}
+
+}  // namespace
+
+TEST(ModelFootprint, WeightsPlusInspectsKvForTheContextPlusTheRamTier) {
+    const model_report report = inspect_model(tiny());
+    ASSERT_EQ(report.recurrent_state_bytes, 0u);  // attention only: the KV cache is all per token
+    footprint_settings s;
+    s.context_size = 4096;
+    s.slots = 2;
+    s.cache_ram = uint64_t{256} << 20;
+    const model_footprint f = compute_footprint(report, s);
+    EXPECT_EQ(f.weight_bytes, std::filesystem::file_size(tiny()));
+    EXPECT_EQ(f.kv_bytes, inspected_kv_per_token()["f16"].get<uint64_t>() * 4096);
+    EXPECT_EQ(f.cache_ram_bytes, uint64_t{256} << 20);
+    EXPECT_EQ(f.total(), f.weight_bytes + f.kv_bytes + f.cache_ram_bytes);
+    EXPECT_FALSE(f.auto_context);
+
+    s.cache_type_k = s.cache_type_v = "q8_0";
+    EXPECT_EQ(compute_footprint(report, s).kv_bytes, inspected_kv_per_token()["q8_0"].get<uint64_t>() * 4096);
+    s.cache_ram = uint64_t{0};
+    EXPECT_EQ(compute_footprint(report, s).cache_ram_bytes, 0u);
+}
+
+TEST(ModelFootprint, AModelsTableOverridesTheRoutersOptions) {
+    footprint_settings base;
+    base.context_size = 8192;
+    router::model_entry m;
+    m.name = "small";
+    m.options = {{"ctx-size", {"2048"}},
+                 {"parallel", {"1"}},
+                 {"cache-type-k", {"q4_0"}},
+                 {"cache-ram", {"512MiB"}},
+                 {"cache-parked", {"0"}},
+                 {"flash-attn", {"on"}},
+                 {"no-mmap", {}}};
+    const footprint_settings s = footprint_settings_for(base, m);
+    EXPECT_EQ(s.context_size, 2048u);
+    EXPECT_EQ(s.slots, 1);
+    EXPECT_EQ(s.parked, 0);
+    EXPECT_EQ(s.cache_type_k, "q4_0");
+    EXPECT_EQ(s.cache_type_v, "f16");
+    EXPECT_EQ(s.cache_ram, std::optional<uint64_t>(uint64_t{512} << 20));
+
+    m.options = {{"ctx-size", {"lots"}}};
+    try {
+        footprint_settings_for(base, m);
+        FAIL() << "a ctx-size that is no number was taken";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("small"), std::string::npos) << e.what();
+    }
+    footprint_settings bad;
+    bad.cache_type_v = "q5_9";
+    EXPECT_THROW(compute_footprint(inspect_model(tiny()), bad), std::invalid_argument);
+}
+
+TEST(ModelFootprint, NoContextSizeCountsTheMostTheServersOwnSizingChooses) {
+    const model_report report = inspect_model(tiny());
+    ASSERT_GT(report.n_ctx_train, 0u);
+    footprint_settings s;  // -c 0
+    s.slots = 3;
+    s.cache_ram = uint64_t{0};
+    const model_footprint f = compute_footprint(report, s);
+    EXPECT_TRUE(f.auto_context);
+    const uint64_t per_slot = std::min<uint64_t>(report.n_ctx_train, largest_default_slot_tokens);
+    EXPECT_EQ(f.context_size, per_slot * 3);
+    EXPECT_EQ(f.kv_bytes, inspected_kv_per_token()["f16"].get<uint64_t>() * per_slot * 3);
+    EXPECT_NE(describe_footprint(f).find("-c 0"), std::string::npos);
+}
+
+TEST(ModelFootprint, AModelWithoutAFootprintStopsStartUpOnlyUnderABudget) {
+    router::model_entry good;
+    good.name = "good";
+    good.path = tiny();
+    router::model_entry broken;
+    broken.name = "broken";
+    broken.path = "/nonexistent/broken.gguf";
+    broken.source = "models/";
+    footprint_settings base;
+    base.context_size = 1024;
+    std::vector<router::model_entry> models = {good, broken};
+    const std::vector<model_footprint> f = set_footprints(models, base, /*budget=*/0);  // a warning, no footprint
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_EQ(models[0].footprint_bytes, compute_footprint(inspect_model(tiny()), base).total());
+    EXPECT_EQ(models[1].footprint_bytes, 0u);
+    try {
+        set_footprints(models, base, uint64_t{1} << 30);
+        FAIL() << "a model whose footprint is unknown was served under --models-memory";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("broken"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("--models-memory"), std::string::npos) << e.what();
+    }
+}
