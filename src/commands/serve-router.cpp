@@ -199,7 +199,10 @@ void read_models_settings(const toml::table& models, const config::toml_reader& 
         if (opt->get_expected_max() == 0) return router::option_arity::flag;
         return opt->get_expected_max() > 1 ? router::option_arity::values : router::option_arity::value;
     };
-    const std::filesystem::path base = std::filesystem::absolute(std::filesystem::path(reader.source()).parent_path());
+    // The file's folder ("" for a file named without one: the working folder, which absolute() refuses to take).
+    const std::filesystem::path folder = std::filesystem::path(reader.source()).parent_path();
+    const std::filesystem::path base =
+        folder.empty() ? std::filesystem::current_path() : std::filesystem::absolute(folder);
     settings.tables = router::read_models_table(models, reader, base, arity_of, router_only,
                                                 {"chat-template-file", "policy", "api-keys-file", "api-key-file"});
     settings.has_tables = true;

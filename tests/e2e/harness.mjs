@@ -26,8 +26,8 @@ export async function testModel(preset = 'tiny') {
 // Starts the keepwarm binary with `args` (serve, proxy, ...) and resolves once it listens: { url, proc, output(),
 // stop(signal) }. stop() resolves with the exit code or signal, and kills the process if it takes over 10 s.
 // `executable`: a copy of the binary elsewhere (with the libraries beside it that it should load).
-export async function startProcess(args, { env = {}, timeoutMs = 120_000, executable = binary } = {}) {
-    const proc = spawn(executable, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+export async function startProcess(args, { env = {}, timeoutMs = 120_000, executable = binary, cwd } = {}) {
+    const proc = spawn(executable, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env }, cwd });
     let output = '';
     const url = await new Promise((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`${args[0]} did not start:\n${output}`)), timeoutMs);

@@ -241,7 +241,9 @@ test('a settings file\'s [models.NAME] tables: path, aliases, load = true and th
         `path = "${await testModel('tiny')}"`,
         'ctx-size = 1024',
     ].join('\n'));
-    const server = await startProcess(['serve', '--config', settings, '--port', '0', '-t', '1', '--cache-dir', path.join(d, 'cache')]);
+    // Named relative to the working folder, as an operator types it.
+    const server = await startProcess(['serve', '--config', 'keepwarm.toml', '--port', '0', '-t', '1', '--cache-dir',
+        path.join(d, 'cache')], { cwd: d });
     others.push(server);
     assert.ok(await waitFor(async () => {
         const { body } = await curl(`${server.url}/v1/models`);
