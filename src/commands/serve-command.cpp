@@ -224,6 +224,21 @@ int run_embedding_serve(serve_options& opts, frontend_context& ctx, const sigset
     return 0;
 }
 
+// Router mode reads the policy for its [model] mode only: each model's server applies the whole policy to its own
+// requests. Its [model] aliases each name one served model, which a router of several does not have: there,
+// [models.NAME] tables' aliases (shell patterns allowed) say which model a name is.
+bool router_policy_is_strict(const serve_options& opts) {
+    const policy::policy_config config = select_policy(opts.policy_file, opts.no_policy, "", opts.written);
+    if (!config.model.aliases.empty()) {
+        throw std::runtime_error(
+            "the policy's [model] aliases map names to one served model; with several models, "
+            "give aliases in [models.NAME] tables (aliases = [\"claude-haiku-*\"]) and take them "
+            "out of the policy (" +
+            config.source + ")");
+    }
+    return config.model.mode == policy::model_mode::strict;
+}
+
 int run_serve(serve_options opts) {
     const sigset_t signals = block_stop_signals();
 
@@ -719,7 +734,8 @@ void add_serve_command(CLI::App& app) {
                                                    .cache_ram = opts->cache_ram},
                                      .cache_dir = opts->cache_dir,
                                      .shutdown_seconds = opts->shutdown_seconds,
-                                     .settings_file = opts->settings_file});
+                                     .settings_file = opts->settings_file,
+                                     .strict_model_names = router_policy_is_strict(*opts)});
             }
             return run_serve(*opts);
         });

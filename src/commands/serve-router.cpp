@@ -36,6 +36,7 @@ const std::vector<std::string> router_only = {"model",
                                               "models-dir",
                                               "models-max",
                                               "models-memory",
+                                              "models-default",
                                               "models-queue",
                                               "models-idle-seconds",
                                               "no-models-autoload",
@@ -168,6 +169,11 @@ void add_router_options(CLI::App& cmd, router_settings& s) {
            "model fits (MiB as a bare number, or 8GiB, 512MB; 0: no budget, only --models-max)")
         ->type_name("SIZE")
         ->default_str("0");
+    cmd.add_option("--models-default", s.models_default,
+                   "Several models: the model (a name or alias) that serves a request naming a model the server does "
+                   "not have, as one model's server serves any name (default: the first listed; a policy with [model] "
+                   "mode = \"strict\" answers such a name 404)")
+        ->type_name("NAME");
     cmd.add_option("--models-queue", s.models_queue,
                    "Several models: requests that may wait for their model to load or to be free; one more gets a "
                    "503 at once")
@@ -187,8 +193,8 @@ void add_router_options(CLI::App& cmd, router_settings& s) {
 }
 
 std::vector<std::string> router_option_names() {
-    return {"--models-dir",          "--models-max",         "--models-memory",      "--models-queue",
-            "--models-idle-seconds", "--no-models-autoload", "--models-load-timeout"};
+    return {"--models-dir",   "--models-max",          "--models-memory",      "--models-default",
+            "--models-queue", "--models-idle-seconds", "--no-models-autoload", "--models-load-timeout"};
 }
 
 void read_models_settings(const toml::table& models, const config::toml_reader& reader, CLI::App& cmd,
@@ -244,7 +250,16 @@ int run_router_serve(CLI::App& cmd, const router_run& run) {
     }
     std::vector<router::model_entry> entries = scanned.entries();
     const std::vector<model_footprint> footprints = set_footprints(entries, run.footprint, s.models_memory);
-    const router::model_set models(std::move(entries), {});
+    router::model_set models(std::move(entries), {});
+    if (!run.strict_model_names) {
+        const std::optional<size_t> fallback =
+            s.models_default.empty() ? std::optional<size_t>(0) : models.find(s.models_default);
+        if (!fallback) {
+            throw std::runtime_error("--models-default " + s.models_default +
+                                     ": no model has that name (the models: " + models.names() + ")");
+        }
+        models.set_default_model(fallback);
+    }
 
     const std::filesystem::path root =
         run.cache_dir.empty() ? cache_dir() / "prefix-cache" : std::filesystem::path(run.cache_dir);

@@ -29,6 +29,7 @@ struct router_settings {
     bool no_autoload = false;                 // --no-models-autoload
     double load_timeout_seconds = 600;        // --models-load-timeout
     uint64_t models_memory = 0;               // --models-memory: bytes of footprints loaded at once (0: no budget)
+    std::string models_default;               // --models-default: serves names no model has (empty: the first)
     std::vector<router::model_entry> tables;  // the settings file's [models.NAME]
     bool has_tables = false;
 
@@ -38,8 +39,8 @@ struct router_settings {
     }
 };
 
-// Adds --models-dir, --models-max, --models-memory, --models-queue, --models-idle-seconds, --no-models-autoload,
-// --models-load-timeout.
+// Adds --models-dir, --models-max, --models-memory, --models-default, --models-queue, --models-idle-seconds,
+// --no-models-autoload, --models-load-timeout.
 void add_router_options(CLI::App& cmd, router_settings& settings);
 // serve --help's group of them.
 std::vector<std::string> router_option_names();
@@ -57,6 +58,7 @@ struct router_run {
     std::string cache_dir;         // empty: the default
     double shutdown_seconds = 10;
     std::string settings_file;
+    bool strict_model_names = false;  // the policy's [model] mode = "strict": a name no model has is a 404
 };
 
 // A model's server's command line after its executable: `serve -m FILE -a NAME,ALIASES`, the router's own serve

@@ -1,6 +1,8 @@
 // See model-set.h.
 #include "router/model-set.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <charconv>
 #include <stdexcept>
@@ -173,6 +175,7 @@ model_set::model_set(std::vector<model_entry> from_dir, std::vector<model_entry>
                 throw std::invalid_argument("model '" + m.name + "' (" + m.source + "): a name or alias '" + n +
                                             "' is empty or holds a comma");
             }
+            if (n != m.name && n.find_first_of("*?[") != std::string::npos) patterns_.emplace_back(n, i);
             const auto [it, inserted] = by_name_.emplace(n, i);
             if (!inserted && it->second != i) {
                 const model_entry& other = entries_[it->second];
@@ -184,9 +187,11 @@ model_set::model_set(std::vector<model_entry> from_dir, std::vector<model_entry>
 }
 
 std::optional<size_t> model_set::find(const std::string& name) const {
-    const auto it = by_name_.find(name);
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
+    if (const auto it = by_name_.find(name); it != by_name_.end()) return it->second;
+    for (const auto& [pattern, index] : patterns_) {
+        if (fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return index;
+    }
+    return std::nullopt;
 }
 
 std::string model_set::names() const {

@@ -65,14 +65,22 @@ public:
     size_t size() const { return entries_.size(); }
     const model_entry& operator[](size_t i) const { return entries_[i]; }
     const std::vector<model_entry>& entries() const { return entries_; }
-    // The model that `name` names (its name or one of its aliases), or nullopt.
+    // The model that `name` names (its name or one of its aliases, an alias with `*` or `?` as a shell pattern:
+    // "claude-haiku-*"), or nullopt. An exact name or alias wins over a pattern; patterns in the set's order.
     std::optional<size_t> find(const std::string& name) const;
     // "a, b, c": the names, for messages.
     std::string names() const;
+    // The model that serves a request naming none of the set's names (an agent's "claude-haiku-..." background calls),
+    // as a single model's server serves every name: the policy's `[model] mode = "any"` (the default), with
+    // --models-default or else the first model. nullopt (mode "strict"): such a name is a 404.
+    std::optional<size_t> default_model() const { return default_model_; }
+    void set_default_model(std::optional<size_t> model) { default_model_ = model; }
 
 private:
     std::vector<model_entry> entries_;
-    std::map<std::string, size_t> by_name_;  // names and aliases
+    std::map<std::string, size_t> by_name_;                 // names and aliases
+    std::vector<std::pair<std::string, size_t>> patterns_;  // aliases with * or ?, in the set's order
+    std::optional<size_t> default_model_;
 };
 
 }  // namespace keepwarm::router

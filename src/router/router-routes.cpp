@@ -215,8 +215,11 @@ void relay(const http::endpoint& origin, const http::request& req, http::respons
     w.end_stream();
 }
 
-// The model a request names: "model" of a JSON body, else ?model=; with one model only, that one.
-size_t requested_model(const model_router& router, const http::request& req, const std::optional<json>& body) {
+// The model a request names: "model" of a JSON body, else ?model=; with one model only, that one. A name the set does
+// not have goes to its default model where `to_default` (a generation, as a single model's server serves any name),
+// else is a 404 (/models/load, /models/unload, `ollama stop`: they name a model to act on).
+size_t requested_model(const model_router& router, const http::request& req, const std::optional<json>& body,
+                       bool to_default = false) {
     std::string name;
     if (body && body->is_object()) {
         if (const auto it = body->find("model"); it != body->end() && it->is_string()) name = it->get<std::string>();
@@ -239,6 +242,7 @@ size_t requested_model(const model_router& router, const http::request& req, con
                                      models.names() + ")");
     }
     if (const std::optional<size_t> m = models.find(name)) return *m;
+    if (to_default && models.default_model()) return *models.default_model();
     throw request_error(404, "The model '" + quotable(name) + "' does not exist; this server serves " + models.names(),
                         "model_not_found");
 }
@@ -256,7 +260,7 @@ std::optional<json> json_body(const http::request& req) {
 
 void forward(model_router& router, const http::request& req, http::response_writer& w) {
     const std::optional<json> body = json_body(req);
-    const size_t model = requested_model(router, req, body);
+    const size_t model = requested_model(router, req, body, /*to_default=*/true);
     std::optional<keep_alive> keep;
     if (body && body->is_object()) {
         if (const auto it = body->find("keep_alive"); it != body->end()) keep = parse_keep_alive(*it);

@@ -1,7 +1,8 @@
 // Several models on one port (`keepwarm serve --models-dir DIR`): a router in front of one child server per loaded
 // model. Two chat models and an embedding model with --models-max 1: each API's requests reach the model they name,
 // a request for another model swaps the first out and its conversation comes back from its disk tier as if it had
-// stayed, keep_alive 0 unloads, an unknown model is a 404, and a client that goes away mid-stream cancels only itself.
+// stayed, keep_alive 0 unloads, a name no model has goes to the default model (a 404 under a strict policy), and a
+// client that goes away mid-stream cancels only itself.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
@@ -139,13 +140,30 @@ test('keep_alive 0 unloads the model once its request is done; /api/ps lists wha
     assert.equal((await statuses()).embed, 'unloaded');
 });
 
-test('an unknown model is a 404 in the API\'s error shape, before anything loads', async () => {
-    const res = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: chat('nope', 'x', 'y') });
-    assert.equal(res.status, 404);
-    assert.match(res.body.error.message, /'nope' does not exist.*alpha, beta, embed/);
-    const ollama = await curl(`${router.url}/api/chat`, { method: 'POST', body: chat('nope', 'x', 'y') });
+test('a name no model has goes to the default model, as one model\'s server serves any name; a strict policy 404s it', async () => {
+    // An agent's background calls name a model of its own vendor ("claude-haiku-..."): the first model serves them.
+    const res = await curl(`${router.url}/v1/chat/completions`, { method: 'POST', body: chat('claude-haiku-4-5', 'x', 'y') });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.deepEqual((await curl(`${router.url}/api/ps`)).body.models.map((m) => m.name), ['alpha']);
+    // A request that names a model to act on is not sent elsewhere.
+    const load = await curl(`${router.url}/models/load`, { method: 'POST', body: { model: 'nope' } });
+    assert.equal(load.status, 404);
+    assert.match(load.body.error.message, /'nope' does not exist.*alpha, beta, embed/);
+    assert.equal((await curl(`${router.url}/models/unload`, { method: 'POST', body: { model: 'alpha' } })).status, 200);
+
+    const d = tempDir('models-strict');
+    const policy = path.join(d, 'strict.toml');
+    writeFileSync(policy, '[model]\nmode = "strict"\n');
+    const strict = await startProcess(['serve', '--models-dir', path.join(dir, 'models'), '--policy', policy,
+        '--port', '0', '--cache-dir', path.join(d, 'cache'), ...args]);
+    others.push(strict);
+    const openai = await curl(`${strict.url}/v1/chat/completions`, { method: 'POST', body: chat('nope', 'x', 'y') });
+    assert.equal(openai.status, 404);
+    assert.match(openai.body.error.message, /'nope' does not exist.*alpha, beta, embed/);
+    const ollama = await curl(`${strict.url}/api/chat`, { method: 'POST', body: chat('nope', 'x', 'y') });
     assert.equal(ollama.status, 404);
     assert.equal(typeof ollama.body.error, 'string');
+    assert.deepEqual((await curl(`${strict.url}/api/ps`)).body.models, [], 'nothing loaded for it');
     // No model named: the one loaded now, else a 400 naming the models.
     assert.equal((await curl(`${router.url}/models/load`, { method: 'POST', body: { model: 'alpha' } })).status, 200);
     assert.equal((await curl(`${router.url}/props`)).body.model_alias, 'alpha');
@@ -234,7 +252,7 @@ test('a settings file\'s [models.NAME] tables: path, aliases, load = true and th
         'parallel = 1',
         '[models.coder]',
         'path = "coder.gguf"', // relative to the file's folder
-        'aliases = ["big", "qwen-coder"]',
+        'aliases = ["big", "qwen-coder", "claude-haiku-*"]',
         'ctx-size = 2048',
         'load = true',
         '[models.small]',
@@ -253,6 +271,9 @@ test('a settings file\'s [models.NAME] tables: path, aliases, load = true and th
     assert.match(JSON.stringify(props), /"n_ctx":2048/);
     const r = await complete(server.url, chat('qwen-coder', 'x', 'y'));
     assert.equal(r.model, 'coder'); // an alias answers under the model's name, as a single-model server's -a does
+    const haiku = await curl(`${server.url}/v1/chat/completions`, { method: 'POST', body: chat('claude-haiku-4-5', 'x', 'y') });
+    assert.equal(haiku.status, 200, JSON.stringify(haiku.body)); // a pattern alias: coder serves it
+    assert.deepEqual((await curl(`${server.url}/api/ps`)).body.models.map((m) => m.name), ['coder']);
     assert.match(JSON.stringify((await curl(`${server.url}/props?model=small`)).body), /"n_ctx":1024/);
 
     writeFileSync(settings, '[models.coder]\npath = "coder.gguf"\nctx-sise = 2048\n');

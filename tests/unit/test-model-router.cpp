@@ -629,3 +629,25 @@ TEST(ModelRouter, NoMemoryBudgetCountsOnlyModelsMax) {
     EXPECT_EQ(r.counters().unloads, 0u);
     EXPECT_EQ(r.counters().memory_in_use, 1300 * GiB);
 }
+
+// An alias may be a shell pattern ("claude-haiku-*": an agent's background model, whatever its version); an exact name
+// or alias wins over a pattern. A name no model has goes to the default model only where one is set (the policy's
+// mode "any"); the router's routes send it there, and a strict policy sets none (a 404).
+TEST(ModelSet, PatternAliasesAndTheDefaultModel) {
+    std::vector<model_entry> entries(2);
+    entries[0].name = "coder";
+    entries[0].path = "/models/coder.gguf";
+    entries[0].aliases = {"claude-sonnet-*", "claude-haiku-4-5"};
+    entries[1].name = "small";
+    entries[1].path = "/models/small.gguf";
+    entries[1].aliases = {"claude-haiku-*"};
+    model_set models(entries, {});
+    EXPECT_EQ(models.find("claude-sonnet-4-5"), std::optional<size_t>(0));
+    EXPECT_EQ(models.find("claude-haiku-4-1"), std::optional<size_t>(1));
+    EXPECT_EQ(models.find("claude-haiku-4-5"), std::optional<size_t>(0));  // the exact alias over the pattern
+    EXPECT_FALSE(models.find("gpt-4o"));
+    EXPECT_FALSE(models.default_model());
+    models.set_default_model(1);
+    EXPECT_EQ(models.default_model(), std::optional<size_t>(1));
+    EXPECT_FALSE(models.find("gpt-4o"));  // find() stays exact: the default is the routes' choice for generations
+}
