@@ -3,7 +3,6 @@
 #include "commands/options-file.h"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <vector>
 
@@ -88,15 +87,9 @@ private:
             }
             return value;
         }
-        if (const auto* i = node.as_integer()) return std::to_string(i->get());
-        if (const auto* f = node.as_floating_point()) {
-            char buf[64];
-            const auto end = std::to_chars(buf, buf + sizeof buf, f->get()).ptr;
-            return std::string(buf, end);
-        }
-        if (const auto* b = node.as_boolean()) return b->get() ? "true" : "false";
-        wrong_type(node, name,
-                   opt.get_expected_max() > 1 ? "a value or an array of values" : "a string, a number or a boolean");
+        return option_text(
+            node, name,
+            opt.get_expected_max() > 1 ? "a value or an array of values" : "a string, a number or a boolean");
     }
 
     std::filesystem::path base_dir_;

@@ -2,6 +2,7 @@
 #include "config/toml-reader.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -108,6 +109,18 @@ std::chrono::milliseconds toml_reader::seconds(const toml::node& n, const std::s
         fail(n.source(), "'" + what + "' must be between 0 and " + std::to_string(static_cast<int>(max_s)) + " s");
     }
     return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(v * 1000)));
+}
+
+std::string toml_reader::option_text(const toml::node& n, const std::string& what, const std::string& expected) const {
+    if (const auto* s = n.as_string()) return s->get();
+    if (const auto* i = n.as_integer()) return std::to_string(i->get());
+    if (const auto* f = n.as_floating_point()) {
+        char buf[64];
+        const auto end = std::to_chars(buf, buf + sizeof buf, f->get()).ptr;
+        return std::string(buf, end);
+    }
+    if (const auto* b = n.as_boolean()) return b->get() ? "true" : "false";
+    wrong_type(n, what, expected);
 }
 
 }  // namespace keepwarm::config

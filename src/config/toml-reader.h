@@ -50,6 +50,10 @@ public:
     bool boolean(const toml::node& n, const std::string& what) const;
     int64_t integer(const toml::node& n, const std::string& what, int64_t lo, int64_t hi) const;
     double number(const toml::node& n, const std::string& what) const;  // an integer or a float
+    // A scalar as a command line would give it, for a key that is a command-line option: a string as it is, a number
+    // in its shortest form, a boolean as true/false; anything else fails as not `expected`.
+    std::string option_text(const toml::node& n, const std::string& what,
+                            const std::string& expected = "a string, a number or a boolean") const;
     // A positive number of seconds, at most `max_s`, as milliseconds (at least 1).
     std::chrono::milliseconds seconds(const toml::node& n, const std::string& what, double max_s) const;
 

@@ -4,7 +4,6 @@
 #include <fnmatch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <stdexcept>
 #include <system_error>
 
@@ -43,18 +42,6 @@ std::string normalized_key(std::string_view key) {
     return name;
 }
 
-// A scalar TOML value as the command line would give it.
-std::string scalar_text(const toml::node& node, const config::toml_reader& reader, const std::string& what) {
-    if (const auto* s = node.as_string()) return s->get();
-    if (const auto* i = node.as_integer()) return std::to_string(i->get());
-    if (const auto* f = node.as_floating_point()) {
-        char buf[64];
-        const auto end = std::to_chars(buf, buf + sizeof buf, f->get()).ptr;
-        return std::string(buf, end);
-    }
-    if (const auto* b = node.as_boolean()) return b->get() ? "true" : "false";
-    reader.wrong_type(node, what, "a string, a number or a boolean");
-}
 }  // namespace
 
 std::vector<model_entry> scan_models_dir(const fs::path& dir, std::vector<std::string>* skipped) {
@@ -139,9 +126,9 @@ std::vector<model_entry> read_models_table(const toml::table& models, const conf
                     if (!reader.boolean(value, what)) continue;  // false: the option's default, nothing to pass
                 } else if (const toml::array* list = value.as_array()) {
                     if (arity != option_arity::values) reader.wrong_type(value, what, "a single value");
-                    for (const toml::node& item : *list) values.push_back(scalar_text(item, reader, what));
+                    for (const toml::node& item : *list) values.push_back(reader.option_text(item, what));
                 } else {
-                    values.push_back(scalar_text(value, reader, what));
+                    values.push_back(reader.option_text(value, what));
                 }
                 if (in_list(path_options, k)) {
                     for (std::string& v : values) v = from_base(v);
