@@ -281,14 +281,20 @@ test('a settings file\'s [models.NAME] tables: path, aliases, load = true and th
     assert.match(String(bad), /keepwarm\.toml:3:\d+: unknown key 'ctx-sise' in \[models\.coder\]/);
 });
 
-test('a model server that dies is marked unloaded and its next request starts it again', async () => {
-    const d = tempDir('models-crash');
+// A router of one model, `solo`, in a folder of its own, with the model loaded.
+async function soloRouter(tag) {
+    const d = tempDir(tag);
     mkdirSync(path.join(d, 'models'));
     copyFileSync(await testModel('tiny'), path.join(d, 'models', 'solo.gguf'));
     const server = await startProcess(['serve', '--models-dir', path.join(d, 'models'), '--port', '0', '-t', '1',
         '--cache-dir', path.join(d, 'cache')]);
     others.push(server);
     await complete(server.url, chat('solo', 'x', 'y'));
+    return server;
+}
+
+test('a model server that dies is marked unloaded and its next request starts it again', async () => {
+    const server = await soloRouter('models-crash');
     const { body } = await curl(`${server.url}/v1/models`);
     const pid = body.data[0].status.pid;
     assert.ok(pid > 0, JSON.stringify(body));
@@ -309,13 +315,7 @@ test('a model server that dies is marked unloaded and its next request starts it
 });
 
 test('no model server outlives its router, even one killed with SIGKILL', async () => {
-    const d = tempDir('models-orphans');
-    mkdirSync(path.join(d, 'models'));
-    copyFileSync(await testModel('tiny'), path.join(d, 'models', 'solo.gguf'));
-    const server = await startProcess(['serve', '--models-dir', path.join(d, 'models'), '--port', '0', '-t', '1',
-        '--cache-dir', path.join(d, 'cache')]);
-    others.push(server);
-    await complete(server.url, chat('solo', 'x', 'y'));
+    const server = await soloRouter('models-orphans');
     const pid = (await curl(`${server.url}/v1/models`)).body.data[0].status.pid;
     // From another connection than the one that loaded it: the model server's life does not follow a connection's.
     await complete(server.url, chat('solo', 'x', 'z'));
