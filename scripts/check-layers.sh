@@ -19,6 +19,8 @@ declare -A allowed=(
     # The draft source of speculative decoding: token streams only, no model, so the engine and the bench share it.
     [spec]="base"
     [engine]="base cache spec"
+    # serve --kv-events: the prefix cache's block reports over ZeroMQ; nothing of the engine's.
+    [events]="base cache"
     [model]="base engine cache"
     [chat]="base json engine cache"
     [policy]="base json config chat"
@@ -27,12 +29,12 @@ declare -A allowed=(
     # shares): nothing of the engine's, so neither the routes nor the proxy see it.
     [backend]="base json config http chat policy api"
     [routes]="base json config http chat policy api backend"
-    [local]="base json config http cache engine model chat policy api backend"
+    [local]="base json config http cache engine model chat policy api backend events"
     [proxy]="base json config http chat policy api backend"
     # Several models: the router in front of one child `keepwarm serve` per model. It never loads a model itself.
     [router]="base json config http"
     [bench]="base json config http cache engine model chat policy api spec"
-    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench spec router"
+    [commands]="base json config http cache engine model chat policy api backend routes local proxy bench spec router events"
 )
 
 # folders whose names live in keepwarm itself; every other folder is keepwarm::FOLDER.

@@ -441,6 +441,7 @@ void prompt_cache::persist_all() {
     }
     enforce_disk_budget();
     if (disk_) disk_->flush();
+    publish();
 }
 
 // ---- serialization ----
@@ -1136,8 +1137,102 @@ void prompt_cache::publish() {
         snap.disk.budget = options_.disk_budget;
         snap.disk_read_failures = counters_.disk_read_failures;
     }
+    {
+        std::lock_guard lock(published_mu_);
+        published_ = snap;
+    }
+    report_blocks();
+}
+
+// Walks the shared tenant's tree block by block, chaining each block's hash from its parent's (chain_block_key from
+// the model's root key, low 64 bits: docs/kv-events.md), and compares what each medium holds with the last report.
+// A block is listed on a medium while that tier holds it and every earlier block of its path is held somewhere (a
+// block past a hole cannot be restored); a path's tail past its last whole block is never listed.
+void prompt_cache::report_blocks() {
+    kv_block_observer* const observer = options_.block_observer;
+    if (!observer) return;
+    const int b = options_.block_tokens;
+    const bool full = !listed_valid_;
+    std::unordered_map<uint64_t, kv_listed_block> now;
+    kv_block_report report;
+    report.full_listing = full;
+    struct frame {
+        node* at;
+        block_key chain;                 // the key of the block ending where `pending` starts
+        std::optional<uint64_t> parent;  // its hash (none: position 0)
+        std::vector<llama_token> pending;
+    };
+    node* const root = tree_.root();
+    std::vector<frame> stack;
+    for (auto& [token, child] : root->children) stack.push_back({child.get(), root_keys_.at(root), std::nullopt, {}});
+    while (!stack.empty()) {
+        frame f = std::move(stack.back());
+        stack.pop_back();
+        node* const n = f.at;
+        const auto start = static_cast<int32_t>(n->depth - n->edge.size());
+        bool intact = true;
+        for (size_t i = 0; i < n->edge.size() && intact; ++i) {
+            f.pending.push_back(n->edge[i]);
+            const int32_t end = start + static_cast<int32_t>(i) + 1;
+            if (end % b != 0) continue;
+            uint8_t media = n->value.holders > 0 ? kv_medium_bit(kv_medium::device) : 0;
+            if (const auto it = n->value.blocks.find(end); it != n->value.blocks.end()) {
+                if (it->second.ram) media |= kv_medium_bit(kv_medium::ram);
+                if (it->second.on_disk) media |= kv_medium_bit(kv_medium::disk);
+            }
+            if (media == 0) {
+                intact = false;
+                break;
+            }
+            f.chain = chain_block_key(f.chain, f.pending);
+            const uint64_t hash = f.chain.low;
+            now[hash] = kv_listed_block{.hash = hash, .parent = f.parent, .media = media};
+            uint8_t before = 0;
+            if (!full) {
+                if (const auto it = listed_.find(hash); it != listed_.end()) before = it->second.media;
+            }
+            for (int m = 0; m < kv_medium_count; ++m) {
+                const auto medium = static_cast<kv_medium>(m);
+                if ((media & ~before & kv_medium_bit(medium)) == 0) continue;
+                report.changes.push_back(
+                    {.stored = true, .medium = medium, .hash = hash, .parent = f.parent, .tokens = f.pending});
+            }
+            f.parent = hash;
+            f.pending.clear();
+        }
+        if (!intact) continue;
+        for (auto& [token, child] : n->children) stack.push_back({child.get(), f.chain, f.parent, f.pending});
+    }
+    // Removals after the stores: a block moving between media (a demotion) is never absent from a subscriber's index.
+    if (!full) {
+        for (const auto& [hash, was] : listed_) {
+            const auto it = now.find(hash);
+            const uint8_t kept = it == now.end() ? 0 : it->second.media;
+            for (int m = 0; m < kv_medium_count; ++m) {
+                const auto medium = static_cast<kv_medium>(m);
+                if ((was.media & ~kept & kv_medium_bit(medium)) == 0) continue;
+                report.changes.push_back({.stored = false, .medium = medium, .hash = hash, .parent = {}, .tokens = {}});
+            }
+        }
+    }
+    {
+        std::lock_guard lock(published_mu_);
+        listed_ = std::move(now);
+    }
+    listed_valid_ = true;
+    if (!report.full_listing && report.changes.empty()) return;
+    if (!observer->take(std::move(report))) {
+        listed_valid_ = false;  // the observer dropped what it held: it gets everything again, now
+        report_blocks();
+    }
+}
+
+std::vector<kv_listed_block> prompt_cache::listed_blocks() const {
     std::lock_guard lock(published_mu_);
-    published_ = snap;
+    std::vector<kv_listed_block> out;
+    out.reserve(listed_.size());
+    for (const auto& [hash, block] : listed_) out.push_back(block);
+    return out;
 }
 
 cache_snapshot prompt_cache::snapshot() const {

@@ -30,10 +30,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/block-key.h"
 #include "cache/disk-store.h"
+#include "cache/kv-block-events.h"
 #include "cache/prefix-tree.h"
 #include "llama.h"
 
@@ -55,6 +57,9 @@ struct prompt_cache_options {
     // then reused up to a point where the window before it is known: on the device (swa_window_intact) or in a
     // checkpoint. Never with guard_window_cells (a guard would keep every cell).
     bool windowed_swa = false;
+    // Told which whole blocks of the shared tenant's paths can be reused, per medium, each time the cache publishes
+    // its state (docs/kv-events.md). Not owned: it outlives the cache. Null: no block is listed.
+    kv_block_observer* block_observer = nullptr;
 };
 
 // Where the reused prompt tokens of one request came from.
@@ -180,6 +185,8 @@ public:
     void persist_all();
 
     cache_snapshot snapshot() const;
+    // The blocks the last report to the block observer described (none without one). Any thread.
+    std::vector<kv_listed_block> listed_blocks() const;
 
 private:
     struct stored_state {
@@ -305,6 +312,8 @@ private:
     void evict_until(InTier in_tier, uint64_t budget, Over over, Drop drop);
     void index_disk();
     void publish();
+    // Tells the block observer what changed since its last report (everything when listed_valid_ is false).
+    void report_blocks();
 
     llama_context* ctx_;
     prompt_cache_options options_;
@@ -338,6 +347,9 @@ private:
     cache_snapshot counters_;  // engine thread's running totals; copied into published_ by publish()
     mutable std::mutex published_mu_;
     cache_snapshot published_;  // guarded by published_mu_
+    // The blocks last reported to the block observer, by hash. Written by the engine thread, under published_mu_.
+    std::unordered_map<uint64_t, kv_listed_block> listed_;
+    bool listed_valid_ = false;  // false: the next report is a full listing
 };
 
 }  // namespace keepwarm

@@ -3,6 +3,7 @@
 #include "commands/serve-command.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,8 @@
 #include "engine/draft-sources.h"
 #include "engine/embedder.h"
 #include "engine/llama-runtime.h"
+#include "events/kv-event-encoder.h"
+#include "events/kv-event-publisher.h"
 #include "http/api-keys.h"
 #include "http/http-server.h"
 #include "local/chat-generation.h"
@@ -80,7 +83,23 @@ struct serve_options {
     bool embeddings = false;       // --embeddings: serve the model as an embedding model (see serves_embeddings)
     std::string pooling;           // --pooling: mean, cls, last or rank (--reranking), over the model's own
     router_settings router;        // several models (--models-dir, [models.NAME]): see serve-router.h
+    std::string kv_events;         // --kv-events ENDPOINT: publish the prefix cache's blocks (docs/kv-events.md)
+    std::string kv_events_pod;     // --kv-events-pod: the topic's pod (default $POD_IP:PORT, else HOST:PORT)
 };
+
+// The pod part of the KV-event topic: what llm-d's endpoint picker calls the pod (its address and port, from POD_IP as
+// its manifests set it), else this host's name.
+std::string kv_events_pod(const std::string& given, int port) {
+    if (!given.empty()) return given;
+    std::string host;
+    if (const char* ip = std::getenv("POD_IP"); ip && *ip) {
+        host = ip;
+    } else {
+        char name[256] = {};
+        host = ::gethostname(name, sizeof name - 1) == 0 && name[0] ? name : "localhost";
+    }
+    return host + ":" + std::to_string(port);
+}
 
 ggml_type parse_cache_type(const std::string& name) {
     static const std::map<std::string, ggml_type> types = {
@@ -244,6 +263,8 @@ int run_serve(serve_options opts) {
 
     init_llama_runtime(opts.engine.verbose);
     std::optional<cache_dir_lock> dir_lock;  // first in, last out: held until the engine's last write is done
+    // Before the model: the engine's prefix cache reports to it until the engine is gone.
+    std::unique_ptr<events::kv_event_publisher> kv_events;
     frontend_context ctx;
     local_model model;
     if (opts.engine.model_path.empty()) {
@@ -263,6 +284,9 @@ int run_serve(serve_options opts) {
     ctx.policy = std::make_unique<policy::request_policy>(std::move(policy_config), ctx.model_id);
     ctx.stream_keepalive = opts.http.stream_keepalive;
     ctx.busters = make_busters_detector(ctx);
+    if (serves_embeddings(opts) && !opts.kv_events.empty()) {
+        throw std::runtime_error("--kv-events: an embedding model has no prefix cache to publish");
+    }
     if (serves_embeddings(opts)) return run_embedding_serve(opts, ctx, signals, model.random_weights, tenants);
     opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
     opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
@@ -288,6 +312,15 @@ int run_serve(serve_options opts) {
     if (opts.engine.context_size == 0) {
         auto_context = size_default_context(opts.engine);
         opts.engine.context_size = auto_context->context_size;
+    }
+    if (!opts.kv_events.empty()) {
+        kv_events = std::make_unique<events::kv_event_publisher>(events::kv_event_publisher_options{
+            .endpoint = opts.kv_events,
+            .topic = events::event_topic(kv_events_pod(opts.kv_events_pod, server.port()), ctx.model_id),
+            .block_size = opts.engine.cache_block_tokens});
+        opts.engine.cache_block_observer = kv_events.get();
+        model.kv_events = kv_events.get();
+        log::info("serve", "publishing KV events on {} as topic {}", opts.kv_events, kv_events->options().topic);
     }
     model.llm = std::make_unique<engine>(opts.engine);
     ctx.policy->bind_vocab([vocab = model.llm->vocab()](const std::string& text) -> std::optional<llama_token> {
@@ -453,7 +486,7 @@ help_groups serve_help_groups() {
           "--max-step-ms", "--pad-to-tile"}},
         {"Cache",
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
-          "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse"}},
+          "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse", "--kv-events", "--kv-events-pod"}},
         {"Speculative decoding", {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
@@ -568,6 +601,11 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--cache-block", e.cache_block_tokens, "Tokens per RAM/disk block")
         ->check(whole_number(16, 65536, "tokens"))
         ->capture_default_str();
+    cmd->add_option("--kv-events", opts->kv_events,
+                    "Publish the prefix cache's blocks as KV events (vLLM's wire format, for llm-d and keepwarm proxy) "
+                    "on this ZeroMQ endpoint: tcp://*:PORT binds, tcp://HOST:PORT connects (docs/kv-events.md)");
+    cmd->add_option("--kv-events-pod", opts->kv_events_pod,
+                    "The pod in the KV events' topic kv@POD@MODEL (default: $POD_IP:PORT, else HOSTNAME:PORT)");
     cmd->add_flag("--swa-full", e.swa_full,
                   "Sliding-window models: the SWA layers keep every position's KV, so a prompt branching from inside "
                   "a cached conversation reuses all before it; costs a full context of KV in those layers and slower "
@@ -721,6 +759,10 @@ void add_serve_command(CLI::App& app) {
                 }
             }
             if (opts->router.wanted(opts->engine.model_path)) {
+                if (!opts->kv_events.empty()) {
+                    throw CLI::ValidationError("--kv-events",
+                                               "is for one model; --models-dir runs one server per model");
+                }
                 return run_router_serve(
                     *cmd, router_run{.settings = opts->router,
                                      .http = opts->http,

@@ -167,7 +167,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                        .ram_budget = options_.cache_ram_bytes,
                                        .disk_dir = options_.cache_dir,
                                        .disk_budget = options_.cache_disk_bytes,
-                                       .model_fingerprint = {}};
+                                       .model_fingerprint = {},
+                                       .block_observer = options_.cache_block_observer};
     const bool sliding_window = llama_model_n_swa(model_.get()) > 0 && !llama_model_is_recurrent(model_.get()) &&
                                 !llama_model_is_hybrid(model_.get());
     // Exact reuse cuts a prompt's KV back to whole batches, which a windowed SWA cache cannot do (the window before

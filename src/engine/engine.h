@@ -70,6 +70,9 @@ struct engine_options {
     uint64_t cache_disk_bytes = 16ull << 30;
     // Clients' cache hints (generation_request::hinted_tokens) order eviction; false: they are ignored.
     bool cache_hints = true;
+    // Told the prefix cache's reusable blocks (serve --kv-events; prompt_cache_options::block_observer). Not owned: it
+    // outlives the engine.
+    kv_block_observer* cache_block_observer = nullptr;
     // A reused prefix gives the answer a fresh server with the same flags gives, bit for bit (serve --exact-reuse).
     // Without it, a warm turn computes only the prompt past its cached prefix, in batches that a cold run cuts
     // elsewhere, and ggml's kernels sum a row's floats in an order that depends on the batch the row is in (a batch
@@ -239,6 +242,8 @@ public:
     request_latencies latencies() const;
     engine_health health() const;
     cache_snapshot cache_stats() const { return cache_->snapshot(); }
+    // The blocks the prefix cache last reported to cache_block_observer (GET /v1/cache/blocks). Any thread.
+    std::vector<kv_listed_block> cache_blocks() const { return cache_->listed_blocks(); }
     // Test only: the KV of positions [p0, p1) that `slot`'s sequence holds, serialized as a RAM or disk block holds
     // it, to compare restored KV with computed KV byte for byte. Call while the engine is idle (nothing queued, no
     // slot busy, idle_to_ram_tokens 0): it reads the context from the calling thread. Throws std::logic_error if busy.

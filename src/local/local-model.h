@@ -14,6 +14,10 @@
 
 namespace keepwarm {
 
+namespace events {
+class kv_event_publisher;
+}  // namespace events
+
 struct local_model {
     std::unique_ptr<engine> llm;
     std::unique_ptr<chat_renderer> renderer;
@@ -25,6 +29,9 @@ struct local_model {
     // What a request's unset sampling fields take (--temp, --top-k, --top-p, --min-p; else llama.cpp's defaults).
     common_params_sampling default_sampling;
     bool random_weights = false;  // generated test model: output is noise
+    // serve --kv-events: the publisher the engine's prefix cache reports its blocks to (owned by the command, which
+    // keeps it alive past the engine); null when off.
+    const events::kv_event_publisher* kv_events = nullptr;
 
     // The prompt tokenizer of a tenant's requests ("": the shared one). Throws std::out_of_range for a tenant that
     // was not set up at start-up (a bug: falling back to another index would share it).

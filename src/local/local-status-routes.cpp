@@ -10,6 +10,8 @@
 #include "base/request-error.h"
 #include "build-info.h"
 #include "common.h"
+#include "events/kv-event-encoder.h"
+#include "events/kv-event-publisher.h"
 #include "local/server-status.h"
 
 namespace keepwarm {
@@ -93,6 +95,36 @@ void write_draft_metrics(metrics_text& out, const engine_counters& c) {
                 c.answer_steps.load());
 }
 
+// What llm-d's endpoint picker reads for load besides the queue and the busy slots (docs/kv-events.md): the share of
+// the context's cells that requests being served hold. Idle conversations kept on the device do not count: as vLLM's
+// cached blocks that no request holds, they give way to new work (counted, every keepwarm server would look full).
+void write_kv_cache_gauges(metrics_text& out, const engine& llm, const std::vector<slot_status>& slots) {
+    const int context = std::max(llm.options().context_size, 1);
+    int64_t serving = 0;
+    for (const auto& s : slots) serving += s.busy ? s.cached_tokens : 0;
+    out.gauge("keepwarm_kv_cache_usage_ratio",
+              "Share (0..1) of the context's KV cells held by requests being served (idle conversations not counted)",
+              std::min(1.0, static_cast<double>(serving) / context));
+    const int block = llm.options().cache_block_tokens;
+    out.gauge("keepwarm_kv_cache_block_size", "Tokens per prefix-cache block (--cache-block)", block);
+    out.gauge("keepwarm_kv_cache_blocks", "Blocks the context holds: its size over the block size", context / block);
+}
+
+void write_kv_event_metrics(metrics_text& out, const events::kv_event_counters& c) {
+    out.counter("keepwarm_kv_events_messages_total", "KV-event messages published (--kv-events)", c.messages.load());
+    out.family("keepwarm_kv_events_blocks_total", "counter", "Blocks in published KV events, by event");
+    out.sample("keepwarm_kv_events_blocks_total", static_cast<double>(c.blocks_stored.load()),
+               {{"event", "BlockStored"}});
+    out.sample("keepwarm_kv_events_blocks_total", static_cast<double>(c.blocks_removed.load()),
+               {{"event", "BlockRemoved"}});
+    out.family("keepwarm_kv_events_resyncs_total", "counter",
+               "Full listings sent (AllBlocksCleared, then every block): the queue overflowed, or a subscriber joined");
+    out.sample("keepwarm_kv_events_resyncs_total", static_cast<double>(c.overflow_resyncs.load()),
+               {{"reason", "overflow"}});
+    out.sample("keepwarm_kv_events_resyncs_total", static_cast<double>(c.subscriber_snapshots.load()),
+               {{"reason", "subscriber"}});
+}
+
 }  // namespace
 
 std::string render_metrics(const frontend_context& front, const local_model& model, llamacpp_scrape_window* window) {
@@ -137,6 +169,8 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.gauge("keepwarm_slots", "Slots (sequences decoded together)", static_cast<double>(slots.size()));
     out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
     out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", model.llm->queued());
+    write_kv_cache_gauges(out, *model.llm, slots);
+    if (model.kv_events) write_kv_event_metrics(out, model.kv_events->counters());
     const request_latencies latencies = model.llm->latencies();
     out.family("keepwarm_queue_wait_seconds", "histogram", "Time finished requests waited for a slot");
     out.histogram("keepwarm_queue_wait_seconds", latencies.queue_wait);
@@ -268,6 +302,26 @@ void register_local_status_routes(http::http_server& server, frontend_context& f
                                 {"answers_delivered_differently", t.answers_delivered_differently}};
         w.send(200, "application/json", body.dump());
     });
+
+    if (model.kv_events) {
+        // What the prefix cache reports to the KV-event publisher now (docs/kv-events.md), for a subscriber to check
+        // its index against. Hashes and media only: the token ids go to the subscribers.
+        server.add_route("GET", "/v1/cache/blocks", [&model](const http::request&, http::response_writer& w) {
+            json blocks = json::array();
+            for (const kv_listed_block& b : model.llm->cache_blocks()) {
+                json media = json::array();
+                for (int m = 0; m < kv_medium_count; ++m) {
+                    const auto medium = static_cast<kv_medium>(m);
+                    if (b.media & kv_medium_bit(medium)) media.push_back(events::medium_name(medium));
+                }
+                blocks.push_back({{"hash", b.hash}, {"parent", b.parent ? json(*b.parent) : json()}, {"media", media}});
+            }
+            const json body = {{"topic", model.kv_events->options().topic},
+                               {"block_size", model.kv_events->options().block_size},
+                               {"blocks", std::move(blocks)}};
+            w.send(200, "application/json", body.dump());
+        });
+    }
 
     server.add_route("GET", "/v1/policy", [&front](const http::request&, http::response_writer& w) {
         w.send(200, "application/json", front.policy->to_json().dump());
