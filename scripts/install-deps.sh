@@ -15,6 +15,9 @@ debian_packages=(
     libtomlplusplus-dev  # the policy file (TOML)
     libre2-dev           # policy patterns: linear-time regular expressions
     libsimdjson-dev      # request bodies: fast JSON parsing
+    libzmq3-dev cppzmq-dev  # serve --kv-events: ZeroMQ, the transport of vLLM's KV-event stream (docs/kv-events.md)
+    libmsgpack-cxx-dev   # serve --kv-events: msgpack, the encoding of its payloads
+    python3-zmq python3-msgpack  # the KV-event conformance test's subscriber (tests/conformance/)
     clang-format         # the formatting check in the test suite
     clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients
