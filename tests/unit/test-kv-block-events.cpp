@@ -180,18 +180,20 @@ TEST(kv_block_events, a_restarted_server_lists_its_disk_blocks_first) {
         EXPECT_EQ(observer.blocks_held(a, kv_medium::disk), a.size() / 64);
         EXPECT_EQ(observer.held(), listed(e));
     }
-    recording_observer observer;
-    engine_options o = options_with(observer);
-    o.cache_dir = dir.string();
-    engine e(o);
-    EXPECT_EQ(observer.full_listings(), 1);
-    EXPECT_EQ(observer.blocks_held(a, kv_medium::disk), a.size() / 64) << "indexed at start-up, listed at once";
-    EXPECT_EQ(observer.blocks_held(a, kv_medium::ram), 0u);
-    EXPECT_EQ(observer.held(), listed(e));
-    e.start();
-    greedy_runs::generate(e, a, 4);  // restored from disk: on the device (and promoted to RAM) again
-    EXPECT_EQ(observer.blocks_held(a, kv_medium::device), a.size() / 64);
-    EXPECT_EQ(observer.held(), listed(e));
+    {
+        recording_observer observer;
+        engine_options o = options_with(observer);
+        o.cache_dir = dir.string();
+        engine e(o);
+        EXPECT_EQ(observer.full_listings(), 1);
+        EXPECT_EQ(observer.blocks_held(a, kv_medium::disk), a.size() / 64) << "indexed at start-up, listed at once";
+        EXPECT_EQ(observer.blocks_held(a, kv_medium::ram), 0u);
+        EXPECT_EQ(observer.held(), listed(e));
+        e.start();
+        greedy_runs::generate(e, a, 4);  // restored from disk: on the device (and promoted to RAM) again
+        EXPECT_EQ(observer.blocks_held(a, kv_medium::device), a.size() / 64);
+        EXPECT_EQ(observer.held(), listed(e));
+    }  // stopped before its folder goes
     fs::remove_all(dir);
 }
 
