@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """What publishing KV events costs: keepwarm with and without --kv-events, side by side in one run.
 
-For each repetition, a fresh server without events and one with them (a subscriber attached, draining every
-message, so the events are built, queued, encoded and sent), alone on the machine in turn: one cold prompt of
---words words, then --turns turns that each add the answer and --add-words more words, through POST /v1/completions
-(temperature 0, --max-tokens tokens). Per warm turn it records the server's timings.setup_ms (request received to
+For each repetition, two fresh servers at once, one without events and one with them (a subscriber attached,
+draining every message, so the events are built, queued, encoded and sent): one cold prompt of --words words, then
+--turns turns that each add the answer and --add-words more words, through POST /v1/completions (temperature 0,
+--max-tokens tokens), each turn sent to one server and then the other (the order alternating), so that other work on
+the machine falls on both alike. Per warm turn it records the server's timings.setup_ms (request received to
 the first model call: parse, render, tokenize, the cache's restore, where the block report is made) and
-timings.predicted_per_second (decode speed). Prints the median of each per mode, and on/off ratios.
+timings.predicted_per_second (decode speed), and from /metrics the engine thread's CPU time the cache spent on its block
+reports (keepwarm_kv_events_report_seconds_total) per request. Prints the median of each per mode, and the median of the per-turn
+on/off ratios.
 
-  bench/kv-events-overhead.py --model build/test-models/tiny.gguf --reps 3
+  bench/kv-events-overhead.py --model build/test-models/tiny.gguf
 
 Needs python3-zmq (the subscriber). keepwarm from build/keepwarm.
 """
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -68,46 +72,37 @@ def drain(endpoint, stop, counts):
     sub.close()
 
 
-def run(events, args):
+def start(events, args):
     port = free_port()
     cmd = [os.path.join(ROOT, "build", "keepwarm"), "serve", "-m", args.model, "-c", str(args.ctx), "-t",
            str(args.threads), "--port", str(port), "--parallel", "1", "--cache-disk", "0", "--cache-block",
            str(args.block)]
-    stop, counts, drainer = threading.Event(), {"messages": 0}, None
+    server = {"port": port, "stop": threading.Event(), "counts": {"messages": 0}, "drainer": None}
     if events:
         zmq_port = free_port()
         cmd += ["--kv-events", f"tcp://*:{zmq_port}"]
-        drainer = threading.Thread(target=drain, args=(f"tcp://127.0.0.1:{zmq_port}", stop, counts))
-        drainer.start()
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(port, process)
-        rng = random.Random(args.seed)
-        text = " ".join(rng.choice(WORDS) for _ in range(args.words))
-        setup, decode = [], []
-        for turn in range(args.turns + 1):
-            reply = post(port, {"model": "m", "prompt": text, "max_tokens": args.max_tokens, "temperature": 0,
-                                "ignore_eos": True})
-            t = reply.get("timings", {})
-            if turn > 0:
-                setup.append(t["setup_ms"])
-                decode.append(t["predicted_per_second"])
-            text += reply["choices"][0]["text"] + " " + " ".join(rng.choice(WORDS) for _ in range(args.add_words))
-        return setup, decode, counts["messages"]
-    finally:
-        process.terminate()
-        process.wait()
-        stop.set()
-        if drainer:
-            drainer.join()
+        server["drainer"] = threading.Thread(target=drain, args=(f"tcp://127.0.0.1:{zmq_port}", server["stop"],
+                                                                 server["counts"]))
+        server["drainer"].start()
+    server["process"] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_ready(port, server["process"])
+    return server
+
+
+def stop(server):
+    server["process"].terminate()
+    server["process"].wait()
+    server["stop"].set()
+    if server["drainer"]:
+        server["drainer"].join()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--words", type=int, default=8000, help="the cold prompt (~1 token a word)")
-    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=2, help="conversations (a fresh pair of servers each)")
+    parser.add_argument("--words", type=int, default=4000, help="the cold prompt (~1 token a word)")
+    parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--add-words", type=int, default=25)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--block", type=int, default=64, help="--cache-block: more blocks, more to report")
@@ -115,19 +110,50 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    results = {False: ([], []), True: ([], [])}
+    setup = {False: [], True: []}
+    decode = {False: [], True: []}
+    setup_ratio, decode_ratio, report_per_request = [], [], []
     for rep in range(args.reps):
-        for events in (False, True) if rep % 2 == 0 else (True, False):
-            setup, decode, messages = run(events, args)
-            results[events][0].extend(setup)
-            results[events][1].extend(decode)
-            print(f"rep {rep} events {'on ' if events else 'off'}: setup median {statistics.median(setup):.1f} ms, "
-                  f"decode median {statistics.median(decode):.1f} t/s" +
-                  (f", {messages} messages received" if events else ""), flush=True)
-    off_setup, off_decode = (statistics.median(v) for v in results[False])
-    on_setup, on_decode = (statistics.median(v) for v in results[True])
-    print(f"warm-turn setup: off {off_setup:.1f} ms, on {on_setup:.1f} ms (on/off {on_setup / off_setup:.3f})")
-    print(f"decode: off {off_decode:.1f} t/s, on {on_decode:.1f} t/s (on/off {on_decode / off_decode:.3f})")
+        servers = {False: start(False, args), True: start(True, args)}
+        try:
+            rng = random.Random(args.seed + rep)
+            text = " ".join(rng.choice(WORDS) for _ in range(args.words))
+            for turn in range(args.turns + 1):
+                timings, replies = {}, {}
+                # Both servers are up; each turn goes to one, then the other, in alternating order, so the machine's
+                # drift (other work on it) falls on both alike.
+                for events in (False, True) if turn % 2 == 0 else (True, False):
+                    reply = post(servers[events]["port"], {"model": "m", "prompt": text, "max_tokens": args.max_tokens,
+                                                           "temperature": 0, "ignore_eos": True})
+                    timings[events], replies[events] = reply.get("timings", {}), reply
+                if replies[False]["choices"][0]["text"] != replies[True]["choices"][0]["text"]:
+                    print(f"rep {rep} turn {turn}: the answers differ (each server goes on with the off one's)")
+                if turn > 0:
+                    for events in (False, True):
+                        setup[events].append(timings[events]["setup_ms"])
+                        decode[events].append(timings[events]["predicted_per_second"])
+                    setup_ratio.append(timings[True]["setup_ms"] / timings[False]["setup_ms"])
+                    decode_ratio.append(timings[True]["predicted_per_second"] /
+                                        timings[False]["predicted_per_second"])
+                text += replies[False]["choices"][0]["text"] + " " + " ".join(
+                    rng.choice(WORDS) for _ in range(args.add_words))
+            with urllib.request.urlopen(f"http://127.0.0.1:{servers[True]['port']}/metrics", timeout=60) as r:
+                metrics = r.read().decode()
+            value = lambda name: float(re.search(rf"^{name} (\S+)$", metrics, re.M).group(1))
+            requests = value("keepwarm_requests_total")
+            report_ms = 1000 * value("keepwarm_kv_events_report_seconds_total") / requests
+            report_per_request.append(report_ms)
+            print(f"rep {rep}: {servers[True]['counts']['messages']} event messages received; the cache's block "
+                  f"reports took {report_ms:.3f} ms of engine CPU time per request ({requests:.0f} requests)", flush=True)
+        finally:
+            for server in servers.values():
+                stop(server)
+    med = statistics.median
+    print(f"warm-turn setup: off {med(setup[False]):.2f} ms, on {med(setup[True]):.2f} ms; "
+          f"on/off per turn: median {med(setup_ratio):.3f} (n={len(setup_ratio)})")
+    print(f"block reports (events on): {med(report_per_request):.3f} ms of engine CPU time per request")
+    print(f"decode: off {med(decode[False]):.1f} t/s, on {med(decode[True]):.1f} t/s; "
+          f"on/off per turn: median {med(decode_ratio):.3f} (n={len(decode_ratio)})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <unordered_map>
 
@@ -47,6 +48,14 @@ block_key stored_state_key(const block_key& root, std::span<const llama_token> t
 // attention work grows with depth, the rest does not.
 double compute_saved(int tokens, int depth) {
     return tokens * (1.0 + depth / 8192.0);
+}
+
+// CPU time of the calling thread, in microseconds: what a piece of engine work costs, whatever else runs on the
+// machine.
+uint64_t thread_cpu_us() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
 }
 
 // Recency weight: an entry untouched for five minutes counts half as much as one used just now.
@@ -1089,6 +1098,7 @@ void prompt_cache::release_slot(int slot, bool discard) {
 // ---- statistics ----
 
 void prompt_cache::publish() {
+    report_blocks();
     cache_snapshot snap = counters_;
     snap.tree_nodes = tree_.node_count();
     const auto now = clock::now();
@@ -1137,11 +1147,8 @@ void prompt_cache::publish() {
         snap.disk.budget = options_.disk_budget;
         snap.disk_read_failures = counters_.disk_read_failures;
     }
-    {
-        std::lock_guard lock(published_mu_);
-        published_ = snap;
-    }
-    report_blocks();
+    std::lock_guard lock(published_mu_);
+    published_ = snap;
 }
 
 // Walks the shared tenant's tree block by block, chaining each block's hash from its parent's (chain_block_key from
@@ -1151,6 +1158,7 @@ void prompt_cache::publish() {
 void prompt_cache::report_blocks() {
     kv_block_observer* const observer = options_.block_observer;
     if (!observer) return;
+    const uint64_t started = thread_cpu_us();
     const int b = options_.block_tokens;
     const bool full = !listed_valid_;
     std::unordered_map<uint64_t, kv_listed_block> now;
@@ -1158,23 +1166,25 @@ void prompt_cache::report_blocks() {
     report.full_listing = full;
     struct frame {
         node* at;
-        block_key chain;                 // the key of the block ending where `pending` starts
-        std::optional<uint64_t> parent;  // its hash (none: position 0)
-        std::vector<llama_token> pending;
+        block_key chain;                   // the key of the block ending where `pending` starts
+        std::optional<uint64_t> parent;    // its hash (none: position 0)
+        std::vector<llama_token> pending;  // the tokens since then that ancestors hold (fewer than a block)
     };
     node* const root = tree_.root();
     std::vector<frame> stack;
     for (auto& [token, child] : root->children) stack.push_back({child.get(), root_keys_.at(root), std::nullopt, {}});
+    std::vector<llama_token> joined;  // a block that starts in an ancestor: its tokens in one piece
     while (!stack.empty()) {
         frame f = std::move(stack.back());
         stack.pop_back();
         node* const n = f.at;
+        const std::span<const llama_token> edge(n->edge);
         const auto start = static_cast<int32_t>(n->depth - n->edge.size());
+        const auto depth = static_cast<int32_t>(n->depth);
+        int32_t from = start;  // where this node's tokens not yet in a block begin
         bool intact = true;
-        for (size_t i = 0; i < n->edge.size() && intact; ++i) {
-            f.pending.push_back(n->edge[i]);
-            const int32_t end = start + static_cast<int32_t>(i) + 1;
-            if (end % b != 0) continue;
+        // Each block ending in this node: hashed from the span of its tokens (no copy unless it starts above).
+        for (int32_t end = (start / b + 1) * b; end <= depth; end += b) {
             uint8_t media = n->value.holders > 0 ? kv_medium_bit(kv_medium::device) : 0;
             if (const auto it = n->value.blocks.find(end); it != n->value.blocks.end()) {
                 if (it->second.ram) media |= kv_medium_bit(kv_medium::ram);
@@ -1184,7 +1194,15 @@ void prompt_cache::report_blocks() {
                 intact = false;
                 break;
             }
-            f.chain = chain_block_key(f.chain, f.pending);
+            std::span<const llama_token> block =
+                edge.subspan(static_cast<size_t>(from - start), static_cast<size_t>(end - from));
+            if (!f.pending.empty()) {
+                joined = f.pending;
+                joined.insert(joined.end(), block.begin(), block.end());
+                block = joined;
+                f.pending.clear();
+            }
+            f.chain = chain_block_key(f.chain, block);
             const uint64_t hash = f.chain.low;
             now[hash] = kv_listed_block{.hash = hash, .parent = f.parent, .media = media};
             uint8_t before = 0;
@@ -1194,13 +1212,17 @@ void prompt_cache::report_blocks() {
             for (int m = 0; m < kv_medium_count; ++m) {
                 const auto medium = static_cast<kv_medium>(m);
                 if ((media & ~before & kv_medium_bit(medium)) == 0) continue;
-                report.changes.push_back(
-                    {.stored = true, .medium = medium, .hash = hash, .parent = f.parent, .tokens = f.pending});
+                report.changes.push_back({.stored = true,
+                                          .medium = medium,
+                                          .hash = hash,
+                                          .parent = f.parent,
+                                          .tokens = std::vector<llama_token>(block.begin(), block.end())});
             }
             f.parent = hash;
-            f.pending.clear();
+            from = end;
         }
         if (!intact) continue;
+        f.pending.insert(f.pending.end(), edge.begin() + (from - start), edge.end());
         for (auto& [token, child] : n->children) stack.push_back({child.get(), f.chain, f.parent, f.pending});
     }
     // Removals after the stores: a block moving between media (a demotion) is never absent from a subscriber's index.
@@ -1220,8 +1242,9 @@ void prompt_cache::report_blocks() {
         listed_ = std::move(now);
     }
     listed_valid_ = true;
-    if (!report.full_listing && report.changes.empty()) return;
-    if (!observer->take(std::move(report))) {
+    const bool refused = (report.full_listing || !report.changes.empty()) && !observer->take(std::move(report));
+    counters_.block_report_us += thread_cpu_us() - started;
+    if (refused) {
         listed_valid_ = false;  // the observer dropped what it held: it gets everything again, now
         report_blocks();
     }

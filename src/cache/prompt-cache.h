@@ -115,6 +115,7 @@ struct cache_snapshot {
     uint64_t disk_rejected = 0, disk_read_failures = 0, restore_failures = 0;
     int block_tokens = 0;
     bool checkpoints_enabled = false;
+    uint64_t block_report_us = 0;  // engine-thread CPU time spent listing blocks for the block observer
 };
 
 class prompt_cache {

@@ -170,7 +170,12 @@ std::string render_metrics(const frontend_context& front, const local_model& mod
     out.gauge("keepwarm_slots_busy", "Slots serving a request", busy);
     out.gauge("keepwarm_queue_depth", "Requests waiting for a slot", model.llm->queued());
     write_kv_cache_gauges(out, *model.llm, slots);
-    if (model.kv_events) write_kv_event_metrics(out, model.kv_events->counters());
+    if (model.kv_events) {
+        write_kv_event_metrics(out, model.kv_events->counters());
+        out.counter("keepwarm_kv_events_report_seconds_total",
+                    "Engine-thread CPU time the prefix cache spent listing its blocks for the KV events",
+                    model.llm->cache_stats().block_report_us / 1e6);
+    }
     const request_latencies latencies = model.llm->latencies();
     out.family("keepwarm_queue_wait_seconds", "histogram", "Time finished requests waited for a slot");
     out.histogram("keepwarm_queue_wait_seconds", latencies.queue_wait);
