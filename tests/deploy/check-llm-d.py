@@ -294,7 +294,7 @@ def self_test(files):
         ("InferencePool enum", mutated(files, "inferencepool.yaml", "failureMode: FailOpen", "failureMode: Open")),
         ("InferencePool unknown field", mutated(files, "inferencepool.yaml", "appProtocol:", "protocol:")),
         ("EPP unknown plugin parameter", mutated(files, "endpoint-picker-config.yaml", "socketPort:", "socketport:")),
-        ("EPP bad metric name", mutated(files, "endpoint-picker-config.yaml", "kvUsageSpec: \"", "kvUsageSpec: \"1")),
+        ("EPP bad metric name", mutated(files, "endpoint-picker-config.yaml", "kvUsageSpec: keepwarm", "kvUsageSpec: 1keepwarm")),
         ("events port mismatch", mutated(files, "keepwarm-deployment.yaml", "tcp://*:5557", "tcp://*:5558")),
         ("block size mismatch", mutated(files, "keepwarm-deployment.yaml", "--cache-block=256", "--cache-block=64")),
         ("engine label mismatch", mutated(files, "keepwarm-deployment.yaml", "        llm-d.ai/engine-type: keepwarm",
