@@ -20,6 +20,8 @@ debian_packages=(
     nodejs npm           # end-to-end tests drive the server with the official npm clients
     python3              # the link check of README.md and docs/ (scripts/check-links.py), bench scripts
     python3-kubernetes python3-jsonschema python3-yaml  # schema check of deploy/llm-d/ (tests/deploy/check-llm-d.py)
+    libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events over ZeroMQ in msgpack (serve --kv-events, the proxy's events=)
+    python3-zmq python3-msgpack  # the e2e tests' KV-event publishers and subscribers, written from the wire format
     xz-utils             # bench spec reads the recorded agent trajectories (.jsonl.xz)
 )
 
