@@ -15,13 +15,14 @@ debian_packages=(
     libtomlplusplus-dev  # the policy file (TOML)
     libre2-dev           # policy patterns: linear-time regular expressions
     libsimdjson-dev      # request bodies: fast JSON parsing
+    libzmq3-dev cppzmq-dev  # serve --kv-events: ZeroMQ, the transport of vLLM's KV-event stream (docs/kv-events.md)
+    libmsgpack-cxx-dev   # serve --kv-events: msgpack, the encoding of its payloads
+    python3-zmq python3-msgpack  # the KV-event conformance test's subscriber (tests/conformance/)
     clang-format         # the formatting check in the test suite
     clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients
     python3              # the link check of README.md and docs/ (scripts/check-links.py), bench scripts
     python3-kubernetes python3-jsonschema python3-yaml  # schema check of deploy/llm-d/ (tests/deploy/check-llm-d.py)
-    libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events over ZeroMQ in msgpack (serve --kv-events, the proxy's events=)
-    python3-zmq python3-msgpack  # the e2e tests' KV-event publishers and subscribers, written from the wire format
     xz-utils             # bench spec reads the recorded agent trajectories (.jsonl.xz)
 )
 
