@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets=(openai-request anthropic-request ollama-request openai-stream anthropic-stream ollama-stream policy-file
-    proxy-config disk-entry prompt-index restore-plan)
+    proxy-config disk-entry prompt-index restore-plan kv-event-message)
 build=build-fuzz
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"

@@ -22,6 +22,7 @@ debian_packages=(
     clang libclang-rt-dev  # libFuzzer targets (fuzz/): clang 14 and its fuzzer/sanitizer runtimes
     nodejs npm           # end-to-end tests drive the server with the official npm clients
     python3              # the link check of README.md and docs/ (scripts/check-links.py), bench scripts
+    python3-kubernetes python3-jsonschema python3-yaml  # schema check of deploy/llm-d/ (tests/deploy/check-llm-d.py)
     xz-utils             # bench spec reads the recorded agent trajectories (.jsonl.xz)
 )
 

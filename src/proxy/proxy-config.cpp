@@ -159,8 +159,11 @@ private:
                 } else if (key.str() == "api_key") {
                     u.api_key = string(node, "upstream.api_key");
                     http::check_api_key(u.api_key, "");
+                } else if (key.str() == "events") {
+                    u.events = string(node, "upstream.events");
+                    check_events_endpoint(u.events);
                 } else {
-                    unknown(key, "[[upstream]]", {"url", "dialect", "model", "api_key"});
+                    unknown(key, "[[upstream]]", {"url", "dialect", "model", "api_key", "events"});
                 }
             } catch (const std::invalid_argument& e) {
                 fail(node.source(), std::string("upstream.") + std::string(key.str()) + ": " + e.what());

@@ -34,7 +34,7 @@ upstream_exchange call_upstream(upstream_pool& pool, upstream_choice choice, con
     bool any_failed = false;
     for (;;) {
         std::optional<upstream_pool::route> route =
-            pool.acquire(choice.blocks, choice.excluded, choice.model, choice.routing_key);
+            pool.acquire(choice.blocks, choice.excluded, choice.model, choice.routing_key, choice.tokens);
         if (!route) {
             throw request_error(503,
                                 "no upstream can take the request: " + std::to_string(pool.size()) + " configured, " +

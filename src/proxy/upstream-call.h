@@ -28,6 +28,7 @@ struct upstream_choice {
     std::string model;                 // the name the request asks for (after the policy): see acquire()
     uint64_t routing_key = 0;          // routing_key() of the request; 0: none
     std::vector<size_t> excluded;  // upstreams that cannot take it (another dialect), besides those not serving model
+    std::span<const int32_t> tokens;  // the prompt's token ids for routing by KV events (empty: infer)
 };
 
 // An upstream that took the request and answered with a 2xx head.

@@ -25,6 +25,17 @@ std::string without_keys(const std::string& spec) {
 
 }  // namespace
 
+void check_events_endpoint(const std::string& endpoint) {
+    const bool tcp = endpoint.rfind("tcp://", 0) == 0, ipc = endpoint.rfind("ipc://", 0) == 0;
+    if ((!tcp && !ipc) || endpoint.size() <= 6) {
+        throw std::invalid_argument("events '" + endpoint + "' is not tcp://HOST:PORT or ipc://PATH");
+    }
+    if (tcp && (endpoint.find('*') != std::string::npos || endpoint.rfind(':') <= 5)) {
+        throw std::invalid_argument("events '" + endpoint +
+                                    "' is no address to connect to: name the upstream's host and port");
+    }
+}
+
 upstream_config upstream_config::parse(const std::string& spec) {
     upstream_config config;
     size_t pos = spec.find(',');
@@ -45,9 +56,12 @@ upstream_config upstream_config::parse(const std::string& spec) {
         } else if (key == "key") {
             http::check_api_key(value, "the key of upstream " + config.origin.url());
             config.api_key = value;
+        } else if (key == "events") {
+            check_events_endpoint(value);
+            config.events = value;
         } else {
             throw std::invalid_argument("'" + key + "' in upstream '" + without_keys(spec) +
-                                        "' is not one of dialect, model, key");
+                                        "' is not one of dialect, model, key, events");
         }
     }
     return config;

@@ -42,9 +42,17 @@ upstream_generation::upstream_generation(frontend_context& ctx, upstream_pool& p
 
 void upstream_generation::connect(const http::request& req) {
     const std::vector<uint64_t> blocks = chained_block_hashes(prompt_text_, pool_.routing().block_chars, req.tenant);
+    // Exact routing needs the prompt's token ids. Upstreams publish only their shared cache's blocks
+    // (docs/kv-events.md, "Tenants"), so a tenant's own request is routed by inference.
+    std::vector<int32_t> tokens;
+    if (req.tenant.empty() && pool_.routes_by_events()) tokens = pool_.prompt_tokens(chat_, chat_.model, req.api_key);
     std::vector<std::string> bias_rules;  // the policy's biases as bound for the upstream that answers
     upstream_exchange x = call_upstream(
-        pool_, {.blocks = blocks, .model = chat_.model, .routing_key = routing_key(chat_.prompt_cache_key, req.tenant)},
+        pool_,
+        {.blocks = blocks,
+         .model = chat_.model,
+         .routing_key = routing_key(chat_.prompt_cache_key, req.tenant),
+         .tokens = tokens},
         [&](const upstream_pool::route& route) {
             bias_rules = bind_biases(route.upstream);
             return build_call(route.config->dialect, chat_, route.model, pool_.credential(route.upstream, req.api_key));

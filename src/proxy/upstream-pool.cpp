@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+
 #include "base/logger.h"
 namespace keepwarm::proxy {
 
@@ -12,12 +13,19 @@ std::vector<http::endpoint> origins_of(const std::vector<upstream_config>& upstr
     for (const upstream_config& u : upstreams) origins.push_back(u.origin);
     return origins;
 }
+
+std::vector<std::string> events_of(const std::vector<upstream_config>& upstreams) {
+    std::vector<std::string> events;
+    for (const upstream_config& u : upstreams) events.push_back(u.events);
+    return events;
+}
 }  // namespace
 
 upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_options options)
     : upstreams_(std::move(upstreams)),
       options_(std::move(options)),
       router_(upstreams_.size(), options_.routing),
+      block_index_(upstreams_.size(), options_.routing.max_blocks_per_upstream),
       connections_(origins_of(upstreams_), options_.max_idle_connections, request_options()),
       bias_tokens_(upstreams_, options_.bias_texts),
       health_(upstreams_,
@@ -26,12 +34,23 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
                .failures_to_down = options_.health_failures},
               {.on_state = [this](const health_event& e) { on_health(e); },
                .after_up = [this](size_t upstream,
-                                  const http::client_options& client) { bias_tokens_.bind(upstream, client); }}) {}
+                                  const http::client_options& client) { bias_tokens_.bind(upstream, client); }}),
+      subscriber_(events_of(upstreams_), {.on_message =
+                                              [this](size_t upstream, const kv_event_message& m) {
+                                                  std::lock_guard lock(router_mu_);
+                                                  return block_index_.apply(upstream, m);
+                                              },
+                                          .on_reconnect =
+                                              [this](size_t upstream) {
+                                                  std::lock_guard lock(router_mu_);
+                                                  block_index_.reconnected(upstream);
+                                              }}) {}
 
 upstream_pool::~upstream_pool() = default;
 
 void upstream_pool::start_health_checks() {
     health_.start();
+    subscriber_.start();
 }
 
 void upstream_pool::on_health(const health_event& e) {
@@ -48,14 +67,74 @@ std::optional<int32_t> upstream_pool::bias_token(size_t upstream, const std::str
     return bias_tokens_.lookup(upstream, text);
 }
 
+std::vector<size_t> upstream_pool::held_blocks(std::span<const int32_t> tokens) const {
+    std::vector<size_t> held(upstreams_.size(), 0);
+    if (tokens.empty()) return held;
+    // Keys per block size (one, unless the upstreams were started with different --cache-block).
+    std::vector<std::pair<uint32_t, std::vector<uint64_t>>> keys;
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        if (!block_index_.in_step(i)) continue;
+        const uint32_t size = block_index_.block_size(i);
+        auto it = std::find_if(keys.begin(), keys.end(), [&](const auto& k) { return k.first == size; });
+        if (it == keys.end()) it = keys.insert(keys.end(), {size, token_block_keys(tokens, size)});
+        held[i] = block_index_.held_blocks(i, it->second);
+    }
+    return held;
+}
+
+bool upstream_pool::routes_by_events() const {
+    std::lock_guard lock(router_mu_);
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        if (block_index_.in_step(i)) return true;
+    }
+    return false;
+}
+
+std::vector<int32_t> upstream_pool::prompt_tokens(const chat_request& chat, const std::string& model,
+                                                  const std::string& client_key) const {
+    std::vector<size_t> candidates;
+    {
+        std::lock_guard lock(router_mu_);
+        for (size_t i = 0; i < upstreams_.size(); i++) {
+            if (block_index_.in_step(i) && upstreams_[i].dialect == upstream_dialect::openai) candidates.push_back(i);
+        }
+    }
+    // As routing by model name: the upstreams that serve `model`, or all when none does (a client's label).
+    const std::vector<size_t> not_serving = excluded_for({}, model);
+    for (const size_t i : candidates) {
+        if (std::find(not_serving.begin(), not_serving.end(), i) != not_serving.end()) continue;
+        if (!health_.up(i)) continue;
+        const upstream_config& u = upstreams_[i];
+        try {
+            const upstream_call call = build_call(u.dialect, chat, model, credential(i, client_key));
+            const http::client_options options{.read_timeout = std::chrono::seconds(30), .max_body_bytes = 64u << 20};
+            const http::fetched rendered =
+                http::fetch(u.origin, "POST", "/apply-template", call.body, call.headers, options);
+            if (rendered.status != 200) continue;
+            const auto prompt = nlohmann::json::parse(rendered.body).at("prompt").get<std::string>();
+            // As keepwarm tokenizes a chat's prompt: with the model's BOS and its special tokens parsed.
+            const nlohmann::json ask{{"content", prompt}, {"add_special", true}, {"parse_special", true}};
+            const http::fetched tokenized =
+                http::fetch(u.origin, "POST", "/tokenize", ask.dump(), call.headers, options);
+            if (tokenized.status != 200) continue;
+            return nlohmann::json::parse(tokenized.body).at("tokens").get<std::vector<int32_t>>();
+        } catch (const std::exception& e) {
+            log::warn("proxy", "upstream {} could not tokenize a prompt for routing ({})", u.origin.url(), e.what());
+        }
+    }
+    return {};
+}
+
 std::optional<upstream_pool::route> upstream_pool::acquire(std::span<const uint64_t> blocks,
                                                            const std::vector<size_t>& excluded,
-                                                           const std::string& model, uint64_t key) {
+                                                           const std::string& model, uint64_t key,
+                                                           std::span<const int32_t> tokens) {
     const std::vector<size_t> not_here = excluded_for(excluded, model);
     std::optional<upstream_router::decision> decision;
     {
         std::lock_guard lock(router_mu_);
-        decision = router_.choose(blocks, not_here, key);
+        if (!tokens.empty()) decision = router_.choose_held(held_blocks(tokens), not_here);
+        if (!decision) decision = router_.choose(blocks, not_here, key);
         if (!decision) return std::nullopt;
         router_.start(*decision, blocks, key);
     }
@@ -163,9 +242,13 @@ std::vector<upstream_snapshot> upstream_pool::snapshot() const {
         out[i].models = served_models(i);
         out[i].healthy = health_.up(i);
         out[i].connections = connections_.stats(i);
+        out[i].events = u.events;
     }
     std::lock_guard lock(router_mu_);
-    for (size_t i = 0; i < upstreams_.size(); i++) out[i].routing = router_.stats(i);
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        out[i].routing = router_.stats(i);
+        out[i].kv = block_index_.stats(i);
+    }
     return out;
 }
 

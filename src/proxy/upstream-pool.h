@@ -1,6 +1,8 @@
 // The upstream engines behind `keepwarm proxy`, as the request path sees them: one object that composes the parts,
 // each with one job, its own lock and its own tests:
 //   upstream_router       where a request goes (cache-aware, pure; upstream-router.h)
+//   kv_block_index        which token blocks the upstreams that publish KV events hold (pure; kv-block-index.h),
+//                         fed by kv_event_subscriber's thread (kv-event-subscriber.h)
 //   upstream_health       the checker thread and each upstream's up/down state (upstream-health.h)
 //   upstream_connections  the kept-alive idle connections per upstream (upstream-connections.h)
 //   bias_tokens           the policy's bias texts as each upstream's token ids (upstream-bias-tokens.h)
@@ -8,7 +10,8 @@
 //                         /metrics text)
 // The health checks drive the others: an upstream found down is taken out of routing and loses its idle connections
 // and its bias tokens; one found up is routed to again (its prefix tree starts empty) and asked for its bias tokens.
-// Threading: every member function may be called from any thread. router_mu_ guards the router; the other parts
+// Threading: every member function may be called from any thread. router_mu_ guards the router and the block index
+// (one decision reads both); the other parts
 // guard themselves. Lock order: the health lock, then any other (the health hook takes them under it); the pool
 // never calls into upstream_health while it holds router_mu_.
 #pragma once
@@ -26,6 +29,8 @@
 
 #include "base/metrics-text.h"
 #include "http/http-client.h"
+#include "proxy/kv-block-index.h"
+#include "proxy/kv-event-subscriber.h"
 #include "proxy/upstream-bias-tokens.h"
 #include "proxy/upstream-config.h"
 #include "proxy/upstream-connections.h"
@@ -70,7 +75,8 @@ public:
     upstream_pool(const upstream_pool&) = delete;
     upstream_pool& operator=(const upstream_pool&) = delete;
 
-    // Checks every upstream once, then keeps checking every health_interval on a thread of its own.
+    // Checks every upstream once, then keeps checking every health_interval on a thread of its own; subscribes to
+    // the KV events of the upstreams that publish them (their `events`), on another.
     void start_health_checks();
 
     // Where one request goes.
@@ -85,14 +91,25 @@ public:
     // in flight there until release(); nullopt when none is left. `key`: the request's routing_key() (0: none).
     // The model sent is `model` when the upstream serves it, else its spec's model=, else the first it lists, else
     // `model`.
+    // `tokens`: the prompt's token ids as the upstreams tokenize it (prompt_tokens()); given, and some upstream's KV
+    // events say it holds a prefix of them, the request goes by those (upstream_router::choose_held) instead.
     std::optional<route> acquire(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded,
-                                 const std::string& model, uint64_t key = 0);
+                                 const std::string& model, uint64_t key = 0, std::span<const int32_t> tokens = {});
     void release(size_t upstream);
     // Where a request would go now, without sending it there (count_tokens): nothing is counted or remembered.
     std::optional<route> peek(std::span<const uint64_t> blocks, const std::string& model, uint64_t key = 0) const;
     // A call to it failed below HTTP or timed out: it is down until a health check sees it answer (its tree is
     // forgotten then). `why` goes into the log.
     void mark_down(size_t upstream, const std::string& why = "a call failed");
+
+    // Whether some upstream publishes KV events and is in step with the proxy now: only then is a request worth
+    // tokenizing for routing.
+    bool routes_by_events() const;
+    // The prompt's token ids as an upstream in step renders and tokenizes it for `model` (its POST /apply-template,
+    // then POST /tokenize, as llama-server and keepwarm serve answer them): the ids its KV events hold a prefix of.
+    // Empty when no such upstream answers (routing then infers). Never throws.
+    std::vector<int32_t> prompt_tokens(const chat_request& chat, const std::string& model,
+                                       const std::string& client_key) const;
 
     // The key to send upstream for a client that authenticated with `client_key` (may be empty): the upstream's own,
     // else the client's when forward_client_keys, else none.
@@ -140,6 +157,8 @@ private:
     std::vector<size_t> excluded_for(const std::vector<size_t>& excluded, const std::string& model) const;
     // What each part knows of every upstream now (taken part by part, not as one instant).
     std::vector<upstream_snapshot> snapshot() const;
+    // How many of `tokens`' blocks each upstream's events say it holds (0 for those without); caller holds router_mu_.
+    std::vector<size_t> held_blocks(std::span<const int32_t> tokens) const;
     // What a health check or a failed call said, passed on to routing, connections and bias tokens (under the
     // health lock).
     void on_health(const health_event& e);
@@ -148,11 +167,13 @@ private:
     const pool_options options_;
 
     mutable std::mutex router_mu_;
-    upstream_router router_;  // guarded by router_mu_
+    upstream_router router_;      // guarded by router_mu_
+    kv_block_index block_index_;  // guarded by router_mu_
     upstream_connections connections_;
     bias_tokens bias_tokens_;
     added_latency latency_;
-    upstream_health health_;  // last: destroyed first, so its thread stops before the parts its hooks reach go
+    upstream_health health_;          // destroyed before the parts its hooks reach, so its thread stops first
+    kv_event_subscriber subscriber_;  // last: destroyed first, its thread stopped before the index goes
 };
 
 }  // namespace keepwarm::proxy

@@ -110,6 +110,27 @@ std::optional<upstream_router::decision> upstream_router::choose(std::span<const
     return decision{.upstream = *best, .matched_blocks = best_match};
 }
 
+std::optional<upstream_router::decision> upstream_router::choose_held(std::span<const size_t> held,
+                                                                      const std::vector<size_t>& excluded) const {
+    std::optional<size_t> best, least;
+    for (size_t i = 0; i < upstreams_.size() && i < held.size(); i++) {
+        const upstream_stats& s = upstreams_[i].stats;
+        if (!s.healthy || std::find(excluded.begin(), excluded.end(), i) != excluded.end()) continue;
+        if (held[i] > 0 && (!best || held[i] > held[*best])) best = i;
+        if (!least) {
+            least = i;
+        } else {
+            const upstream_stats& l = upstreams_[*least].stats;
+            if (s.in_flight < l.in_flight || (s.in_flight == l.in_flight && s.requests < l.requests)) least = i;
+        }
+    }
+    if (!best) return std::nullopt;
+    if (upstreams_[*best].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin) {
+        return decision{.upstream = *least, .matched_blocks = held[*least], .rebalanced = true, .exact = true};
+    }
+    return decision{.upstream = *best, .matched_blocks = held[*best], .exact = true};
+}
+
 void upstream_router::start(const decision& d, std::span<const uint64_t> blocks, uint64_t key) {
     upstream_state& u = upstreams_.at(d.upstream);
     u.stats.requests++;
@@ -128,7 +149,12 @@ void upstream_router::start(const decision& d, std::span<const uint64_t> blocks,
             key_recency_.pop_back();
         }
     }
-    if (d.matched_blocks >= options_.min_match_blocks) {
+    if (d.exact) {
+        if (d.matched_blocks > 0) {
+            u.stats.exact_hits++;
+            u.stats.exact_blocks += d.matched_blocks;
+        }
+    } else if (d.matched_blocks >= options_.min_match_blocks) {
         u.stats.prefix_hits++;
         u.stats.matched_blocks += d.matched_blocks;
     }

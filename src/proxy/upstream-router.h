@@ -59,11 +59,17 @@ public:
         size_t matched_blocks = 0;  // of the chosen upstream
         bool rebalanced = false;    // a longer match (or the key's upstream) elsewhere lost to load
         bool keyed = false;         // sent where its routing key's requests go
+        bool exact = false;         // by the blocks its KV events say it holds (matched_blocks: of those)
     };
     // Where a request with these block hashes (and routing key, 0: none) should go, among healthy upstreams not in
     // `excluded`; nullopt when there is none.
     std::optional<decision> choose(std::span<const uint64_t> blocks, const std::vector<size_t>& excluded = {},
                                    uint64_t key = 0) const;
+
+    // Exact routing, where upstreams publish KV events: held[i] is how many of the prompt's token blocks upstream i
+    // holds (0: none, or it publishes none). The upstream holding the most, if any holds one, under the same load rule
+    // as choose(); nullopt when none holds a block (the caller then infers with choose()).
+    std::optional<decision> choose_held(std::span<const size_t> held, const std::vector<size_t>& excluded = {}) const;
 
     // The request was sent where `d` says: its blocks join that upstream's tree, its key (if any) points there, and
     // it is in flight until finish().
@@ -81,6 +87,8 @@ public:
         uint64_t rebalanced = 0;      // requests sent here although a longer match was elsewhere
         uint64_t keyed = 0;           // requests routed here by their routing key
         uint64_t forgotten = 0;       // times its tree was dropped (restarts)
+        uint64_t exact_hits = 0;      // requests routed here by the blocks its events say it holds
+        uint64_t exact_blocks = 0;    // summed over those requests, in its event blocks
         int in_flight = 0;
         bool healthy = true;
         size_t tree_blocks = 0;

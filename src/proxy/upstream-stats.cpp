@@ -88,6 +88,21 @@ json cache_json(const std::vector<upstream_snapshot>& upstreams, json overhead, 
              {"forgotten", s.forgotten},
              {"connections",
               {{"opened", u.connections.opened}, {"reused", u.connections.reused}, {"idle", u.connections.idle}}}});
+        if (u.events.empty()) {
+            list.back()["kv_events"] = nullptr;
+            continue;
+        }
+        json blocks = json::object();
+        for (size_t m = 0; m < kv_medium_count; m++) blocks[kv_medium_name(static_cast<kv_medium>(m))] = u.kv.blocks[m];
+        list.back()["kv_events"] = {{"endpoint", u.events},
+                                    {"in_step", u.kv.in_step},
+                                    {"blocks", std::move(blocks)},
+                                    {"messages", u.kv.messages},
+                                    {"events", u.kv.events},
+                                    {"resyncs", u.kv.resyncs},
+                                    {"orphan_blocks", u.kv.orphan_blocks},
+                                    {"exact_hits", s.exact_hits},
+                                    {"exact_blocks", s.exact_blocks}};
     }
     return {{"upstreams", std::move(list)},
             {"overhead_ms", std::move(overhead)},
@@ -119,6 +134,15 @@ void write_upstream_metrics(metrics_text& out, const std::vector<upstream_snapsh
     per_upstream("keepwarm_proxy_rebalanced_total", "counter",
                  "Requests sent to the upstream although a longer prefix match was elsewhere (load won)",
                  [](snap u) { return u.routing.rebalanced; });
+    per_upstream("keepwarm_proxy_exact_hits_total", "counter",
+                 "Requests routed to the upstream because its KV events say it holds a prefix of their tokens",
+                 [](snap u) { return u.routing.exact_hits; });
+    per_upstream("keepwarm_proxy_kv_events_in_step", "gauge",
+                 "1 while the proxy's index of the upstream's KV events is in step with it (0: routing infers)",
+                 [](snap u) { return u.kv.in_step; });
+    per_upstream("keepwarm_proxy_kv_events_resyncs_total", "counter",
+                 "Times the upstream's KV events fell out of step (a gap, a broken message, a restart, overflow)",
+                 [](snap u) { return u.kv.resyncs; });
     per_upstream("keepwarm_proxy_in_flight", "gauge", "Requests the upstream is answering now",
                  [](snap u) { return u.routing.in_flight; });
     per_upstream("keepwarm_proxy_prefix_tree_blocks", "gauge", "Blocks in the upstream's prefix tree",

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/metrics-text.h"
+#include "proxy/kv-block-index.h"
 #include "proxy/upstream-connections.h"
 #include "proxy/upstream-dialects.h"
 #include "proxy/upstream-router.h"
@@ -50,6 +51,8 @@ struct upstream_snapshot {
     bool healthy = false;
     upstream_router::upstream_stats routing;
     upstream_connections::counts connections;
+    std::string events;                 // its KV-events endpoint; empty: it publishes none (to the proxy)
+    kv_block_index::upstream_stats kv;  // what its events told, when it has an endpoint
 };
 
 // GET /v1/cache on the proxy: per upstream its URL, dialect, model, the models it serves, health, requests, estimated

@@ -204,6 +204,21 @@ TEST(ProxyConfig, AKeyWithOuterWhitespaceIsAMistakeOnItsLine) {
         ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
         EXPECT_EQ(std::string(e.what()),
-                  "'modle' in upstream 'http://h:1,key=***,modle=m' is not one of dialect, model, key");
+                  "'modle' in upstream 'http://h:1,key=***,modle=m' is not one of dialect, model, key, events");
     }
+}
+
+TEST(ProxyConfig, AnUpstreamsKvEventsEndpoint) {
+    EXPECT_EQ(upstream_config::parse("http://h:1,events=tcp://h:5557").events, "tcp://h:5557");
+    EXPECT_EQ(upstream_config::parse("http://h:1").events, "");
+    // An address to bind names no host the proxy could connect to.
+    EXPECT_THROW(upstream_config::parse("http://h:1,events=tcp://*:5557"), std::invalid_argument);
+    EXPECT_THROW(upstream_config::parse("http://h:1,events=h:5557"), std::invalid_argument);
+    EXPECT_THROW(upstream_config::parse("http://h:1,events=tcp://h"), std::invalid_argument);
+    const proxy_settings s =
+        parse_proxy_config("[[upstream]]\nurl = \"http://a:1\"\nevents = \"tcp://a:5557\"\n", "proxy.toml");
+    ASSERT_EQ(s.upstreams.size(), 1u);
+    EXPECT_EQ(s.upstreams[0].events, "tcp://a:5557");
+    expect_error("[[upstream]]\nurl = \"http://a:1\"\nevents = \"tcp://*:5557\"\n", 3,
+                 "upstream.events: events 'tcp://*:5557' is no address to connect to");
 }

@@ -248,3 +248,31 @@ TEST(UpstreamsNotServing, ANameNoUpstreamServesIsAClientsLabelAndExcludesNone) {
     EXPECT_TRUE(upstreams_not_serving({{}, {}}, "qwen").empty());  // nothing listed yet
     EXPECT_TRUE(upstreams_not_serving({}, "qwen").empty());
 }
+
+TEST(UpstreamRouter, ExactRoutingGoesToTheMostHeldBlocksUnderTheLoadRule) {
+    upstream_router router(3, {.rebalance_margin = 1});
+    // Nobody holds a block: no exact decision (the pool then infers).
+    EXPECT_FALSE(router.choose_held(std::vector<size_t>{0, 0, 0}));
+    const std::vector<size_t> held{1, 3, 2};
+    auto d = router.choose_held(held);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->upstream, 1u);
+    EXPECT_EQ(d->matched_blocks, 3u);
+    EXPECT_TRUE(d->exact);
+    EXPECT_FALSE(d->rebalanced);
+    // Excluded or down upstreams are passed over.
+    EXPECT_EQ(router.choose_held(held, {1})->upstream, 2u);
+    router.set_health(2, false);
+    EXPECT_EQ(router.choose_held(held, {1})->upstream, 0u);
+    router.set_health(2, true);
+    // Load wins past the margin, as in choose().
+    router.start(*d, {});
+    router.start(*d, {});
+    d = router.choose_held(held);
+    EXPECT_TRUE(d->rebalanced);
+    EXPECT_NE(d->upstream, 1u);
+    const upstream_router::upstream_stats s = router.stats(1);
+    EXPECT_EQ(s.exact_hits, 2u);
+    EXPECT_EQ(s.exact_blocks, 6u);
+    EXPECT_EQ(s.prefix_hits, 0u);  // text-block hits count inference only
+}

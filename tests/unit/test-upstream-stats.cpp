@@ -29,6 +29,19 @@ proxy::upstream_snapshot snapshot(const std::string& url, bool healthy) {
     s.routing.tree_blocks = 40;
     s.routing.forgotten = 1;
     s.connections = {.opened = 5, .reused = 9, .idle = 4};
+    s.routing.exact_hits = 6;
+    s.routing.exact_blocks = 30;
+    return s;
+}
+
+// An upstream that publishes KV events, as the proxy's index saw them.
+proxy::upstream_snapshot with_events(proxy::upstream_snapshot s) {
+    s.events = "tcp://a:5557";
+    s.kv.in_step = true;
+    s.kv.blocks = {3, 2, 1};
+    s.kv.messages = 11;
+    s.kv.events = 17;
+    s.kv.resyncs = 2;
     return s;
 }
 
@@ -145,5 +158,25 @@ TEST(upstream_stats, metrics_give_each_family_once_with_one_sample_per_upstream)
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_opened_total{upstream="http://b:2"} 5)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_reused_total{upstream="http://b:2"} 9)")) << text;
     EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_connections_idle{upstream="http://b:2"} 4)")) << text;
-    EXPECT_EQ(count("# TYPE "), 11u);
+    EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_exact_hits_total{upstream="http://a:1"} 6)")) << text;
+    EXPECT_TRUE(has_line(text, R"(keepwarm_proxy_kv_events_in_step{upstream="http://a:1"} 0)")) << text;
+    EXPECT_EQ(count("# TYPE "), 14u);
+}
+
+TEST(upstream_stats, kv_events_per_upstream_where_it_publishes_them) {
+    const json cache = proxy::cache_json({with_events(snapshot("http://a:1", true)), snapshot("http://b:2", true)},
+                                         {{"requests", 0}}, {});
+    const json& kv = cache["upstreams"][0]["kv_events"];
+    EXPECT_EQ(kv["endpoint"], "tcp://a:5557");
+    EXPECT_EQ(kv["in_step"], true);
+    EXPECT_EQ(kv["blocks"], json({{"gpu", 3}, {"cpu", 2}, {"disk", 1}}));
+    EXPECT_EQ(kv["messages"], 11);
+    EXPECT_EQ(kv["resyncs"], 2);
+    EXPECT_EQ(kv["exact_hits"], 6);
+    EXPECT_EQ(kv["exact_blocks"], 30);
+    EXPECT_TRUE(cache["upstreams"][1]["kv_events"].is_null());
+    metrics_text out;
+    proxy::write_upstream_metrics(out, {with_events(snapshot("http://a:1", true))});
+    EXPECT_TRUE(has_line(out.str(), R"(keepwarm_proxy_kv_events_in_step{upstream="http://a:1"} 1)")) << out.str();
+    EXPECT_TRUE(has_line(out.str(), R"(keepwarm_proxy_kv_events_resyncs_total{upstream="http://a:1"} 2)"));
 }
