@@ -91,6 +91,12 @@ void write_draft_metrics(metrics_text& out, const engine_counters& c) {
     out.counter("keepwarm_answer_steps_total",
                 "Engine steps that sampled answer tokens after a request's first (drafting or not), per request",
                 c.answer_steps.load());
+    out.counter("keepwarm_draft_model_reused_tokens_total",
+                "A draft model (-md): prompt tokens a request found in its draft sequence's KV",
+                c.draft_model_reused.load());
+    out.counter("keepwarm_draft_model_computed_tokens_total",
+                "A draft model (-md): tokens its context computed to catch up with a request's sequence",
+                c.draft_model_computed.load());
 }
 
 }  // namespace
