@@ -1290,6 +1290,7 @@ void engine::count_draft_model() {
     if (const draft_model* m = drafts_->model()) {
         counters_.draft_model_reused = m->stats().reused_tokens;
         counters_.draft_model_computed = m->stats().computed_tokens;
+        counters_.draft_model_drafted = m->stats().drafted_tokens;
     }
 }
 

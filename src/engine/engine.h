@@ -185,6 +185,7 @@ struct engine_counters {
     // computed to catch up with a sequence (a prompt's rest, or a whole one restored by the target's prefix cache).
     std::atomic<uint64_t> draft_model_reused{0};
     std::atomic<uint64_t> draft_model_computed{0};
+    std::atomic<uint64_t> draft_model_drafted{0};  // tokens it proposed, verified or not
     std::atomic<uint64_t> answer_steps{0};  // steps that sampled answer tokens after a request's first, per request
 };
 

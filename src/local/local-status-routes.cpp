@@ -97,6 +97,9 @@ void write_draft_metrics(metrics_text& out, const engine_counters& c) {
     out.counter("keepwarm_draft_model_computed_tokens_total",
                 "A draft model (-md): tokens its context computed to catch up with a request's sequence",
                 c.draft_model_computed.load());
+    out.counter("keepwarm_draft_model_drafted_tokens_total",
+                "A draft model (-md): tokens it proposed, verified or not (each costs a decode of the draft model)",
+                c.draft_model_drafted.load());
 }
 
 }  // namespace

@@ -156,8 +156,11 @@ TEST(draft_model, drafting_stops_where_a_draft_model_does_not_pay) {
     EXPECT_EQ(noise.generated.size(), 300u);
     EXPECT_LE(noise.stats.draft_steps, 10)
         << noise.stats.draft_tokens << " tokens drafted, " << noise.stats.draft_accepted << " accepted";
-    // The draft model did run: it computed the prompt and was probed.
+    // The draft model did run: it computed the prompt and was probed, now and then. (Asked for a draft every step,
+    // it would have drafted 16 tokens a step, 4,800 in all.)
     EXPECT_GT(e.counters().draft_model_computed.load(), prompt_size_floor);
+    EXPECT_GT(e.counters().draft_model_drafted.load(), 0u);
+    EXPECT_LT(e.counters().draft_model_drafted.load(), 300u);
 }
 
 TEST(draft_model, two_slots_draft_with_one_draft_model_at_once) {
