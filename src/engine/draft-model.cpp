@@ -147,38 +147,46 @@ bool draft_model::catch_up(int seq, std::span<const llama_token> tokens, size_t 
 
 std::vector<llama_token> draft_model::draft(int seq, const std::vector<llama_token>& tokens, size_t max_tokens) {
     if (seq < 0 || tokens.size() < 2 || max_tokens == 0) return {};
-    const auto catch_up_started = clock::now();
-    const std::span<const llama_token> before_last(tokens.data(), tokens.size() - 1);
-    const bool ready = catch_up(seq, before_last, static_cast<size_t>(std::max(1, options_.catch_up_tokens)));
-    stats_.catch_up_ms += ms_since(catch_up_started);
-    if (!ready) return {};
+    // A draft is an optimization: whatever goes wrong in common, the request decodes on without one, and the sequence
+    // starts over at the next proposal.
+    try {
+        const auto catch_up_started = clock::now();
+        const std::span<const llama_token> before_last(tokens.data(), tokens.size() - 1);
+        const bool ready = catch_up(seq, before_last, static_cast<size_t>(std::max(1, options_.catch_up_tokens)));
+        stats_.catch_up_ms += ms_since(catch_up_started);
+        if (!ready) return {};
 
-    const auto draft_started = clock::now();
-    std::vector<llama_token>& held = held_[static_cast<size_t>(seq)];
-    result_.clear();
-    common_speculative_get_draft_params(spec_, seq) = {
-        /* .drafting = */ true,
-        /* .n_max    = */ static_cast<int32_t>(std::min<size_t>(max_tokens, draft_limit)),
-        /* .n_past   = */ static_cast<llama_pos>(held.size()),
-        /* .id_last  = */ tokens.back(),
-        /* .prompt   = */ &held,
-        /* .result   = */ &result_,
-    };
-    common_speculative_draft(spec_);
-    const double ms = ms_since(draft_started);
-    stats_.draft_ms += ms;
-    stats_.drafted_tokens += result_.size();
-    const double per_token = ms / static_cast<double>(std::max<size_t>(1, result_.size()));
-    ms_per_token_ = ms_per_token_ == 0 ? per_token : 0.8 * ms_per_token_ + 0.2 * per_token;
+        const auto draft_started = clock::now();
+        std::vector<llama_token>& held = held_[static_cast<size_t>(seq)];
+        result_.clear();
+        common_speculative_get_draft_params(spec_, seq) = {
+            /* .drafting = */ true,
+            /* .n_max    = */ static_cast<int32_t>(std::min<size_t>(max_tokens, draft_limit)),
+            /* .n_past   = */ static_cast<llama_pos>(held.size()),
+            /* .id_last  = */ tokens.back(),
+            /* .prompt   = */ &held,
+            /* .result   = */ &result_,
+        };
+        common_speculative_draft(spec_);
+        const double ms = ms_since(draft_started);
+        stats_.draft_ms += ms;
+        stats_.drafted_tokens += result_.size();
+        const double per_token = ms / static_cast<double>(std::max<size_t>(1, result_.size()));
+        ms_per_token_ = ms_per_token_ == 0 ? per_token : 0.8 * ms_per_token_ + 0.2 * per_token;
 
-    // Drafting computed the last token and the draft's tokens but its last: the sequence holds them, and the next
-    // call keeps those the target accepted (the rest differ from the tokens it is given then).
-    const llama_pos pos_max = llama_memory_seq_pos_max(llama_get_memory(loaded_->context()), seq);
-    held.push_back(tokens.back());
-    for (const llama_token t : result_) held.push_back(t);
-    held.resize(std::min(held.size(), static_cast<size_t>(std::max(pos_max + 1, 0))));
-    if (result_.size() > max_tokens) result_.resize(max_tokens);
-    return result_;
+        // Drafting computed the last token and the draft's tokens but its last: the sequence holds them, and the next
+        // call keeps those the target accepted (the rest differ from the tokens it is given then).
+        const llama_pos pos_max = llama_memory_seq_pos_max(llama_get_memory(loaded_->context()), seq);
+        held.push_back(tokens.back());
+        for (const llama_token t : result_) held.push_back(t);
+        held.resize(std::min(held.size(), static_cast<size_t>(std::max(pos_max + 1, 0))));
+        if (result_.size() > max_tokens) result_.resize(max_tokens);
+        return result_;
+    } catch (const std::exception&) {
+        llama_memory_seq_rm(llama_get_memory(loaded_->context()), seq, -1, -1);
+        held_[static_cast<size_t>(seq)].clear();
+        return {};
+    }
 }
 
 }  // namespace keepwarm
