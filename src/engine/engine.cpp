@@ -812,6 +812,9 @@ bool engine::step() {
     };
     std::vector<contribution> parts;
     int draft_rows = 0;
+    // Time in the drafters (a draft model's decodes): not part of what a step of the model costs, which sizes drafts
+    // against what they cost (add_draft counts a drafter's time per token on its own).
+    double drafting_ms = 0;
     // Exact reuse: a prompt chunk is computed alone, as in a cold run, while generated tokens wait a step (in a batch
     // with other rows, ggml may take other kernel paths for the chunk's rows).
     const auto waits_for_leader = [&](const slot& s) {
@@ -837,7 +840,11 @@ bool engine::step() {
         common_batch_add(batch_, s.pending, static_cast<llama_pos>(s.cached.size()), {s.id}, true);
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});  // the pending token; a draft's rows follow it, settled at sampling
-        if (!prompt_waits) draft_rows += add_draft(s, draft_room_ - batch_.n_tokens);
+        if (!prompt_waits) {
+            const auto drafting_started = clock::now();
+            draft_rows += add_draft(s, draft_room_ - batch_.n_tokens);
+            drafting_ms += ms_between(drafting_started, clock::now());
+        }
     }
     const int decode_tokens = batch_.n_tokens;
     const int budget = decode_tokens + prompt_budget(decode_tokens);
@@ -949,7 +956,7 @@ bool engine::step() {
     // What a generating slot waited for its next token: the batch, the decode and the sampling. Padding rows cost
     // what prompt rows do.
     const double step_ms = ms_between(step_started, clock::now());
-    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms, turn_.decode_ms);
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms - drafting_ms, turn_.decode_ms);
     learn_row_costs(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest, turn_.decode_ms);
     return true;
 }
