@@ -659,10 +659,10 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--spec-draft-model,--model-draft", e.draft_model.path,
                     "Draft model (GGUF) for speculative decoding, with the model's tokenizer; implies --spec-type "
-                    "draft-simple (-md)")
+                    "draft-simple")
         ->check(CLI::ExistingFile);
     cmd->add_option("--spec-draft-ngl,--gpu-layers-draft,--n-gpu-layers-draft", e.draft_model.gpu_layers,
-                    "Layers of the draft model to offload to a GPU (-1, all or auto: all) (-ngld)")
+                    "Layers of the draft model to offload to a GPU (-1, all or auto: all)")
         ->transform(CLI::Transformer({{"all", "-1"}, {"auto", "-1"}}))
         ->capture_default_str()
         ->check(whole_number_at_least(-1, "layers; -1: all"));
