@@ -291,6 +291,8 @@ class KeepwarmBench:
 # --spec-traffic: drafting on ordinary traffic, keepwarm and llama-server side by side
 
 SPEC_SERVERS = ("keepwarm", "keepwarm-spec-none", "llama-server", "llama-server-ngram-mod")
+# With --spec-draft-model FILE: both servers drafting with that draft model (-md).
+DRAFT_MODEL_SERVERS = ("keepwarm-draft-model", "llama-server-draft-model")
 
 
 def free_port():
@@ -305,8 +307,12 @@ def spec_server_cmd(name, args, port):
               args.spec_kv]
     if name.startswith("keepwarm"):
         cmd = [args.keepwarm, "serve", *common, "--cache-disk", "0"]
+        if name == "keepwarm-draft-model":
+            return cmd + ["-md", args.spec_draft_model]
         return cmd + (["--spec-type", "none"] if name == "keepwarm-spec-none" else [])
     cmd = [args.llama_server, *common, "-fa", "auto"]
+    if name == "llama-server-draft-model":
+        return cmd + ["-md", args.spec_draft_model]
     return cmd + (["--spec-type", "ngram-mod"] if name == "llama-server-ngram-mod" else [])
 
 
@@ -378,9 +384,11 @@ def spec_traffic(args):
         "servers": {},
     }
     names = [n.strip() for n in args.spec_servers.split(",") if n.strip()]
+    known = SPEC_SERVERS + (DRAFT_MODEL_SERVERS if args.spec_draft_model else ())
     for n in names:
-        if n not in SPEC_SERVERS:
-            raise SystemExit(f"parity: unknown server {n} (--spec-servers: {', '.join(SPEC_SERVERS)})")
+        if n not in known:
+            raise SystemExit(f"parity: unknown server {n} (--spec-servers: {', '.join(known)}; the draft-model ones "
+                             "need --spec-draft-model)")
     samples = {name: [] for name in names}
     servers = []
     try:
@@ -421,7 +429,10 @@ def spec_traffic(args):
 
     comparisons = [("keepwarm", "keepwarm-spec-none", 0.97), ("keepwarm", "llama-server", 1.0),
                    ("keepwarm", "llama-server-ngram-mod", 1.0), ("keepwarm-spec-none", "llama-server", None),
-                   ("llama-server-ngram-mod", "llama-server", None)]
+                   ("llama-server-ngram-mod", "llama-server", None),
+                   ("keepwarm-draft-model", "keepwarm-spec-none", None),
+                   ("keepwarm-draft-model", "llama-server-draft-model", None),
+                   ("llama-server-draft-model", "llama-server", None)]
     results["ratios"] = [{"numerator": a, "denominator": b, "median_of_prompts": ratio(a, b), "goal": goal}
                          for a, b, goal in comparisons if a in samples and b in samples]
 
@@ -480,6 +491,9 @@ def main():
                     help="--spec-traffic: sampling temperature (0: greedy answers, which a random model repeats; 1: "
                     "noise, where drafts are never right)")
     ap.add_argument("--spec-kv", default="f16", help="--spec-traffic: the KV cache type of all four")
+    ap.add_argument("--spec-draft-model",
+                    help="--spec-traffic: a draft model (GGUF) for the servers keepwarm-draft-model and "
+                         "llama-server-draft-model (-md), named in --spec-servers")
     ap.add_argument("--spec-servers", default=",".join(SPEC_SERVERS),
                     help="--spec-traffic: which of the four, comma separated (default: all)")
     ap.add_argument("--keepwarm", required=True)
@@ -500,6 +514,8 @@ def main():
         args.llama_server = os.path.abspath(args.llama_server)
         args.keepwarm = os.path.abspath(args.keepwarm)
         args.model = os.path.abspath(args.model)
+        if args.spec_draft_model:
+            args.spec_draft_model = os.path.abspath(args.spec_draft_model)
         results, notes = spec_traffic(args)
         with open(args.out, "w") as fo:
             json.dump(results, fo, indent=2)

@@ -20,7 +20,7 @@ const std::map<std::string, std::string>& single_dash_names() {
         {"-hfr", "--hf-repo"},           {"-hff", "--hf-file"},        {"-hft", "--hf-token"},
         {"-hfd", "--hf-repo-draft"},     {"-hfrd", "--hf-repo-draft"}, {"-mu", "--model-url"},
         {"-dr", "--docker-repo"},        {"-ncmoe", "--n-cpu-moe"},    {"-cmoe", "--cpu-moe"},
-        {"-cram", "--cache-ram"},        {"-md", "--model-draft"},
+        {"-cram", "--cache-ram"},        {"-md", "--model-draft"},     {"-ngld", "--gpu-layers-draft"},
     };
     return names;
 }
@@ -125,6 +125,9 @@ const std::vector<environment_binding>& llama_server_environment() {
             {"--spec-type", "LLAMA_ARG_SPEC_TYPE"},
             {"--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX"},
             {"--spec-draft-n-min", "LLAMA_ARG_SPEC_DRAFT_N_MIN"},
+            {"--spec-draft-model", "LLAMA_ARG_SPEC_DRAFT_MODEL"},
+            {"--spec-draft-ngl", "LLAMA_ARG_N_GPU_LAYERS_DRAFT"},
+            {"--spec-draft-p-min", "LLAMA_ARG_SPEC_DRAFT_P_MIN"},
             {"--top-k", "LLAMA_ARG_TOP_K"},
             {"--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE"},
             // Network and keys.
@@ -147,7 +150,6 @@ const std::vector<environment_binding>& llama_server_environment() {
             {"--hf-repo", "LLAMA_ARG_HF_REPO"},
             {"--hf-file", "LLAMA_ARG_HF_FILE"},
             {"--hf-repo-draft", "LLAMA_ARG_SPEC_DRAFT_HF_REPO"},
-            {"--spec-draft-model", "LLAMA_ARG_SPEC_DRAFT_MODEL"},
             {"--model-url", "LLAMA_ARG_MODEL_URL"},
             {"--docker-repo", "LLAMA_ARG_DOCKER_REPO"},
             {"--timeout", "LLAMA_ARG_TIMEOUT"},
@@ -199,12 +201,8 @@ void add_llama_server_flags(CLI::App& serve) {
     add_refused(serve, "--hf-file", true, "-hff/--hf-file: " + download_advice);
     add_refused(serve, "--hf-token", true, "-hft/--hf-token: " + download_advice);
     add_refused(serve, "--hf-repo-draft", true,
-                "-hfd/--hf-repo-draft: keepwarm drafts without a draft model (--spec-type suffix, the default, or "
-                "llama.cpp's n-gram types), and does not download models");
-    add_refused(serve, "--spec-draft-model,--model-draft", true,
-                "-md/--model-draft/--spec-draft-model: keepwarm's speculative decoding has no draft model yet; it "
-                "drafts from the request and the tenant's earlier conversations (--spec-type suffix, the default) or "
-                "with llama.cpp's n-gram types (--spec-type ngram-mod, ...)");
+                "-hfd/--hf-repo-draft: keepwarm does not download models: download the draft model's GGUF file "
+                "first and pass it with -md FILE");
     add_refused(serve, "--model-url", true, "-mu/--model-url: " + download_advice);
     add_refused(serve, "--docker-repo", true, "-dr/--docker-repo: " + download_advice);
     add_refused(

@@ -487,7 +487,9 @@ help_groups serve_help_groups() {
         {"Cache",
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
           "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse", "--kv-events", "--kv-events-pod"}},
-        {"Speculative decoding", {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history"}},
+        {"Speculative decoding",
+         {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history", "--spec-draft-model",
+          "--spec-draft-ngl", "--spec-draft-p-min"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
         {"Security: keys, tenants, connection limits",
@@ -681,7 +683,8 @@ void add_serve_command(CLI::App& app) {
     spec_types.insert(spec_types.begin(), "none");
     cmd->add_option("--spec-type", e.spec_type,
                     "Speculative decoding: suffix (keepwarm's drafter over the request and its tenant's earlier "
-                    "conversations), one of llama.cpp's n-gram types, or none. Drafts are verified by the model: "
+                    "conversations), one of llama.cpp's n-gram types, draft-simple (a draft model, -md), or none. "
+                    "Drafts are verified by the model: "
                     "answers are the ones decoding without them gives")
         ->check(CLI::IsMember(spec_types))
         ->capture_default_str();
@@ -692,6 +695,19 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--spec-draft-n-min,--draft-min,--draft-n-min", e.draft_min, "A shorter draft is not verified")
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
+    cmd->add_option("--spec-draft-model,--model-draft", e.draft_model.path,
+                    "Draft model (GGUF) for speculative decoding, with the model's tokenizer; implies --spec-type "
+                    "draft-simple")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--spec-draft-ngl,--gpu-layers-draft,--n-gpu-layers-draft", e.draft_model.gpu_layers,
+                    "Layers of the draft model to offload to a GPU (-1, all or auto: all)")
+        ->transform(CLI::Transformer({{"all", "-1"}, {"auto", "-1"}}))
+        ->capture_default_str()
+        ->check(whole_number_at_least(-1, "layers; -1: all"));
+    cmd->add_option("--spec-draft-p-min,--draft-p-min", e.draft_model.p_min,
+                    "A draft model's draft stops at a token it gives a lower probability than this")
+        ->capture_default_str()
+        ->check(real_number(0, 1, ""));
     cmd->add_option("--spec-history", e.spec_history_tokens,
                     "Tokens of earlier conversations (per tenant, oldest dropped first) the suffix drafter keeps")
         ->check(CLI::Range(size_t{0}, size_t{1} << 28))
@@ -757,6 +773,10 @@ void add_serve_command(CLI::App& app) {
                     throw std::runtime_error(opts->settings_file +
                                              ": give either 'policy = FILE' or a [policy] table, not both");
                 }
+            }
+            // llama-server's meaning: a draft model drafts unless --spec-type says otherwise.
+            if (!opts->engine.draft_model.path.empty() && cmd->get_option("--spec-type")->count() == 0) {
+                opts->engine.spec_type = draft_sources::draft_model_type;
             }
             if (opts->router.wanted(opts->engine.model_path)) {
                 if (!opts->kv_events.empty()) {

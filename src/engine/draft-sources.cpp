@@ -76,6 +76,33 @@ private:
     llama_tokens result_;
 };
 
+// A request's sequence in the draft model's context: all its tokens so far, the draft context catching up with them
+// at each proposal.
+class draft_model_slot_drafter final : public slot_drafter {
+public:
+    draft_model_slot_drafter(draft_model& model, std::span<const llama_token> prompt)
+        : model_(model), seq_(model.acquire(prompt)), tokens_(prompt.begin(), prompt.end()) {}
+    ~draft_model_slot_drafter() override { model_.release(seq_); }
+
+    void push(std::span<const llama_token> tokens) override {
+        tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    }
+
+    draft_proposal propose(std::size_t max_tokens) override {
+        return {.tokens = model_.draft(seq_, tokens_, max_tokens), .source = draft_source::draft_model};
+    }
+
+    // The next proposal keeps the draft's rows in the draft context as far as they match the tokens pushed since.
+    void accepted(std::size_t /*n*/) override {}
+
+    double ms_per_token() const override { return model_.ms_per_token(); }
+
+private:
+    draft_model& model_;
+    int seq_;
+    std::vector<llama_token> tokens_;
+};
+
 const std::vector<common_speculative_type>& llama_ngram_types() {
     static const std::vector<common_speculative_type> types = {
         COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE, COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K,
@@ -88,12 +115,21 @@ const std::vector<common_speculative_type>& llama_ngram_types() {
 std::vector<std::string> draft_sources::types() {
     std::vector<std::string> names{"suffix"};
     for (const common_speculative_type t : llama_ngram_types()) names.push_back(common_speculative_type_to_str(t));
+    names.emplace_back(draft_model_type);
     return names;
 }
 
-draft_sources::draft_sources(const std::string& type, int slots, std::size_t history_tokens)
-    : type_(type), history_(spec::token_history_options{.token_budget = history_tokens, .key_tokens = 1}) {
-    if (type == "suffix") return;
+draft_sources::draft_sources(const std::string& type, int slots, std::size_t history_tokens,
+                             std::unique_ptr<draft_model> model)
+    : type_(type),
+      history_(spec::token_history_options{.token_budget = history_tokens, .key_tokens = 1}),
+      model_(std::move(model)) {
+    if ((type == draft_model_type) != (model_ != nullptr)) {
+        throw std::invalid_argument(model_ ? "a draft model (-md) drafts with --spec-type " +
+                                                 std::string(draft_model_type) + " (or none), not " + type
+                                           : "--spec-type " + type + " needs a draft model (-md FILE)");
+    }
+    if (type == "suffix" || model_) return;
     for (const common_speculative_type t : llama_ngram_types()) {
         if (common_speculative_type_to_str(t) != type) continue;
         common_params_speculative params;  // llama-server's defaults for the type
@@ -114,13 +150,14 @@ draft_sources::~draft_sources() {
 std::unique_ptr<slot_drafter> draft_sources::begin(int slot, const std::string& tenant,
                                                    std::span<const llama_token> prompt) {
     if (llama_) return std::make_unique<llama_slot_drafter>(llama_, static_cast<llama_seq_id>(slot), prompt);
+    if (model_) return std::make_unique<draft_model_slot_drafter>(*model_, prompt);
     auto drafter = std::make_unique<suffix_slot_drafter>(history_, tenant);
     drafter->push(prompt);
     return drafter;
 }
 
 void draft_sources::remember(const std::string& tenant, std::span<const llama_token> tokens) {
-    if (!llama_) history_.add_stream(tenant, tokens);
+    if (!llama_ && !model_) history_.add_stream(tenant, tokens);
 }
 
 }  // namespace keepwarm

@@ -5,6 +5,7 @@
 //   conversations (a spec::token_history the engine keeps and feeds).
 // - llama.cpp's n-gram drafters (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) through
 //   common/speculative.h, driven as llama-server drives them: one common_speculative for all slots, a sequence each.
+// - draft-simple: a draft model (serve -md FILE; engine/draft-model.h), a sequence of its context per request.
 // Threading: engine thread only.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/draft-model.h"
 #include "llama-cpp.h"
 #include "spec/token-history.h"
 
@@ -37,14 +39,19 @@ public:
     virtual draft_proposal propose(std::size_t max_tokens) = 0;
     // The model accepted the first `n` tokens of the last proposal that was verified.
     virtual void accepted(std::size_t n) = 0;
+    // What a proposed token costs the drafter, in milliseconds of the engine thread (0: next to nothing, as an index
+    // lookup; a draft model's decodes are not).
+    virtual double ms_per_token() const { return 0; }
 };
 
 // The engine's drafting, whatever its type: makes each request's drafter and keeps what they share.
 class draft_sources {
 public:
-    // `type`: "suffix" or one of llama.cpp's n-gram type names; throws std::invalid_argument for anything else,
-    // naming the accepted ones. `slots`: sequences drafted for at once.
-    draft_sources(const std::string& type, int slots, std::size_t history_tokens);
+    // `type`: "suffix", one of llama.cpp's n-gram type names, or "draft-simple" with `model` (a draft model: it and
+    // only it); throws std::invalid_argument for anything else, naming the accepted ones. `slots`: sequences drafted
+    // for at once.
+    draft_sources(const std::string& type, int slots, std::size_t history_tokens,
+                  std::unique_ptr<draft_model> model = nullptr);
     ~draft_sources();
 
     // A drafter for the request in `slot` of `tenant`, fed `prompt` already.
@@ -56,13 +63,19 @@ public:
     const std::string& type() const { return type_; }
     const spec::token_history_stats& history_stats() const { return history_.stats(); }
 
-    // The types --spec-type accepts besides "none": "suffix", then llama.cpp's n-gram types.
+    // The draft model (null: none).
+    const draft_model* model() const { return model_.get(); }
+
+    // The types --spec-type accepts besides "none": "suffix", then llama.cpp's n-gram types and draft-simple (a draft
+    // model, -md).
     static std::vector<std::string> types();
+    static constexpr const char* draft_model_type = "draft-simple";
 
 private:
     std::string type_;
     spec::token_history history_;
-    common_speculative* llama_ = nullptr;  // llama.cpp's n-gram types (null: suffix)
+    common_speculative* llama_ = nullptr;  // llama.cpp's n-gram types (null: suffix or a draft model)
+    std::unique_ptr<draft_model> model_;
 };
 
 }  // namespace keepwarm

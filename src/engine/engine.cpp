@@ -65,6 +65,8 @@ const char* draft_source_name(draft_source source) {
             return "history";
         case draft_source::llama:
             return "llama";
+        case draft_source::draft_model:
+            return "draft_model";
     }
     return "unknown";
 }
@@ -121,6 +123,7 @@ struct engine::slot {
     size_t shadow_at = 0;
     draft_control control;
     int draft_tokens = 0, draft_accepted = 0, draft_steps = 0, decode_steps = 0;
+    int steps_since_probe = 0;  // a costly drafter's steps without a draft (see add_draft)
     clock::time_point admitted, prompt_started, first_token;
     clock::time_point last_used;
     // For /slots, kept after the request leaves: its id and prompt size, and when it entered or left (wall clock).
@@ -253,6 +256,14 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     if (options_.draft_max < 0 || options_.draft_min < 0 || options_.draft_max > 256) {
         throw std::invalid_argument("--draft-max must be 0 to 256 and --draft-min at least 0");
     }
+    if (options_.spec_type != "none" &&
+        (options_.spec_type == draft_sources::draft_model_type) == options_.draft_model.path.empty()) {
+        // A draft model drafts alone: refused at start rather than loaded and left unused.
+        throw std::invalid_argument(options_.draft_model.path.empty()
+                                        ? "--spec-type draft-simple needs a draft model (-md FILE)"
+                                        : "a draft model (-md) drafts with --spec-type draft-simple (or none), not " +
+                                              options_.spec_type);
+    }
     if (options_.spec_type != "none" && options_.draft_max > 0) {
         if (options_.exact_reuse) {
             // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's
@@ -266,7 +277,16 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                       "speculative decoding is off: this model's recurrent state cannot drop a draft's "
                       "rejected tokens");
         } else {
-            drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens);
+            std::unique_ptr<draft_model> drafter_model;
+            if (!options_.draft_model.path.empty()) {
+                drafter_model =
+                    std::make_unique<draft_model>(options_.draft_model, model_.get(), ctx_.get(), options_.slots,
+                                                  decode_pool_->get(), prompt_pool_ ? prompt_pool_->get() : nullptr);
+                log::info("engine", "draft model {} loaded: {} layers, a sequence per slot", options_.draft_model.path,
+                          llama_model_n_layer(llama_get_model(drafter_model->context())));
+            }
+            drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens,
+                                                      std::move(drafter_model));
             // A windowed SWA cache places a physical batch's rows in cells outside the window of its sequences'
             // positions before that batch. A draft in a second physical batch could take cells inside the window its
             // rollback returns to: every draft row goes in the first.
@@ -299,7 +319,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
 engine::~engine() {
     stop();
     llama_batch_free(batch_);
-    ctx_.reset();  // before the thread pools it uses
+    for (auto& s : slots_) s->drafter.reset();  // a draft model's drafter gives its sequence back
+    drafts_.reset();  // a draft model's context: before the target's, which it was made beside, and the pools
+    ctx_.reset();     // before the thread pools it uses
     prompt_pool_.reset();
     decode_pool_.reset();
 }
@@ -555,7 +577,7 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.shadow.clear();
     s.shadow_at = 0;
     s.control = {};
-    s.draft_tokens = s.draft_accepted = s.draft_steps = s.decode_steps = 0;
+    s.draft_tokens = s.draft_accepted = s.draft_steps = s.decode_steps = s.steps_since_probe = 0;
     s.drafter.reset();
     if (drafts_ && request->draft_max != 0) s.drafter = drafts_->begin(s.id, request->tenant, prompt);
     s.admitted = clock::now();
@@ -791,6 +813,9 @@ bool engine::step() {
     };
     std::vector<contribution> parts;
     int draft_rows = 0;
+    // Time in the drafters (a draft model's decodes): not part of what a step of the model costs, which sizes drafts
+    // against what they cost (add_draft counts a drafter's time per token on its own).
+    double drafting_ms = 0;
     // Exact reuse: a prompt chunk is computed alone, as in a cold run, while generated tokens wait a step (in a batch
     // with other rows, ggml may take other kernel paths for the chunk's rows).
     const auto waits_for_leader = [&](const slot& s) {
@@ -816,7 +841,11 @@ bool engine::step() {
         common_batch_add(batch_, s.pending, static_cast<llama_pos>(s.cached.size()), {s.id}, true);
         s.batch_index = batch_.n_tokens - 1;
         parts.push_back({&s, s.batch_index, 1});  // the pending token; a draft's rows follow it, settled at sampling
-        if (!prompt_waits) draft_rows += add_draft(s, draft_room_ - batch_.n_tokens);
+        if (!prompt_waits) {
+            const auto drafting_started = clock::now();
+            draft_rows += add_draft(s, draft_room_ - batch_.n_tokens);
+            drafting_ms += ms_between(drafting_started, clock::now());
+        }
     }
     const int decode_tokens = batch_.n_tokens;
     const int budget = decode_tokens + prompt_budget(decode_tokens);
@@ -928,7 +957,7 @@ bool engine::step() {
     // What a generating slot waited for its next token: the batch, the decode and the sampling. Padding rows cost
     // what prompt rows do.
     const double step_ms = ms_between(step_started, clock::now());
-    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms, turn_.decode_ms);
+    measure_step(batch_.n_tokens - decode_tokens, decode_tokens, draft_rows, step_ms - drafting_ms, turn_.decode_ms);
     learn_row_costs(batch_.n_tokens, turn_.prompt_tokens, turn_.deepest, turn_.decode_ms);
     return true;
 }
@@ -1229,11 +1258,29 @@ int engine::add_draft(slot& s, int room) {
         std::min(answer_limit(*s.request) - s.generated, slot_context_size_ - 2 - static_cast<int>(s.cached.size()));
     const int limit = std::min({request_max, left - 1, room});
     if (limit < std::max(1, options_.draft_min)) return 0;
-    draft_proposal proposal = s.drafter->propose(static_cast<size_t>(limit));
-    const size_t length = options_.whole_drafts
-                              ? proposal.tokens.size()
-                              : draft_control::best_length(s.control.acceptance(), generation_step_ms_,
-                                                           ms_per_draft_row_, proposal.tokens.size());
+    // A drafter whose tokens cost real time (a draft model's decodes) is asked for no more than pay for themselves
+    // and their rows; where none do, a short draft now and then is checked against the answer (a shadow, never sent)
+    // so that drafting resumes when the draft model starts agreeing with the target.
+    const double drafter_ms = options_.whole_drafts ? 0 : s.drafter->ms_per_token();
+    const double row_ms = ms_per_draft_row_ + drafter_ms;
+    size_t ask = static_cast<size_t>(limit);
+    if (drafter_ms > 0) {
+        ask = draft_control::best_length(s.control.acceptance(), generation_step_ms_, row_ms, ask);
+        if (ask == 0) {
+            constexpr int probe_every = 32;  // steps; a probe of 4 tokens costs about 1/8 of a draft token a step
+            if (!s.shadow.empty() || ++s.steps_since_probe < probe_every) return 0;
+            s.steps_since_probe = 0;
+            s.shadow = s.drafter->propose(std::min<size_t>(static_cast<size_t>(limit), 4)).tokens;
+            count_draft_model();
+            return 0;
+        }
+    }
+    draft_proposal proposal = s.drafter->propose(ask);
+    count_draft_model();
+    const size_t length =
+        options_.whole_drafts
+            ? proposal.tokens.size()
+            : draft_control::best_length(s.control.acceptance(), generation_step_ms_, row_ms, proposal.tokens.size());
     if (length == 0 || length < static_cast<size_t>(options_.draft_min)) {
         if (s.shadow.empty() && !proposal.tokens.empty()) s.shadow = std::move(proposal.tokens);
         return 0;
@@ -1245,6 +1292,14 @@ int engine::add_draft(slot& s, int room) {
     }
     s.draft = std::move(proposal);
     return static_cast<int>(length);
+}
+
+void engine::count_draft_model() {
+    if (const draft_model* m = drafts_->model()) {
+        counters_.draft_model_reused = m->stats().reused_tokens;
+        counters_.draft_model_computed = m->stats().computed_tokens;
+        counters_.draft_model_drafted = m->stats().drafted_tokens;
+    }
 }
 
 void engine::settle_draft(slot& s, size_t accepted) {

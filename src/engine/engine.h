@@ -28,9 +28,10 @@
 namespace keepwarm {
 
 // Where a draft of speculative decoding came from: the suffix drafter's match in the request's own tokens or in its
-// tenant's earlier conversations (spec/suffix-drafter.h), or one of llama.cpp's n-gram drafters (--spec-type).
-enum class draft_source { request, history, llama };
-inline constexpr size_t draft_source_count = 3;
+// tenant's earlier conversations (spec/suffix-drafter.h), one of llama.cpp's n-gram drafters (--spec-type), or a
+// draft model (-md).
+enum class draft_source { request, history, llama, draft_model };
+inline constexpr size_t draft_source_count = 4;
 const char* draft_source_name(draft_source source);
 
 struct engine_options {
@@ -130,7 +131,9 @@ struct engine_options {
     // earlier conversations; one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
     // ngram-cache), through common; "none": off. Hybrid and recurrent models do not draft (their state cannot drop
     // rejected tokens), nor does exact_reuse (a verifying step's rows are not the batches a cold run computes).
+    // "draft-simple": a draft model (draft_model.path, serve -md), through common as llama-server drafts with one.
     std::string spec_type = "suffix";
+    draft_model_options draft_model;
     int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)
     int draft_min = 0;   // a shorter draft is not verified (--draft-min)
     // Benchmarks and tests: verify each proposal whole (up to draft_max) instead of sizing it by the acceptance and
@@ -181,6 +184,11 @@ struct engine_counters {
         std::atomic<uint64_t> accepted{0};
     };
     std::array<draft_counts, draft_source_count> drafts;
+    // A draft model (-md): prompt tokens a request found in its draft sequence's KV, and tokens the draft context
+    // computed to catch up with a sequence (a prompt's rest, or a whole one restored by the target's prefix cache).
+    std::atomic<uint64_t> draft_model_reused{0};
+    std::atomic<uint64_t> draft_model_computed{0};
+    std::atomic<uint64_t> draft_model_drafted{0};  // tokens it proposed, verified or not
     std::atomic<uint64_t> answer_steps{0};  // steps that sampled answer tokens after a request's first, per request
 };
 
@@ -288,6 +296,7 @@ private:
     int add_draft(slot& s, int room);
     int answer_limit(const generation_request& request) const;
     void settle_draft(slot& s, size_t accepted);
+    void count_draft_model();  // a draft model's reuse and catch-up, into counters_
     void fail_busy_slots(const std::string& why);
     void publish_slot_status();
     static slot_status status_of(const slot& s);

@@ -93,6 +93,15 @@ void write_draft_metrics(metrics_text& out, const engine_counters& c) {
     out.counter("keepwarm_answer_steps_total",
                 "Engine steps that sampled answer tokens after a request's first (drafting or not), per request",
                 c.answer_steps.load());
+    out.counter("keepwarm_draft_model_reused_tokens_total",
+                "A draft model (-md): prompt tokens a request found in its draft sequence's KV",
+                c.draft_model_reused.load());
+    out.counter("keepwarm_draft_model_computed_tokens_total",
+                "A draft model (-md): tokens its context computed to catch up with a request's sequence",
+                c.draft_model_computed.load());
+    out.counter("keepwarm_draft_model_drafted_tokens_total",
+                "A draft model (-md): tokens it proposed, verified or not (each costs a decode of the draft model)",
+                c.draft_model_drafted.load());
 }
 
 // What llm-d's endpoint picker reads for load besides the queue and the busy slots (docs/kv-events.md): the share of

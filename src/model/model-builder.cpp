@@ -586,8 +586,8 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny",         "tiny-hybrid", "tiny-moe",    "tiny-hybrid-moe", "tiny-swa",
-            "tiny-gpt-oss", "tiny-embed",  "tiny-rerank", "bench-dense",     "bench-hybrid"};
+    return {"tiny",       "tiny-hybrid", "tiny-moe",   "tiny-hybrid-moe", "tiny-swa",    "tiny-gpt-oss",
+            "tiny-embed", "tiny-rerank", "tiny-draft", "bench-dense",     "bench-hybrid"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -670,6 +670,17 @@ model_spec preset_spec(const std::string& name) {
         spec = preset_spec("tiny-embed");
         spec.preset = name;
         spec.pooling = "rank";
+        return spec;
+    }
+    if (name == "tiny-draft") {
+        // A draft model for tiny and bench-dense (speculative decoding, serve -md): their tokenizer and chat template,
+        // one narrow layer, so that a drafted token costs a fraction of the target's. Its weights are random too: it
+        // agrees with the target only by chance.
+        spec.n_layer = 1;
+        spec.n_embd = 128;
+        spec.n_head = 4;
+        spec.n_head_kv = 2;
+        spec.n_ff = 384;
         return spec;
     }
     if (name == "bench-dense" || name == "bench-hybrid") {

@@ -60,7 +60,7 @@ struct model_spec {
 // Names accepted by preset_spec(), in the order `mkmodel --help` lists them.
 std::vector<std::string> preset_names();
 
-// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, tiny-rerank,
+// tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, tiny-rerank, tiny-draft,
 // bench-dense, bench-hybrid. Throws
 // std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
