@@ -488,7 +488,8 @@ help_groups serve_help_groups() {
          {"--cache-ram", "--cache-disk", "--cache-dir", "--cache-parked", "--cache-block", "--checkpoint-every",
           "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse", "--kv-events", "--kv-events-pod"}},
         {"Speculative decoding",
-         {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-history", "--spec-draft-model",
+         {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-fixed", "--spec-history",
+          "--spec-draft-model",
           "--spec-draft-ngl", "--spec-draft-p-min"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
@@ -695,6 +696,10 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--spec-draft-n-min,--draft-min,--draft-n-min", e.draft_min, "A shorter draft is not verified")
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
+    cmd->add_flag("--spec-draft-fixed", e.whole_drafts,
+                  "Verify each draft whole, up to --spec-draft-n-max, as llama-server does, instead of sizing it by "
+                  "the acceptance and step costs measured so far (for tests and benchmarks whose drafting must not "
+                  "depend on the machine's speed or load)");
     cmd->add_option("--spec-draft-model,--model-draft", e.draft_model.path,
                     "Draft model (GGUF) for speculative decoding, with the model's tokenizer; implies --spec-type "
                     "draft-simple")

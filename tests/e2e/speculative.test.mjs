@@ -18,7 +18,9 @@ let server;  // the default: drafting on
 let plain;   // --spec-type none
 let plainError;  // why it did not start (a build without the engine's --spec-type: the test naming it fails)
 before(async () => {
-    server = await startServer(['-c', '4096', '-np', '2']);
+    // --spec-draft-fixed: drafts verified whole, so that whether a test drafts does not depend on the host's speed or
+    // load (sized by measured costs, a busy host verified none in 7 of these tests).
+    server = await startServer(['-c', '4096', '-np', '2', '--spec-draft-fixed']);
     plain = await startServer(['-c', '4096', '-np', '2', '--spec-type', 'none']).catch((e) => {
         plainError = e;
         return undefined;
@@ -235,7 +237,7 @@ test('a token limit cuts the drafted answer at the same token', async () => {
 // On a server of its own: the engine learns what a draft row costs, and a grammar's checks of every drafted token
 // make rows dear enough that it may stop drafting for a while, which the other tests must not inherit.
 test('with tools and a grammar, drafting calls the same tool with the same arguments', async (t) => {
-    const own = await startServer(['-c', '4096', '-np', '2']);
+    const own = await startServer(['-c', '4096', '-np', '2', '--spec-draft-fixed']);
     t.after(() => own.stop());
     const tokenize = async (content) =>
         (await curl(`${own.url}/tokenize`, { method: 'POST', body: { content } })).body.tokens;
