@@ -259,10 +259,21 @@ TEST(engine_limits, the_default_generation_limit_applies_when_a_request_sets_non
 
 // Issue 14, item 3: one request's costly grammar held the engine thread, and so every other request, for minutes.
 TEST(engine_limits, a_token_that_takes_too_long_to_sample_ends_its_request_and_the_others_go_on) {
-    // The limit is far above a plain token's sampling even under the sanitizers on a busy machine (it counts wall
-    // time, a preempted thread's too; 150 ms was not), and below a 1,000-value grammar's pass over the 152K vocabulary
-    // on a fast machine (600 values take seconds on two cores in a release build).
-    auto e = limited_engine([](engine_options& o) { o.sample_ms_limit = 500; });
+    // The limit is set from this machine's own times: a third of what the 1,000-value grammar's first tokens take here
+    // with no limit. A fixed 500 ms was far above a plain token's sampling even under the sanitizers on a busy machine
+    // (it counts wall time, a preempted thread's too; 150 ms was not), but a fast host sampled the grammar in less,
+    // so nothing was too slow and the grammar ran to its end instead.
+    double grammar_ms = 0;
+    {
+        auto unlimited = limited_engine([](engine_options& o) { o.sample_ms_limit = 1e9; });
+        auto probe = plain_request(*unlimited, "Pick a value", 2);
+        probe->sampling.grammar = enum_grammar(1000);
+        unlimited->submit(probe);
+        const generation_event probed = final_event(*probe);
+        ASSERT_EQ(probed.reason, finish_reason::length) << probed.error;
+        grammar_ms = probed.stats.sampling_max_ms;
+    }
+    auto e = limited_engine([&](engine_options& o) { o.sample_ms_limit = grammar_ms / 3; });
     auto slow = plain_request(*e, "Pick a value", 8);
     slow->sampling.grammar = enum_grammar(1000);
     auto plain = plain_request(*e, "Tell me a story", 8);
@@ -272,7 +283,7 @@ TEST(engine_limits, a_token_that_takes_too_long_to_sample_ends_its_request_and_t
     EXPECT_EQ(failed.reason, finish_reason::error);
     EXPECT_NE(failed.error.find("under the request's grammar"), std::string::npos) << failed.error;
     const generation_event served = final_event(*plain);
-    EXPECT_EQ(served.reason, finish_reason::length) << served.error;
+    EXPECT_EQ(served.reason, finish_reason::length) << served.error << " (limit " << grammar_ms / 3 << " ms)";
     EXPECT_EQ(served.stats.generated_tokens, 8);
     EXPECT_EQ(e->counters().sampling_too_slow.load(), 1u);
 }
