@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "common.h"
 #include "speculative.h"
@@ -27,6 +30,35 @@ size_t shared_prefix(std::span<const llama_token> a, std::span<const llama_token
 
 // The engine verifies at most this many draft tokens per step (--spec-draft-n-max's bound); each call asks for fewer.
 constexpr int32_t draft_limit = 256;
+
+// Why `draft`'s tokens cannot stand for `target`'s ("": they can), by the rules of common's draft-simple
+// (common_speculative_are_compatible, file-static there): the same vocabulary type, the same BOS/EOS where added,
+// sizes within 128 tokens, the same text for every token from id 5 on. Checked here first because draft-simple's
+// constructor throws on a mismatch after allocating its batch, which then leaks.
+std::string vocab_mismatch(const llama_model* target, const llama_model* draft) {
+    const llama_vocab* t = llama_model_get_vocab(target);
+    const llama_vocab* d = llama_model_get_vocab(draft);
+    if (llama_vocab_type(t) != llama_vocab_type(d)) return "another kind of tokenizer";
+    if (llama_vocab_get_add_bos(t) != llama_vocab_get_add_bos(d) ||
+        (llama_vocab_get_add_bos(t) && llama_vocab_bos(t) != llama_vocab_bos(d))) {
+        return "another beginning-of-text token";
+    }
+    if (llama_vocab_get_add_eos(t) != llama_vocab_get_add_eos(d) ||
+        (llama_vocab_get_add_eos(t) && llama_vocab_eos(t) != llama_vocab_eos(d))) {
+        return "another end-of-text token";
+    }
+    const int n_target = llama_vocab_n_tokens(t);
+    const int n_draft = llama_vocab_n_tokens(d);
+    if (std::abs(n_target - n_draft) > 128) {
+        return std::to_string(n_draft) + " tokens against the model's " + std::to_string(n_target);
+    }
+    for (llama_token id = 5; id < std::min(n_target, n_draft); ++id) {
+        if (std::strcmp(llama_vocab_get_text(t, id), llama_vocab_get_text(d, id)) != 0) {
+            return "token " + std::to_string(id) + " is another text";
+        }
+    }
+    return {};
+}
 
 }  // namespace
 
@@ -63,6 +95,11 @@ draft_model::draft_model(const draft_model_options& options, llama_model* target
     }
     if (decode_pool) llama_attach_threadpool(ctx, decode_pool, prompt_pool);
 
+    if (const std::string why = vocab_mismatch(target, llama_get_model(ctx)); !why.empty()) {
+        throw std::runtime_error("the draft model " + options.path +
+                                 " cannot draft for this model: its vocabulary has " + why +
+                                 " (the two need the same tokenizer: a smaller model of the same family)");
+    }
     d.ctx_tgt = target_ctx;
     d.ctx_dft = ctx;
     try {
