@@ -17,7 +17,6 @@ Needs python3-zmq (the subscriber). keepwarm from build/keepwarm.
 """
 
 import argparse
-import json
 import os
 import random
 import re
@@ -26,39 +25,22 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ["cache", "prefix", "token", "agent", "model", "tool", "request", "system", "slot", "turn", "reuse", "block",
-         "disk", "state", "answer", "context", "the", "of", "and", "to", "in", "with", "for", "a", "kernel", "thread"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from importlib import import_module  # noqa: E402
+
+warm_turns = import_module("warm-turns")  # its word list, request and readiness helpers
+WORDS, post, wait_ready = warm_turns.WORDS, warm_turns.post, warm_turns.wait_ready
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def post(port, body):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=1800) as response:
-        return json.load(response)
-
-
-def wait_ready(port, process):
-    for _ in range(1200):
-        if process.poll() is not None:
-            sys.exit(f"the server exited with {process.returncode} before it was ready")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return
-        except Exception:
-            time.sleep(0.25)
-    sys.exit("the server was not ready within 5 minutes")
 
 
 def drain(endpoint, stop, counts):
