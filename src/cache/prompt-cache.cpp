@@ -221,7 +221,7 @@ void prompt_cache::truncate(device_sequence& s, int length) {
 void prompt_cache::trim(int slot, int length) {
     if (checkpoints_) return;
     truncate(seq(slot), std::max(length, 0));
-    publish();
+    publish_deferring_blocks();
 }
 
 int prompt_cache::slot_length(int slot) const {
@@ -1083,7 +1083,7 @@ cache_restore prompt_cache::acquire(int slot, std::span<const llama_token> promp
     r.cached_continuation = std::move(divergence.cached_continuation);
     count_restore(r);
     s.last_used = clock::now();
-    publish();
+    publish_deferring_blocks();
     return r;
 }
 
@@ -1099,6 +1099,15 @@ void prompt_cache::release_slot(int slot, bool discard) {
 
 void prompt_cache::publish() {
     report_blocks();
+    publish_counters();
+}
+
+void prompt_cache::publish_deferring_blocks() {
+    if (options_.block_observer) blocks_pending_ = true;
+    publish_counters();
+}
+
+void prompt_cache::publish_counters() {
     cache_snapshot snap = counters_;
     snap.tree_nodes = tree_.node_count();
     const auto now = clock::now();
@@ -1159,6 +1168,7 @@ void prompt_cache::report_blocks() {
     kv_block_observer* const observer = options_.block_observer;
     if (!observer) return;
     const uint64_t started = thread_cpu_us();
+    blocks_pending_ = false;
     const int b = options_.block_tokens;
     const bool full = !listed_valid_;
     std::unordered_map<uint64_t, kv_listed_block> now;

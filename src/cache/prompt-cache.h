@@ -186,6 +186,13 @@ public:
     void persist_all();
 
     cache_snapshot snapshot() const;
+    // The block report that acquire() and trim() left for later (see publish_deferring_blocks), if one is due. The
+    // engine calls it after each step: a request's setup does not wait for a walk over every cached block, and its
+    // blocks are reported a step later. release_slot() reports at once, so whoever sees an answer end sees its
+    // blocks listed.
+    void report_pending_blocks() {
+        if (blocks_pending_) report_blocks();
+    }
     // The blocks the last report to the block observer described (none without one). Any thread.
     std::vector<kv_listed_block> listed_blocks() const;
 
@@ -312,7 +319,11 @@ private:
     template <typename InTier, typename Over, typename Drop>
     void evict_until(InTier in_tier, uint64_t budget, Over over, Drop drop);
     void index_disk();
+    // Makes the counters and the block report current.
     void publish();
+    // As publish(), but the block report waits for report_pending_blocks(): for the changes a request's setup makes.
+    void publish_deferring_blocks();
+    void publish_counters();
     // Tells the block observer what changed since its last report (everything when listed_valid_ is false).
     void report_blocks();
 
@@ -351,6 +362,7 @@ private:
     // The blocks last reported to the block observer, by hash. Written by the engine thread, under published_mu_.
     std::unordered_map<uint64_t, kv_listed_block> listed_;
     bool listed_valid_ = false;  // false: the next report is a full listing
+    bool blocks_pending_ = false;  // publish_deferring_blocks() left a report for report_pending_blocks()
 };
 
 }  // namespace keepwarm

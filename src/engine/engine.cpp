@@ -486,6 +486,7 @@ void engine::run() {
                 if (s->busy() && s->request->cancelled.load()) finish(*s, finish_reason::cancelled);
             }
             step();
+            cache_->report_pending_blocks();  // what this turn's admissions changed, now that their step ran
         } catch (const std::exception& e) {
             log::error("engine", "step failed: {}", e.what());
             fail_busy_slots(std::string("engine step failed: ") + e.what());

@@ -1,13 +1,17 @@
 // The prefix cache's block reports (cache/kv-block-events.h, docs/kv-events.md), through the engine: a block is
 // reported stored on the medium that holds it (device, RAM, disk) and removed when it leaves it; only the shared
 // tenant's blocks are reported; a restarted server lists its disk blocks first; an observer that refuses a report
-// gets a full listing. An index rebuilt from the reports alone always equals the cache's own listing.
+// gets a full listing; a request's setup never waits for a report. An index rebuilt from the reports alone always
+// equals the cache's own listing.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "common.h"
 #include "engine/engine.h"
@@ -27,6 +31,7 @@ using test_prose::words;
 class recording_observer : public kv_block_observer {
 public:
     bool take(kv_block_report report) override {
+        std::this_thread::sleep_for(take_delay_.load());
         std::lock_guard lock(mu_);
         if (refuse_next_ && !report.full_listing) {
             refuse_next_ = false;
@@ -56,6 +61,8 @@ public:
         std::lock_guard lock(mu_);
         refuse_next_ = true;
     }
+    // Each report from now on holds the engine thread this long, as the walk over a very large cache would.
+    void delay_takes(std::chrono::milliseconds delay) { take_delay_ = delay; }
     int refused() {
         std::lock_guard lock(mu_);
         return refused_;
@@ -95,6 +102,7 @@ public:
     }
 
 private:
+    std::atomic<std::chrono::milliseconds> take_delay_{std::chrono::milliseconds(0)};
     std::mutex mu_;
     std::set<std::pair<uint64_t, kv_medium>> held_;  // guarded by mu_
     std::map<uint64_t, tokens> prefix_;              // guarded by mu_
@@ -210,5 +218,26 @@ TEST(kv_block_events, a_refused_report_is_followed_by_a_full_listing) {
     EXPECT_GE(observer.full_listings(), 2);
     EXPECT_EQ(observer.blocks_held(a, kv_medium::device), a.size() / 64);
     EXPECT_EQ(observer.blocks_held(b, kv_medium::device), b.size() / 64);
+    EXPECT_EQ(observer.held(), listed(e));
+}
+
+TEST(kv_block_events, a_warm_turns_setup_does_not_wait_for_its_block_report) {
+    recording_observer observer;
+    engine_options o = options_with(observer);
+    o.cache_parked_sequences = 0;
+    engine e(o);
+    e.start();
+    const tokens a = tokenize(e, words(400, 431));
+    greedy_runs::generate(e, a, 4);
+    greedy_runs::generate(e, tokenize(e, words(400, 432)), 4);  // no parking: A's blocks go to RAM
+    ASSERT_EQ(observer.blocks_held(a, kv_medium::device), 0u);
+
+    // A's restore from RAM changes what the device holds: the report of it comes after the warm turn's first step,
+    // so the turn's setup (request received to its first model call) does not include it.
+    observer.delay_takes(std::chrono::milliseconds(400));
+    const greedy_runs::result warm = greedy_runs::generate(e, a, 4);
+    EXPECT_GT(warm.stats.reused_ram, 0);
+    EXPECT_LT(warm.stats.setup_ms, 400) << "the restore's block report ran inside the request's setup";
+    EXPECT_EQ(observer.blocks_held(a, kv_medium::device), a.size() / 64) << "reported by the time the answer ends";
     EXPECT_EQ(observer.held(), listed(e));
 }
