@@ -361,7 +361,7 @@ private:
     cache_snapshot published_;  // guarded by published_mu_
     // The blocks last reported to the block observer, by hash. Written by the engine thread, under published_mu_.
     std::unordered_map<uint64_t, kv_listed_block> listed_;
-    bool listed_valid_ = false;  // false: the next report is a full listing
+    bool listed_valid_ = false;    // false: the next report is a full listing
     bool blocks_pending_ = false;  // publish_deferring_blocks() left a report for report_pending_blocks()
 };
 
