@@ -47,6 +47,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
 
 const args = {
     keepwarm: 'build/keepwarm', model: '', clients: 64, seconds: 300, warmup: 30, maxTokens: 8, slots: 0, thinkMs: 0,
@@ -131,8 +132,7 @@ function sample(text, name, labels = '') {
 // The independent subscriber of one upstream's events (kv-events-subscriber.py --watch): resolves once a snapshot
 // has put it in step; verdict() stops it and resolves with what it found.
 async function startWitness(name, endpoint, serverUrl, dropMessage) {
-    const script = path.join(path.dirname(new URL(import.meta.url).pathname), '..', 'tests', 'conformance',
-        'kv-events-subscriber.py');
+    const script = fileURLToPath(new URL('../tests/conformance/kv-events-subscriber.py', import.meta.url));
     const proc = spawn(args.python, [script, '--watch', endpoint, '--server', serverUrl,
         ...(dropMessage ? ['--drop-message', String(dropMessage)] : [])], { stdio: ['pipe', 'pipe', 'pipe'] });
     const gaps = [];
