@@ -26,19 +26,21 @@
 //
 // --kv-events: the upstreams publish their KV-cache events (`serve --kv-events tcp://*:PORT`, docs/kv-events.md) and
 // the proxy routes by them (`--upstream URL,events=tcp://127.0.0.1:PORT`); the run then checks that no event is lost
-// under the load (issue 38), and exits 1 if one was. Three witnesses: the proxy's own counters, scraped every second
-// from the moment both upstreams are first in step (keepwarm_proxy_kv_events_resyncs_total stays 0 throughout: the
-// proxy counts a fall out of step, and before its first snapshot an upstream was never in step, so a first
-// subscription counts none; a later snapshot, brought by another subscriber, keeps it in step and counts none
-// either; keepwarm_proxy_kv_events_in_step stays 1; keepwarm_proxy_exact_hits_total > 0, so events did route); the upstreams'
-// own (keepwarm_kv_events_resyncs_total{reason="overflow"} stays 0: the engine never dropped a report); and, per
-// upstream, an independent subscriber (tests/conformance/kv-events-subscriber.py --watch, written from vLLM's and
-// llm-d's wire format, not keepwarm's code) that counts messages, events and sequence gaps for the whole run and, once
-// the load has stopped and the stream is quiet, compares the index it rebuilt with the upstream's GET
-// /v1/cache/blocks. The proxy's index is compared with that listing too (blocks per medium). Blocks are
-// --cache-block tokens (64 with --kv-events unless given: the default 256 is more than a client's whole prompt,
-// which would leave no whole block to route by); give the same --cache-block to a run without events to compare.
-// --python: an interpreter with python3-zmq and python3-msgpack (default /usr/bin/python3, Debian's).
+// under the load (issue 38), and exits 1 if one was. Three witnesses:
+// - the proxy's own counters, scraped every second from the moment both upstreams are first in step:
+//   keepwarm_proxy_kv_events_resyncs_total stays 0 throughout (the proxy counts a fall out of step; before its first
+//   snapshot an upstream was never in step, so a first subscription counts none, and a later snapshot, brought by
+//   another subscriber, keeps it in step), keepwarm_proxy_kv_events_in_step stays 1, and
+//   keepwarm_proxy_exact_hits_total ends above 0 (events did route); the proxy's index holds as many blocks per
+//   medium as the upstream's listing at the end;
+// - the upstreams' own: keepwarm_kv_events_resyncs_total{reason="overflow"} stays 0 (no report was dropped);
+// - per upstream, an independent subscriber (tests/conformance/kv-events-subscriber.py --watch, written from vLLM's
+//   and llm-d's wire format, not keepwarm's code) that counts messages, events and sequence gaps for the whole run
+//   and, once the load has stopped and the stream is quiet, compares the index it rebuilt with the upstream's GET
+//   /v1/cache/blocks.
+// Blocks are --cache-block tokens (64 with --kv-events unless given: the default 256 is more than a client's whole
+// prompt, which would leave no whole block to route by); give the same --cache-block to a run without events to
+// compare. --python: an interpreter with python3-zmq and python3-msgpack (default /usr/bin/python3, Debian's).
 // --drop-message N (a test of the bench): upstream 0's witness drops its Nth message, and the run must say so.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -122,7 +124,7 @@ function get(url, route, json = false) {
     });
 }
 
-// A Prometheus text sample's value: `name{labels} value`, the labels matched whole as written, e.g. 'reason="overflow"'.
+// A Prometheus text sample's value: `name{labels} value`, the labels matched whole as written ('reason="overflow"').
 function sample(text, name, labels = '') {
     const escaped = (name + (labels ? `{${labels}}` : '')).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
     const m = text.match(new RegExp(`^${escaped} (\\S+)$`, 'm'));
@@ -309,13 +311,18 @@ async function main() {
         const p = await get(proxy.url, '/metrics');
         const per = (name, u) => sample(p, name, `upstream="${u.url}"`);
         const own = await Promise.all(upstreams.map((u) => get(u.url, '/metrics')));
-        return {
+        const c = {
             in_step: upstreams.map((u) => per('keepwarm_proxy_kv_events_in_step', u)),
             resyncs: upstreams.map((u) => per('keepwarm_proxy_kv_events_resyncs_total', u)),
             exact_hits: upstreams.map((u) => per('keepwarm_proxy_exact_hits_total', u)),
             overflow: own.map((t) => sample(t, 'keepwarm_kv_events_resyncs_total', 'reason="overflow"')),
             snapshots: own.map((t) => sample(t, 'keepwarm_kv_events_resyncs_total', 'reason="subscriber"')),
         };
+        // A counter that is not there would pass every check below unseen.
+        if (Object.values(c).flat().some((v) => v === null)) {
+            throw new Error(`a KV-event counter is missing from /metrics: ${JSON.stringify(c)}`);
+        }
+        return c;
     };
     // From the moment both upstreams are first in step (the proxy's first snapshot of each), nothing may knock it out.
     let kvAtStart = null;
@@ -325,7 +332,9 @@ async function main() {
         for (;;) {
             kvAtStart = await kvCounters();
             if (kvAtStart.in_step.every((v) => v === 1)) break;
-            if (performance.now() > deadline) throw new Error(`the proxy was not in step in 60 s: ${JSON.stringify(kvAtStart)}`);
+            if (performance.now() > deadline) {
+                throw new Error(`the proxy was not in step in 60 s: ${JSON.stringify(kvAtStart)}`);
+            }
             await new Promise((resolve) => setTimeout(resolve, 200));
         }
         log(`the proxy is in step with both upstreams' KV events (resyncs so far ${kvAtStart.resyncs.join(', ')})`);
@@ -393,7 +402,6 @@ async function main() {
         }).on('error', () => resolve(null));
     });
 
-    const kvEvents = args.kvEvents ? await checkKvEvents() : null;
     async function checkKvEvents() {
         const duringRun = await kvCounters();
         // The load has stopped: each witness reads on until its stream is quiet, then compares with its upstream.
@@ -407,7 +415,9 @@ async function main() {
             const all = [...kvSamples.map(([, c]) => c), duringRun, atEnd];
             const proxyBlocks = cache.upstreams[i].kv_events?.blocks ?? {};
             const serverBlocks = {};
-            for (const b of listings[i].blocks) for (const m of b.media) serverBlocks[m.toLowerCase()] = (serverBlocks[m.toLowerCase()] ?? 0) + 1;
+            for (const b of listings[i].blocks) {
+                for (const m of b.media) serverBlocks[m.toLowerCase()] = (serverBlocks[m.toLowerCase()] ?? 0) + 1;
+            }
             const media = [...new Set([...Object.keys(proxyBlocks), ...Object.keys(serverBlocks)])];
             const proxyAgrees = media.every((m) => (proxyBlocks[m] ?? 0) === (serverBlocks[m] ?? 0));
             const r = {
@@ -433,9 +443,14 @@ async function main() {
             } else {
                 if (!(v.messages > 0 && v.events > 0)) fail('its witness received no event');
                 if (v.gaps || v.lost_messages) fail(`${v.lost_messages} messages lost in ${v.gaps} gaps`);
-                if (!v.saw_last_message) fail(`the witness's last message is ${v.last_seq}, the server published ${v.server_messages}`);
-                if (!v.index?.agree) fail(`the witness's index disagrees with /v1/cache/blocks: ${JSON.stringify(v.index)}`);
-                for (const k of ['restarts', 'out_of_order', 'malformed', 'orphan_blocks', 'stored_twice', 'removed_not_held']) {
+                if (!v.saw_last_message) {
+                    fail(`the witness's last message is ${v.last_seq}, the server published ${v.server_messages}`);
+                }
+                if (!v.index?.agree) {
+                    fail(`the witness's index disagrees with /v1/cache/blocks: ${JSON.stringify(v.index)}`);
+                }
+                for (const k of ['restarts', 'out_of_order', 'malformed', 'orphan_blocks', 'stored_twice',
+                    'removed_not_held']) {
                     if (v[k]) fail(`the witness counted ${v[k]} ${k.replaceAll('_', ' ')}`);
                 }
                 if (v.problems?.length) fail(`the witness's first problems: ${v.problems.join('; ')}`);
@@ -445,15 +460,24 @@ async function main() {
                     `when first in step, up to ${r.proxy.resyncs_max})`);
             }
             if (r.proxy.in_step_min !== 1) fail('the proxy fell out of step (keepwarm_proxy_kv_events_in_step 0)');
-            if (!proxyAgrees) fail(`the proxy's index ${JSON.stringify(proxyBlocks)}, the server's ${JSON.stringify(serverBlocks)}`);
-            if (r.server.overflow_resyncs_max !== 0) fail(`the server's queue overflowed ${r.server.overflow_resyncs_max} times`);
+            if (!proxyAgrees) {
+                fail(`the proxy's index ${JSON.stringify(proxyBlocks)}, the server's ${JSON.stringify(serverBlocks)}`);
+            }
+            if (r.server.overflow_resyncs_max !== 0) {
+                fail(`the server's queue overflowed ${r.server.overflow_resyncs_max} times`);
+            }
             return r;
         });
         const exactHits = atEnd.exact_hits.reduce((a, b) => a + b, 0);
-        if (!(exactHits > 0)) failures.push('the proxy routed no request by events (keepwarm_proxy_exact_hits_total 0)');
+        if (!(exactHits > 0)) {
+            failures.push('the proxy routed no request by events (keepwarm_proxy_exact_hits_total 0)');
+        }
         const lost = verdicts.reduce((a, v) => a + (v.lost_messages ?? 0), 0);
-        return { ok: failures.length === 0, lost_messages: lost, exact_hits: exactHits, failures, upstreams: perUpstream };
+        return {
+            ok: failures.length === 0, lost_messages: lost, exact_hits: exactHits, failures, upstreams: perUpstream,
+        };
     }
+    const kvEvents = args.kvEvents ? await checkKvEvents() : null;
 
     const measured = results.filter((r) => r.t >= args.warmup);
     const errors = results.filter((r) => r.error);
@@ -508,16 +532,17 @@ async function main() {
         const yes = (b) => (b ? 'yes' : 'NO');
         for (const [i, u] of kvEvents.upstreams.entries()) {
             const v = u.witness, p = u.proxy;
-            console.log(`KV events of upstream ${i}: witness ${v.messages ?? '-'} messages (seq ${v.first_seq}..${v.last_seq}` +
-                ` of ${v.server_messages} published), ${v.events ?? '-'} events (${v.blocks_stored} blocks stored, ` +
-                `${v.blocks_removed} removed), gaps ${v.gaps ?? '-'}, index agrees ${yes(v.index?.agree)} ` +
-                `(${v.index?.blocks} blocks); proxy ${p.messages} messages, ${p.events} events, resyncs ` +
-                `${p.resyncs_at_first_in_step} at first in step -> ${p.resyncs_at_end}, in step ${p.in_step_at_end}, ` +
+            console.log(`KV events of upstream ${i}: witness ${v.messages ?? '-'} messages ` +
+                `(seq ${v.first_seq}..${v.last_seq} of ${v.server_messages} published), ${v.events ?? '-'} events ` +
+                `(${v.blocks_stored} blocks stored, ${v.blocks_removed} removed), gaps ${v.gaps ?? '-'}, ` +
+                `index agrees ${yes(v.index?.agree)} (${v.index?.blocks} blocks); proxy ${p.messages} messages, ` +
+                `${p.events} events, resyncs ${p.resyncs_at_first_in_step} at first in step -> ${p.resyncs_at_end}, ` +
+                `in step ${p.in_step_at_end}, ` +
                 `exact hits ${p.exact_hits}, index agrees ${yes(p.index_agrees)}; server overflow resyncs ` +
                 `${u.server.overflow_resyncs_max}, snapshots for subscribers ${u.server.subscriber_snapshots}`);
         }
-        console.log(kvEvents.ok ? 'lost events: 0' : `lost events: YES (${kvEvents.lost_messages} messages lost by the ` +
-            `witnesses): ${kvEvents.failures.join('; ')}`);
+        console.log(kvEvents.ok ? 'lost events: 0' : `lost events: YES (${kvEvents.lost_messages} messages lost ` +
+            `by the witnesses): ${kvEvents.failures.join('; ')}`);
     }
     if (args.json) fs.writeFileSync(args.json, JSON.stringify({ summary, rss, results }, null, 1));
     stopAll();
