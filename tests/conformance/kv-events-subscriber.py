@@ -12,7 +12,16 @@ to disk, restarts on the same disk tier, and serves a late subscriber; sequence 
 server with two tenants must publish none of their blocks. Needs python3-zmq and python3-msgpack (Debian).
 
     KEEPWARM_BINARY=build/keepwarm KEEPWARM_TEST_MODELS_DIR=build/test-models tests/conformance/kv-events-subscriber.py
+
+With --watch it is a load test's independent witness instead (bench/proxy-load.mjs --kv-events starts one per
+upstream): it subscribes to a running server's ENDPOINT, prints {"ready": ...} once a snapshot has put it in step,
+counts messages, events and sequence gaps while the load runs (a line {"gap": ...} as each gap happens), and when a
+line "stop" (or the end) comes on its standard input it reads on until the stream is quiet, compares its index with
+the server's GET /v1/cache/blocks (hash, medium and parent of every block) and prints its verdict as one JSON line.
+
+    tests/conformance/kv-events-subscriber.py --watch tcp://127.0.0.1:5556 --server http://127.0.0.1:8080
 """
+import argparse
 import json
 import os
 import re
@@ -222,7 +231,185 @@ def tokenize(server, text):
     return server.request("POST", "/tokenize", {"content": text})["tokens"]
 
 
+class Watcher:
+    """The index of one server's blocks, (hash, medium) and each block's parent, kept from its stream alone; every
+    break of the contract counted rather than asserted, for a verdict at the end."""
+
+    MEDIA = ("GPU", "CPU", "DISK")
+
+    def __init__(self, endpoint, drop_message=0):
+        self.socket = zmq.Context.instance().socket(zmq.SUB)
+        self.socket.setsockopt(zmq.RCVHWM, 0)  # ZeroMQ never drops on this side: a gap is the publisher's
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        self.socket.connect(endpoint)
+        self.endpoint = endpoint
+        self.media = {}  # hash -> set of media held
+        self.parent = {}  # hash -> parent hash or None, while held on some medium
+        self.in_step = False  # from the first AllBlocksCleared on
+        self.first_seq = self.last_seq = None
+        self.counts = dict(messages=0, events=0, blocks_stored=0, blocks_removed=0, cleared=0, gaps=0,
+                           lost_messages=0, out_of_order=0, restarts=0, before_snapshot=0, malformed=0,
+                           orphan_blocks=0, stored_twice=0, removed_not_held=0)
+        self.problems = []  # the first few, in words
+        self.drop_message = drop_message  # a test of the test: this many messages after the snapshot, drop one
+
+    def problem(self, counter, what, n=1):
+        self.counts[counter] += n
+        if len(self.problems) < 10:
+            self.problems.append(what)
+
+    def pump(self, quiet):
+        """Reads messages until none came for `quiet` seconds."""
+        while self.socket.poll(int(quiet * 1000)):
+            self.handle(self.socket.recv_multipart())
+
+    def handle(self, frames):
+        try:
+            topic = frames[0].decode()
+            if len(frames) != 3 or len(frames[1]) != 8 or len(topic.split("@")) != 3:
+                raise ValueError(f"{len(frames)} frames, topic {topic!r:.60}")
+            seq = int.from_bytes(frames[1], "big")
+            payload = msgpack.unpackb(frames[2], raw=False)
+            if not isinstance(payload, list) or len(payload) not in (2, 3) or not isinstance(payload[1], list):
+                raise ValueError(f"payload {payload!r:.60}")
+            events = payload[1]
+        except Exception as e:  # noqa: BLE001: a message that breaks the format is counted, not fatal
+            self.problem("malformed", f"a malformed message: {e}")
+            return
+        if self.drop_message and self.in_step:
+            self.drop_message -= 1
+            if self.drop_message == 0:
+                return  # as if ZeroMQ had lost it: the next message shows the gap
+        if self.last_seq is not None:
+            if seq == 0:
+                self.problem("restarts", f"seq 0 after {self.last_seq}: the server restarted")
+            elif seq > self.last_seq + 1:
+                self.problem("gaps", f"seq {seq} after {self.last_seq}: {seq - self.last_seq - 1} messages lost")
+                self.counts["lost_messages"] += seq - self.last_seq - 1
+                print(json.dumps({"gap": {"after": self.last_seq, "next": seq}}), flush=True)
+            elif seq <= self.last_seq:
+                self.problem("out_of_order", f"seq {seq} after {self.last_seq}")
+        if self.first_seq is None:
+            self.first_seq = seq
+        self.last_seq = seq
+        self.counts["messages"] += 1
+        for event in events:
+            self.counts["events"] += 1
+            self.apply(event)
+
+    def apply(self, event):
+        tag = event[0] if isinstance(event, list) and event else None
+        if tag == "AllBlocksCleared":
+            self.media.clear()
+            self.parent.clear()
+            self.counts["cleared"] += 1
+            if not self.in_step:
+                self.in_step = True
+                print(json.dumps({"ready": {"seq": self.last_seq}}), flush=True)
+            return
+        if not self.in_step:
+            self.counts["before_snapshot"] += 1  # what came before the snapshot is not this subscriber's business
+            return
+        if tag == "BlockStored" and len(event) >= 7:
+            hashes, parent, token_ids, block_size, _lora_id, medium = event[1:7]
+            if medium not in self.MEDIA or len(token_ids) != block_size * len(hashes):
+                self.problem("malformed", f"BlockStored with medium {medium!r}, {len(token_ids)} tokens")
+                return
+            self.counts["blocks_stored"] += len(hashes)
+            if parent is not None and parent not in self.media:
+                self.problem("orphan_blocks", f"stored {len(hashes)} blocks on {medium} after {parent}, which is not "
+                             "held", len(hashes))
+            for h in hashes:
+                held = self.media.setdefault(h, set())
+                if medium in held:
+                    self.problem("stored_twice", f"block {h} stored twice on {medium}")
+                if not held:
+                    self.parent[h] = parent
+                held.add(medium)
+                parent = h
+        elif tag == "BlockRemoved" and len(event) >= 3:
+            hashes, medium = event[1:3]
+            self.counts["blocks_removed"] += len(hashes)
+            for h in hashes:
+                held = self.media.get(h)
+                if not held or medium not in held:
+                    self.problem("removed_not_held", f"removed {h} from {medium}, where it was not held")
+                    continue
+                held.discard(medium)
+                if not held:
+                    del self.media[h]
+                    del self.parent[h]
+        else:
+            self.problem("malformed", f"an unknown event {str(event):.60}")
+
+    def compare(self, server_url):
+        """This index against the server's listing: {"agree", "blocks", "server_blocks", "missing", "extra", ...}."""
+        with urllib.request.urlopen(server_url + "/v1/cache/blocks", timeout=60) as r:
+            listing = json.loads(r.read())["blocks"]
+        theirs = {(b["hash"], m) for b in listing for m in b["media"]}
+        mine = {(h, m) for h, held in self.media.items() for m in held}
+        parents = sum(1 for b in listing if b["hash"] in self.parent and self.parent[b["hash"]] != b["parent"])
+        return {"agree": mine == theirs and parents == 0, "blocks": len(mine), "server_blocks": len(theirs),
+                "missing": len(theirs - mine), "extra": len(mine - theirs), "other_parent": parents}
+
+
+def server_messages(server_url):
+    """The server's own count of the messages it published (keepwarm_kv_events_messages_total)."""
+    with urllib.request.urlopen(server_url + "/metrics", timeout=60) as r:
+        m = re.search(r"^keepwarm_kv_events_messages_total (\d+)", r.read().decode(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def watch(endpoint, server_url, settle, drop_message):
+    w = Watcher(endpoint, drop_message)
+    poller = zmq.Poller()
+    poller.register(w.socket, zmq.POLLIN)
+    poller.register(sys.stdin, zmq.POLLIN)
+    stopping = False
+    while not stopping:
+        for what, _ in poller.poll(1000):
+            if what is w.socket:
+                # Drain what is there before looking at stdin again: the stop line comes after the load's last events.
+                while w.socket.poll(0):
+                    w.handle(w.socket.recv_multipart())
+            else:
+                line = sys.stdin.readline()
+                stopping = stopping or not line or line.strip() == "stop"
+    # The load has stopped: read on until the stream is quiet, then compare. A server that still settles (a demotion
+    # after the last request) gets a few more tries; an index that lost an event never converges.
+    verdict = None
+    for _ in range(5):
+        w.pump(settle)
+        verdict = w.compare(server_url)
+        if verdict["agree"]:
+            break
+    w.pump(0.2)
+    published = server_messages(server_url)
+    out = {"endpoint": endpoint, "in_step": w.in_step, "first_seq": w.first_seq, "last_seq": w.last_seq,
+           "server_messages": published,
+           # Every message the server has published since this subscriber joined came (the last one included).
+           "saw_last_message": published is not None and w.last_seq is not None and w.last_seq + 1 == published,
+           "index": verdict, "problems": w.problems, **w.counts}
+    print(json.dumps({"verdict": out}), flush=True)
+    return 0
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--watch", metavar="ENDPOINT", help="watch a running server's stream (see above)")
+    parser.add_argument("--server", metavar="URL", help="with --watch: the server's HTTP address")
+    parser.add_argument("--settle", type=float, default=1.0, help="with --watch: quiet seconds before comparing")
+    parser.add_argument("--drop-message", type=int, default=0, metavar="N",
+                        help="with --watch: drop the Nth message after the snapshot (checks that a loss is caught)")
+    opts = parser.parse_args()
+    if opts.watch:
+        if not opts.server:
+            parser.error("--watch needs --server")
+        return watch(opts.watch, opts.server.rstrip("/"), opts.settle, opts.drop_message)
+    return conformance()
+
+
+def conformance():
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     sub = Subscriber(endpoint, "subscriber")  # connects before the server binds: ZeroMQ retries
