@@ -74,61 +74,72 @@ std::vector<size_t> upstreams_not_serving(const std::vector<std::vector<std::str
 std::optional<upstream_router::decision> upstream_router::choose(std::span<const uint64_t> blocks,
                                                                  const std::vector<size_t>& excluded,
                                                                  uint64_t key) const {
-    std::optional<size_t> best, least;
-    size_t best_match = 0;
+    std::vector<size_t> matched(upstreams_.size());
     for (size_t i = 0; i < upstreams_.size(); i++) {
-        const upstream_stats& s = upstreams_[i].stats;
-        if (!s.healthy || std::find(excluded.begin(), excluded.end(), i) != excluded.end()) continue;
-        if (const size_t m = match(i, blocks); m >= options_.min_match_blocks && m > best_match) {
-            best = i;
-            best_match = m;
-        }
-        // Least loaded: fewest in flight, then fewest requests so far (spreads new conversations), then first.
-        if (!least) {
-            least = i;
-        } else {
-            const upstream_stats& l = upstreams_[*least].stats;
-            if (s.in_flight < l.in_flight || (s.in_flight == l.in_flight && s.requests < l.requests)) least = i;
-        }
+        if (const size_t m = match(i, blocks); m >= options_.min_match_blocks) matched[i] = m;
     }
+    const std::optional<size_t> least = least_loaded(excluded);
     if (!least) return std::nullopt;
-    const auto overloaded = [&](size_t i) {
-        return upstreams_[i].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin;
-    };
     if (const auto keyed = keyed_upstream(key)) {
         const upstream_stats& s = upstreams_[*keyed].stats;
         if (s.healthy && std::find(excluded.begin(), excluded.end(), *keyed) == excluded.end()) {
-            if (overloaded(*keyed))
+            if (overloaded(*keyed, *least))
                 return decision{.upstream = *least, .matched_blocks = match(*least, blocks), .rebalanced = true};
             return decision{.upstream = *keyed, .matched_blocks = match(*keyed, blocks), .keyed = true};
         }
     }
-    if (!best) return decision{.upstream = *least, .matched_blocks = match(*least, blocks)};
-    if (overloaded(*best)) {
-        return decision{.upstream = *least, .matched_blocks = match(*least, blocks), .rebalanced = true};
-    }
-    return decision{.upstream = *best, .matched_blocks = best_match};
+    if (auto d = choose_matched(matched, excluded, *least)) return d;
+    return decision{.upstream = *least, .matched_blocks = match(*least, blocks)};
 }
 
 std::optional<upstream_router::decision> upstream_router::choose_held(std::span<const size_t> held,
                                                                       const std::vector<size_t>& excluded) const {
-    std::optional<size_t> best, least;
-    for (size_t i = 0; i < upstreams_.size() && i < held.size(); i++) {
+    const std::optional<size_t> least = least_loaded(excluded);
+    if (!least) return std::nullopt;
+    std::optional<decision> d = choose_matched(held, excluded, *least);
+    if (d) d->exact = true;
+    return d;
+}
+
+bool upstream_router::eligible(size_t i, const std::vector<size_t>& excluded) const {
+    return upstreams_[i].stats.healthy && std::find(excluded.begin(), excluded.end(), i) == excluded.end();
+}
+
+std::optional<size_t> upstream_router::least_loaded(const std::vector<size_t>& excluded) const {
+    // Fewest in flight, then fewest requests so far (spreads new conversations), then first.
+    std::optional<size_t> least;
+    for (size_t i = 0; i < upstreams_.size(); i++) {
+        if (!eligible(i, excluded)) continue;
         const upstream_stats& s = upstreams_[i].stats;
-        if (!s.healthy || std::find(excluded.begin(), excluded.end(), i) != excluded.end()) continue;
-        if (held[i] > 0 && (!best || held[i] > held[*best])) best = i;
         if (!least) {
             least = i;
-        } else {
-            const upstream_stats& l = upstreams_[*least].stats;
-            if (s.in_flight < l.in_flight || (s.in_flight == l.in_flight && s.requests < l.requests)) least = i;
+            continue;
         }
+        const upstream_stats& l = upstreams_[*least].stats;
+        if (s.in_flight < l.in_flight || (s.in_flight == l.in_flight && s.requests < l.requests)) least = i;
+    }
+    return least;
+}
+
+bool upstream_router::overloaded(size_t upstream, size_t least) const {
+    return upstreams_[upstream].stats.in_flight - upstreams_[least].stats.in_flight > options_.rebalance_margin;
+}
+
+std::optional<upstream_router::decision> upstream_router::choose_matched(std::span<const size_t> matched,
+                                                                         const std::vector<size_t>& excluded,
+                                                                         size_t least) const {
+    // The longest match; when load rules it out, the longest match among the upstreams within the margin (the next
+    // best holder recomputes less than the least loaded one, which may hold nothing), else the least loaded.
+    std::optional<size_t> best, best_within;
+    for (size_t i = 0; i < upstreams_.size() && i < matched.size(); i++) {
+        if (!eligible(i, excluded) || matched[i] == 0) continue;
+        if (!best || matched[i] > matched[*best]) best = i;
+        if (!overloaded(i, least) && (!best_within || matched[i] > matched[*best_within])) best_within = i;
     }
     if (!best) return std::nullopt;
-    if (upstreams_[*best].stats.in_flight - upstreams_[*least].stats.in_flight > options_.rebalance_margin) {
-        return decision{.upstream = *least, .matched_blocks = held[*least], .rebalanced = true, .exact = true};
-    }
-    return decision{.upstream = *best, .matched_blocks = held[*best], .exact = true};
+    if (best_within == best) return decision{.upstream = *best, .matched_blocks = matched[*best]};
+    const size_t to = best_within.value_or(least);
+    return decision{.upstream = to, .matched_blocks = to < matched.size() ? matched[to] : 0, .rebalanced = true};
 }
 
 void upstream_router::start(const decision& d, std::span<const uint64_t> blocks, uint64_t key) {

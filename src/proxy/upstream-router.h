@@ -3,7 +3,8 @@
 // cut into fixed-size blocks, each block's hash chained over all blocks before it, so one hash stands for a whole
 // prefix and the tree is a bounded set of hashes (least recently sent forgotten first). A request goes to the
 // upstream with the longest match, if at least min_match_blocks long, else to the least loaded; when the matching
-// upstream has more requests in flight than the least loaded one by more than rebalance_margin, load wins.
+// upstream has more requests in flight than the least loaded one by more than rebalance_margin, load wins: the
+// request goes to the longest match among the upstreams within that margin, or to the least loaded when none matches.
 // A request with a routing key (the client's prompt_cache_key) goes where the key's last request went, under the
 // same load rule, whatever its blocks match: the client says these requests share a prefix.
 // A pure class: no clock, no I/O. Threading: not thread-safe; the caller holds one mutex around every call.
@@ -110,6 +111,13 @@ private:
     };
     void forget(upstream_state& u);
     std::optional<size_t> keyed_upstream(uint64_t key) const;
+    bool eligible(size_t upstream, const std::vector<size_t>& excluded) const;  // healthy and not excluded
+    std::optional<size_t> least_loaded(const std::vector<size_t>& excluded) const;
+    // More in flight than `least` by over the margin.
+    bool overloaded(size_t upstream, size_t least) const;
+    // By match lengths (matched[i], 0: none or too short): the longest under the load rule; nullopt when none.
+    std::optional<decision> choose_matched(std::span<const size_t> matched, const std::vector<size_t>& excluded,
+                                           size_t least) const;
 
     router_options options_;
     std::vector<upstream_state> upstreams_;

@@ -110,6 +110,28 @@ TEST(UpstreamRouter, AShortMatchDoesNotPullARequest) {
     EXPECT_EQ(d->matched_blocks, 0u);
 }
 
+TEST(UpstreamRouter, LoadGoesToTheNextLongestMatchWithinTheMargin) {
+    upstream_router router(3, options());
+    const auto shared = blocks_of(conversation("a", 1));  // what two upstreams were sent
+    const auto longer = blocks_of(conversation("a", 3));  // the conversation went on at its home
+    ASSERT_GT(longer.size(), shared.size());
+    const size_t home = send(router, longer);
+    router.finish(home);
+    // The second upstream is sent the shared start (the least loaded, then fewest requests: not home).
+    const auto second = router.choose(blocks_of(conversation("b", 1)));
+    ASSERT_TRUE(second);
+    ASSERT_NE(second->upstream, home);
+    router.start(*second, shared);
+    router.finish(second->upstream);
+    for (int i = 0; i < 3; i++) router.start(*router.choose(longer), longer);  // 3 in flight at home: over margin 2
+    ASSERT_EQ(router.stats(home).in_flight, 3);
+    const auto d = router.choose(longer);
+    ASSERT_TRUE(d);
+    EXPECT_TRUE(d->rebalanced);
+    EXPECT_EQ(d->upstream, second->upstream) << "it holds the shared start; the third upstream holds nothing";
+    EXPECT_EQ(d->matched_blocks, shared.size());
+}
+
 TEST(UpstreamRouter, LoadBeyondTheMarginWinsOverTheMatch) {
     upstream_router router(2, options());
     const auto blocks = blocks_of(conversation("a", 2));
@@ -270,7 +292,8 @@ TEST(UpstreamRouter, ExactRoutingGoesToTheMostHeldBlocksUnderTheLoadRule) {
     router.start(*d, {});
     d = router.choose_held(held);
     EXPECT_TRUE(d->rebalanced);
-    EXPECT_NE(d->upstream, 1u);
+    EXPECT_EQ(d->upstream, 2u) << "the next most held blocks within the margin, not the least loaded (0)";
+    EXPECT_EQ(d->matched_blocks, 2u);
     const upstream_router::upstream_stats s = router.stats(1);
     EXPECT_EQ(s.exact_hits, 2u);
     EXPECT_EQ(s.exact_blocks, 6u);
