@@ -1,0 +1,211 @@
+// The render routes llm-d's token producer calls (POST /v1/chat/completions/render, POST /v1/completions/render, in
+// vLLM's shapes): their token ids are the ids keepwarm itself computes for the same request, so they hash as the
+// blocks it publishes. Checked against the KV events (read by tests/e2e/kv-events-tokens.py from the documented wire
+// format), against /tokenize of /apply-template for a fresh prompt, and for a conversation whose answer came back as
+// history, where the ids are the model's own (which re-tokenizing the text does not give). Bad bodies get the
+// generation routes' 4xx; with API keys, a tenant's render follows its own auth and prompt index.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startServer, curl, waitFor, freePort, tempDir } from './harness.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const BLOCK = 16;
+
+// The published blocks, by hash: { parent, tokens }.
+function subscribe(endpoint) {
+    const proc = spawn('/usr/bin/python3', [path.join(here, 'kv-events-tokens.py'), endpoint], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const blocks = new Map();
+    let buffer = '';
+    let err = '';
+    proc.stderr.on('data', (d) => (err += d));
+    proc.stdout.on('data', (d) => {
+        buffer += d;
+        let nl;
+        while ((nl = buffer.indexOf('\n')) >= 0) {
+            const e = JSON.parse(buffer.slice(0, nl));
+            buffer = buffer.slice(nl + 1);
+            if (e.cleared) blocks.clear();
+            let parent = e.parent;
+            (e.stored ?? []).forEach((hash, i) => {
+                blocks.set(hash, { parent, tokens: e.tokens.slice(i * BLOCK, (i + 1) * BLOCK) });
+                parent = hash;
+            });
+        }
+    });
+    return {
+        blocks,
+        error: () => err,
+        // Whether some published chain of blocks from the start spells exactly `ids` (whole blocks only).
+        holds(ids) {
+            for (const start of blocks.keys()) {
+                const path = [];
+                for (let h = start; h != null; h = blocks.get(h)?.parent) path.unshift(...(blocks.get(h)?.tokens ?? []));
+                if (path.length === ids.length && path.every((t, i) => t === ids[i])) return true;
+            }
+            return false;
+        },
+        stop: () => proc.kill(),
+    };
+}
+
+const wholeBlocks = (ids) => ids.slice(0, ids.length - (ids.length % BLOCK));
+
+const keysFile = path.join(tempDir('render'), 'keys.txt');
+const keyA = 'sk-render-alice-5c1e';
+const keyB = 'sk-render-bob-9d02';
+writeFileSync(keysFile, `alice ${keyA}\nbob ${keyB}\n`);
+
+let server, events, tenants;
+before(async () => {
+    const eventsPort = await freePort();
+    [server, tenants] = await Promise.all([
+        startServer(['-c', '4096', '-np', '1', '--cache-block', String(BLOCK), '--kv-events',
+            `tcp://127.0.0.1:${eventsPort}`]),
+        startServer(['-c', '4096', '-np', '1', '--api-keys-file', keysFile]),
+    ]);
+    events = subscribe(`tcp://127.0.0.1:${eventsPort}`);
+    // Each new subscriber gets a snapshot that starts with AllBlocksCleared; a first chat makes sure it is connected.
+    await waitFor(async () => {
+        await chat(server, [{ role: 'user', content: 'warm up' }], { max_tokens: 1 });
+        return events.blocks.size > 0;
+    }, { timeoutMs: 30_000 });
+});
+after(async () => {
+    events?.stop();
+    await Promise.all([server?.stop(), tenants?.stop()]);
+});
+
+const post = (s, route, body, key) =>
+    curl(`${s.url}${route}`, { method: 'POST', body, headers: key ? { Authorization: `Bearer ${key}` } : {} });
+
+async function chat(s, messages, extra = {}, key) {
+    const r = await post(s, '/v1/chat/completions', { model: 'tiny', messages, temperature: 0, ...extra }, key);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    return r.body;
+}
+
+async function render(s, body, key) {
+    const r = await post(s, '/v1/chat/completions/render', { model: 'tiny', ...body }, key);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.ok(Array.isArray(r.body.token_ids) && r.body.token_ids.length > 0, JSON.stringify(r.body));
+    return r.body.token_ids;
+}
+
+// What a client (keepwarm proxy, before this route) got with two calls: the template's text, tokenized afresh.
+async function retokenized(s, body, key) {
+    const prompt = (await post(s, '/apply-template', body, key)).body.prompt;
+    const r = await post(s, '/tokenize', { content: prompt, add_special: true, parse_special: true }, key);
+    return r.body.tokens;
+}
+
+const tools = [{
+    type: 'function',
+    function: {
+        name: 'release_notes',
+        description: 'The release notes of a project for a week',
+        parameters: { type: 'object', properties: { project: { type: 'string' } }, required: ['project'] },
+    },
+}];
+
+const opening = (name) => [
+    { role: 'system', content: `${name}: you keep the release notes of the ${name} project, tersely. `.repeat(4) },
+    { role: 'user', content: `What changed in ${name} this week?` },
+];
+
+test('a fresh prompt with tools: the ids of the template tokenized, and of the blocks the server publishes', async () => {
+    const body = { messages: opening('osprey'), tools };
+    const ids = await render(server, body);
+    assert.deepEqual(ids, await retokenized(server, body));
+    assert.ok(!events.holds(wholeBlocks(ids)), 'not served yet');
+    const answer = await chat(server, body.messages, { tools, max_tokens: 2 });
+    assert.equal(answer.usage.prompt_tokens, ids.length);
+    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+});
+
+// An answer the model writes one "o" token at a time (a logit bias forces it): its text, "oooo...", tokenizes back to
+// fewer, longer tokens, so only ids kept from the generation match what the server cached.
+async function answerInOs(s, messages, key) {
+    const [o] = (await post(s, '/tokenize', { content: 'o' }, key)).body.tokens;
+    const answer = await chat(s, messages, { max_tokens: 24, logit_bias: { [o]: 100 } }, key);
+    const text = answer.choices[0].message.content;
+    assert.match(text, /^o{8,}$/, JSON.stringify(answer));
+    return [...messages, { role: 'assistant', content: text }, { role: 'user', content: 'And before that?' }];
+}
+
+test('an answer that comes back as history: the ids are the model\'s own, as cached and published', async () => {
+    const messages = await answerInOs(server, opening('heron'));
+    const ids = await render(server, { messages });
+    // The two calls (template, then tokenize) give other ids from the answer on, which match no block the server
+    // holds.
+    const fresh = await retokenized(server, { messages });
+    assert.notDeepEqual(ids, fresh);
+    const second = await chat(server, messages, { max_tokens: 1 });
+    assert.equal(second.usage.prompt_tokens, ids.length);
+    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+    assert.ok(!events.holds(wholeBlocks(fresh)), 'the re-tokenized prompt is not what the server cached');
+});
+
+test('/v1/completions/render: an array of one, the ids /v1/completions prompts with', async () => {
+    const prompt = 'The osprey release notes, tersely: '.repeat(6);
+    const r = await post(server, '/v1/completions/render', { model: 'tiny', prompt });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.length, 1);
+    const ids = r.body[0].token_ids;
+    const tokenized = await post(server, '/tokenize', { content: prompt, add_special: true, parse_special: true });
+    assert.deepEqual(ids, tokenized.body.tokens);
+    const done = await post(server, '/v1/completions', { model: 'tiny', prompt, max_tokens: 1, temperature: 0 });
+    assert.equal(done.body.usage.prompt_tokens, ids.length);
+    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+});
+
+test('bad bodies get the generation routes\' 4xx, in OpenAI\'s error shape', async () => {
+    const long = 'osprey '.repeat(40_000);  // far more tokens than the 4,096-token context
+    const cases = {
+        '/v1/chat/completions': [
+            'not json',
+            '[1, 2]',
+            { model: 'tiny' },
+            { model: 'tiny', messages: 'hello' },
+            { model: 'tiny', messages: [{ role: 'user', content: 7 }] },
+            { model: 'tiny', messages: [{ role: 'user', content: long }] },
+            { model: 'tiny', messages: [{ role: 'user', content: 'hi' }], tools: 'none' },
+        ],
+        '/v1/completions': [
+            'not json',
+            { model: 'tiny' },
+            { model: 'tiny', prompt: '' },
+            { model: 'tiny', prompt: [1, 2, 3] },
+            { model: 'tiny', prompt: ['a', 'b'] },
+            { model: 'tiny', prompt: long },
+        ],
+    };
+    for (const [route, bodies] of Object.entries(cases)) {
+        for (const body of bodies) {
+            const generated = await post(server, route, body);
+            const rendered = await post(server, `${route}/render`, body);
+            const what = `${route}/render ${JSON.stringify(body).slice(0, 80)}: ${JSON.stringify(rendered.body)}`;
+            assert.ok(rendered.status >= 400 && rendered.status < 500, what);
+            assert.equal(rendered.status, generated.status, what);
+            assert.equal(rendered.body.error.type, generated.body.error.type, what);
+            assert.equal(rendered.body.error.message, generated.body.error.message, what);
+        }
+    }
+});
+
+test('with API keys: a tenant\'s render needs its key and reads its own prompt index', async () => {
+    const first = opening('kestrel');
+    const none = await post(tenants, '/v1/chat/completions/render', { model: 'tiny', messages: first });
+    assert.equal(none.status, 401, JSON.stringify(none.body));
+    const messages = await answerInOs(tenants, first, keyA);
+    const ids = { alice: await render(tenants, { messages }, keyA), bob: await render(tenants, { messages }, keyB) };
+    // Alice's model wrote the answer: her ids are its own. Bob's index never saw it: his are the text's.
+    assert.equal((await chat(tenants, messages, { max_tokens: 1 }, keyA)).usage.prompt_tokens, ids.alice.length);
+    assert.deepEqual(ids.bob, await retokenized(tenants, { messages }, keyB));
+    assert.notDeepEqual(ids.alice, ids.bob);
+});
