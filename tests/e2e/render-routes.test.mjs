@@ -3,14 +3,15 @@
 // blocks it publishes. Checked against the KV events (read by tests/e2e/kv-events-tokens.py from the documented wire
 // format), against /tokenize of /apply-template for a fresh prompt, and for a conversation whose answer came back as
 // history, where the ids are the model's own (which re-tokenizing the text does not give). Bad bodies get the
-// generation routes' 4xx; with API keys, a tenant's render follows its own auth and prompt index.
+// generation routes' 4xx; with API keys, a tenant's render follows its own auth and prompt index. keepwarm proxy,
+// routing by the events, gets a prompt's ids from the route and so matches past an answer that came back as history.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer, curl, waitFor, freePort, tempDir } from './harness.mjs';
+import { startServer, startProcess, curl, waitFor, freePort, tempDir } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const BLOCK = 16;
@@ -21,6 +22,7 @@ function subscribe(endpoint) {
         stdio: ['ignore', 'pipe', 'pipe'],
     });
     const blocks = new Map();
+    let lines = 0;
     let buffer = '';
     let err = '';
     proc.stderr.on('data', (d) => (err += d));
@@ -30,6 +32,7 @@ function subscribe(endpoint) {
         while ((nl = buffer.indexOf('\n')) >= 0) {
             const e = JSON.parse(buffer.slice(0, nl));
             buffer = buffer.slice(nl + 1);
+            lines++;
             if (e.cleared) blocks.clear();
             let parent = e.parent;
             (e.stored ?? []).forEach((hash, i) => {
@@ -40,6 +43,7 @@ function subscribe(endpoint) {
     });
     return {
         blocks,
+        lines: () => lines,
         error: () => err,
         // Whether some published chain of blocks from the start spells exactly `ids` (whole blocks only).
         holds(ids) {
@@ -61,20 +65,20 @@ const keyA = 'sk-render-alice-5c1e';
 const keyB = 'sk-render-bob-9d02';
 writeFileSync(keysFile, `alice ${keyA}\nbob ${keyB}\n`);
 
-let server, events, tenants;
+let server, events, eventsPort, tenants;
 before(async () => {
-    const eventsPort = await freePort();
+    eventsPort = await freePort();
     [server, tenants] = await Promise.all([
-        startServer(['-c', '4096', '-np', '1', '--cache-block', String(BLOCK), '--kv-events',
-            `tcp://127.0.0.1:${eventsPort}`]),
+        startServer(['-c', '4096', '-np', '1', '--cache-block', String(BLOCK), '--kv-events', `tcp://*:${eventsPort}`]),
         startServer(['-c', '4096', '-np', '1', '--api-keys-file', keysFile]),
     ]);
     events = subscribe(`tcp://127.0.0.1:${eventsPort}`);
-    // Each new subscriber gets a snapshot that starts with AllBlocksCleared; a first chat makes sure it is connected.
-    await waitFor(async () => {
+    // Each new subscriber gets a snapshot, which starts with AllBlocksCleared, at the engine's next step: a chat makes
+    // one.
+    assert.ok(await waitFor(async () => {
         await chat(server, [{ role: 'user', content: 'warm up' }], { max_tokens: 1 });
-        return events.blocks.size > 0;
-    }, { timeoutMs: 30_000 });
+        return events.lines() > 0;
+    }, { timeoutMs: 30_000 }), `no events: ${events.error()}`);
 });
 after(async () => {
     events?.stop();
@@ -125,7 +129,7 @@ test('a fresh prompt with tools: the ids of the template tokenized, and of the b
     assert.ok(!events.holds(wholeBlocks(ids)), 'not served yet');
     const answer = await chat(server, body.messages, { tools, max_tokens: 2 });
     assert.equal(answer.usage.prompt_tokens, ids.length);
-    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+    assert.ok(await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 }));
 });
 
 // An answer the model writes one "o" token at a time (a logit bias forces it): its text, "oooo...", tokenizes back to
@@ -147,7 +151,7 @@ test('an answer that comes back as history: the ids are the model\'s own, as cac
     assert.notDeepEqual(ids, fresh);
     const second = await chat(server, messages, { max_tokens: 1 });
     assert.equal(second.usage.prompt_tokens, ids.length);
-    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+    assert.ok(await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 }));
     assert.ok(!events.holds(wholeBlocks(fresh)), 'the re-tokenized prompt is not what the server cached');
 });
 
@@ -161,7 +165,7 @@ test('/v1/completions/render: an array of one, the ids /v1/completions prompts w
     assert.deepEqual(ids, tokenized.body.tokens);
     const done = await post(server, '/v1/completions', { model: 'tiny', prompt, max_tokens: 1, temperature: 0 });
     assert.equal(done.body.usage.prompt_tokens, ids.length);
-    await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 });
+    assert.ok(await waitFor(() => events.holds(wholeBlocks(ids)), { timeoutMs: 10_000 }));
 });
 
 test('bad bodies get the generation routes\' 4xx, in OpenAI\'s error shape', async () => {
@@ -208,4 +212,24 @@ test('with API keys: a tenant\'s render needs its key and reads its own prompt i
     assert.equal((await chat(tenants, messages, { max_tokens: 1 }, keyA)).usage.prompt_tokens, ids.alice.length);
     assert.deepEqual(ids.bob, await retokenized(tenants, { messages }, keyB));
     assert.notDeepEqual(ids.alice, ids.bob);
+});
+
+test('keepwarm proxy routing by events takes the ids from the route: its match goes on past an earlier answer', async () => {
+    const proxy = await startProcess(['proxy', '--port', '0', '--health-interval', '0.2',
+        '--upstream', `${server.url},events=tcp://127.0.0.1:${eventsPort}`]);
+    try {
+        const upstream = async () => (await curl(`${proxy.url}/v1/cache`)).body.upstreams[0].kv_events;
+        assert.ok(await waitFor(async () => (await upstream()).in_step), 'the proxy is in step with the events');
+        const first = opening('plover');
+        const answerAt = (await render(server, { messages: first })).length;  // where the answer starts
+        const messages = await answerInOs(server, first);  // sent to the server directly: cached and published there
+        const before = (await upstream()).exact_blocks;
+        const r = await post(proxy, '/v1/chat/completions', { model: 'tiny', messages, max_tokens: 1, temperature: 0 });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        // The answer's text tokenized afresh (/apply-template, then /tokenize) would match no block from it on.
+        const matched = (await upstream()).exact_blocks - before;
+        assert.ok(matched * BLOCK > answerAt, `${matched} blocks of ${BLOCK} matched; the answer starts at ${answerAt}`);
+    } finally {
+        await proxy.stop();
+    }
 });
