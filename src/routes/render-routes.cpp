@@ -18,7 +18,7 @@ using json = nlohmann::ordered_json;
 
 json generate_request_json(const std::string& id, const frontend_context& ctx, const std::vector<llama_token>& ids,
                            bool stream) {
-    return json{{"request_id", id},   {"model", ctx.model_id}, {"token_ids", ids},
+    return json{{"request_id", id},    {"model", ctx.model_id}, {"token_ids", ids},
                 {"features", nullptr}, {"stream", stream},      {"cache_salt", nullptr}};
 }
 
