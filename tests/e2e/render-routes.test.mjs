@@ -4,14 +4,15 @@
 // format), against /tokenize of /apply-template for a fresh prompt, and for a conversation whose answer came back as
 // history, where the ids are the model's own (which re-tokenizing the text does not give). Bad bodies get the
 // generation routes' 4xx; with API keys, a tenant's render follows its own auth and prompt index. keepwarm proxy,
-// routing by the events, gets a prompt's ids from the route and so matches past an answer that came back as history.
+// routing by the events, gets a prompt's ids from the route and so matches past an answer that came back as history;
+// from llama-server, which has no such route, it gets them with /apply-template and /tokenize.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer, startProcess, curl, waitFor, freePort, tempDir } from './harness.mjs';
+import { startServer, startProcess, curl, waitFor, freePort, tempDir, testModel, findLlamaServer } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const BLOCK = 16;
@@ -231,5 +232,69 @@ test('keepwarm proxy routing by events takes the ids from the route: its match g
         assert.ok(matched * BLOCK > answerAt, `${matched} blocks of ${BLOCK} matched; the answer starts at ${answerAt}`);
     } finally {
         await proxy.stop();
+    }
+});
+
+// A publisher of the documented wire format (tests/e2e/kv-events-publisher.py): `port`, and send(seq, events).
+async function startPublisher() {
+    const proc = spawn('/usr/bin/python3', [path.join(here, 'kv-events-publisher.py')], {
+        stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    const lines = [];
+    let buffer = '';
+    proc.stdout.on('data', (d) => {
+        buffer += d;
+        let nl;
+        while ((nl = buffer.indexOf('\n')) >= 0) {
+            lines.push(buffer.slice(0, nl));
+            buffer = buffer.slice(nl + 1);
+        }
+    });
+    assert.ok(await waitFor(() => lines.some((l) => l.startsWith('port '))), 'the publisher did not start');
+    return {
+        port: Number(lines.find((l) => l.startsWith('port ')).slice(5)),
+        subscribed: () => lines.includes('subscribed'),
+        send(seq, events) {
+            proc.stdin.write(JSON.stringify({ seq, events }) + '\n');
+            return waitFor(() => lines.includes(`sent ${seq}`));
+        },
+        stop: () => proc.kill(),
+    };
+}
+
+test('keepwarm proxy in front of llama-server (no render route): the ids from /apply-template and /tokenize', async () => {
+    const llamaServer = findLlamaServer();
+    assert.ok(llamaServer, 'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
+    const port = await freePort();
+    const upstream = spawn(llamaServer, ['-m', await testModel('tiny'), '--port', String(port), '-t', '1', '-c', '4096'],
+        { stdio: 'ignore' });
+    const url = `http://127.0.0.1:${port}`;
+    const publisher = await startPublisher();
+    let proxy;
+    try {
+        assert.ok(await waitFor(async () => (await curl(`${url}/health`)).status === 200));
+        const none = await post({ url }, '/v1/chat/completions/render', { messages: opening('ibis') });
+        assert.equal(none.status, 404, 'llama-server has no render route');
+        proxy = await startProcess(['proxy', '--port', '0', '--health-interval', '0.2',
+            '--upstream', `${url},events=tcp://127.0.0.1:${publisher.port}`]);
+        assert.ok(await waitFor(() => publisher.subscribed()));
+        await publisher.send(0, [['AllBlocksCleared']]);
+        const state = async () => (await curl(`${proxy.url}/v1/cache`)).body.upstreams[0].kv_events;
+        assert.ok(await waitFor(async () => (await state()).in_step));
+        // What llama-server would publish for the prompt's first two blocks, as its own two calls tokenize it.
+        const messages = opening('ibis');
+        const ids = await retokenized({ url }, { messages });
+        await publisher.send(1, [['BlockStored', [11, 12], null, ids.slice(0, 2 * BLOCK), BLOCK, null, 'GPU']]);
+        assert.ok(await waitFor(async () => (await state()).blocks.gpu === 2));
+        for (const turn of [1, 2]) {  // the second after the proxy has learnt that the route is missing
+            const r = await post(proxy, '/v1/chat/completions', { model: 'tiny', messages, max_tokens: 1 });
+            assert.equal(r.status, 200, JSON.stringify(r.body));
+            const s = await state();
+            assert.deepEqual([s.exact_hits, s.exact_blocks], [turn, 2 * turn], JSON.stringify(s));
+        }
+    } finally {
+        await proxy?.stop();
+        publisher.stop();
+        upstream.kill('SIGTERM');
     }
 });
