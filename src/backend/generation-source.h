@@ -104,6 +104,11 @@ struct raw_completion {
     std::string grammar_field;  // the request field a grammar came from, in its API's words ("grammar", "format")
 };
 
+// The prompt token ids the backend would compute for a chat request or a raw completion, without generating (the
+// render routes, routes/render-routes.h). Throw request_error as the openers would for the same request.
+using chat_prompt_renderer = std::function<std::vector<llama_token>(const http::request& req, chat_request chat)>;
+using raw_prompt_renderer = std::function<std::vector<llama_token>(const http::request& req, raw_completion raw)>;
+
 // Starts a raw completion: its answer comes back as a source whose deltas are plain content. Throws request_error as
 // a generation_opener does.
 using raw_generation_opener =

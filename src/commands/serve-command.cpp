@@ -56,6 +56,7 @@
 #include "routes/models-routes.h"
 #include "routes/ollama-routes.h"
 #include "routes/openai-routes.h"
+#include "routes/render-routes.h"
 #include "routes/response-store.h"
 
 namespace keepwarm {
@@ -373,6 +374,7 @@ int run_serve(serve_options opts) {
     register_ollama_routes(server, ctx, open, open_raw, model.renderer->supports_thinking());
     register_ollama_model_routes(server, make_model_card(*model.llm, *model.renderer, model.model_path, ctx.model_id));
     register_tokenizer_routes(server, model);
+    register_render_routes(server, ctx, local_chat_prompt(ctx, model), local_raw_prompt(ctx, model));
     register_busters_routes(server, ctx);
     register_embedding_refusals(server, ctx.model_id);
     model.llm->start();

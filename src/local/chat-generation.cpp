@@ -78,6 +78,12 @@ generation_opener local_generation(frontend_context& front, local_model& model) 
     };
 }
 
+chat_prompt_renderer local_chat_prompt(frontend_context& front, local_model& model) {
+    return [&front, &model](const http::request& req, chat_request chat) {
+        return chat_generation::prompt_of(front, model, req, std::move(chat));
+    };
+}
+
 token_counter local_token_counter(frontend_context& front, local_model& model) {
     return [&front, &model](const http::request& req, const chat_request& chat) {
         return chat_generation::count_prompt_tokens(front, model, chat, req.tenant);
@@ -115,6 +121,15 @@ int chat_generation::count_prompt_tokens(const frontend_context& front, const lo
     front.policy->apply(served, {}, policy::policy_use::counting);
     refuse_chat_that_cannot_fit(model, served);
     return static_cast<int>(tokenize_prompt(model, model.renderer->render(served).prompt, tenant).size());
+}
+
+std::vector<llama_token> chat_generation::prompt_of(const frontend_context& front, const local_model& model,
+                                                    const http::request& req, chat_request chat) {
+    // Not logged as a generation's policy is: a router asks for every request it routes.
+    front.policy->apply(chat, {.client = client_name(req), .headers = &req.headers, .tenant = req.tenant},
+                        policy::policy_use::counting);
+    refuse_chat_that_cannot_fit(model, chat);
+    return tokenize_prompt(model, model.renderer->render(chat).prompt, req.tenant);
 }
 
 }  // namespace keepwarm

@@ -28,6 +28,9 @@ generation_opener local_generation(frontend_context& front, local_model& model);
 // count_tokens on this server: the policy as for counting, then this model's template and prompt tokenizer.
 token_counter local_token_counter(frontend_context& front, local_model& model);
 
+// The render routes' chat prompts on this server: the token ids a chat_generation would submit (prompt_of).
+chat_prompt_renderer local_chat_prompt(frontend_context& front, local_model& model);
+
 // The local engine's generation_source.
 class chat_generation final : public generation_source {
 public:
@@ -53,6 +56,13 @@ public:
     // `tenant`: whose prompt index to use.
     static int count_prompt_tokens(const frontend_context& front, const local_model& model, const chat_request& chat,
                                    const std::string& tenant = {});
+
+    // The token ids the constructor would submit for `chat` from `req`, without generating: the policy with the
+    // request's client, headers and tenant (as for counting: never a ping, no note remembered, no rule adopted), the
+    // template, and the tenant's prompt tokenizer, which keeps the ids the model generated for answers that come back
+    // as history. Throws request_error as the constructor does.
+    static std::vector<llama_token> prompt_of(const frontend_context& front, const local_model& model,
+                                              const http::request& req, chat_request chat);
 
 private:
     void record_delivered(const std::vector<llama_token>& generated, const common_chat_msg& answer, bool complete);

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "backend/client-identity.h"
 #include "base/request-error.h"
 #include "json-schema-to-grammar.h"
 #include "local/prompt-preparation.h"
@@ -134,6 +135,19 @@ std::vector<llama_token> infill_prompt(const local_model& model, const infill_pa
     return tokens;
 }
 
+// The raw completion's prompt into gen.prompt and gen.prompt_text (with gen.tenant's prompt index for plain text).
+void set_raw_prompt(const local_model& model, generation_request& gen, raw_completion& raw, int max_tokens) {
+    if (raw.infill) {
+        gen.prompt = infill_prompt(model, *raw.infill, raw.prompt, max_tokens);
+        gen.prompt_text = common_detokenize(model.llm->vocab(), gen.prompt, true);
+    } else if (raw.pieces.empty()) {
+        set_prompt(model, gen, std::move(raw.prompt));
+    } else {
+        gen.prompt = tokenize_pieces(model, raw.pieces);
+        gen.prompt_text = common_detokenize(model.llm->vocab(), gen.prompt, true);
+    }
+}
+
 }  // namespace
 
 raw_generation::raw_generation(frontend_context& front, local_model& model, const http::request& req,
@@ -144,15 +158,7 @@ raw_generation::raw_generation(frontend_context& front, local_model& model, cons
     gen_->request_id = req.id;
     apply_raw_completion_policy(*front.policy, req, params_, id_, headers_);
     message_.role = "assistant";
-    if (raw.infill) {
-        gen_->prompt = infill_prompt(model, *raw.infill, raw.prompt, params_.max_tokens.value_or(-1));
-        gen_->prompt_text = common_detokenize(model.llm->vocab(), gen_->prompt, true);
-    } else if (raw.pieces.empty()) {
-        set_prompt(model, *gen_, std::move(raw.prompt));
-    } else {
-        gen_->prompt = tokenize_pieces(model, raw.pieces);
-        gen_->prompt_text = common_detokenize(model.llm->vocab(), gen_->prompt, true);
-    }
+    set_raw_prompt(model, *gen_, raw, params_.max_tokens.value_or(-1));
     gen_->report_progress = params_.return_progress && params_.stream;
     gen_->sampling = to_sampling_params(params_.sampling, model.default_sampling);
     if (!params_.json_schema.empty()) {
@@ -188,6 +194,18 @@ std::optional<generation_source::update> raw_generation::next() {
     u.progress = std::move(ev->progress);
     if (ev->done) u.generated = std::move(ev->generated);
     return u;
+}
+
+raw_prompt_renderer local_raw_prompt(frontend_context& front, local_model& model) {
+    return [&front, &model](const http::request& req, raw_completion raw) {
+        // As the constructor's policy call, but not logged: a router asks for every request it routes.
+        front.policy->apply(raw.params, {.client = client_name(req), .headers = &req.headers, .tenant = req.tenant},
+                            policy::policy_use::counting);
+        generation_request gen;
+        gen.tenant = req.tenant;
+        set_raw_prompt(model, gen, raw, raw.params.max_tokens.value_or(-1));
+        return std::move(gen.prompt);
+    };
 }
 
 raw_generation_opener local_raw_generation(frontend_context& front, local_model& model) {

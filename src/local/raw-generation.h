@@ -43,6 +43,10 @@ private:
     std::optional<generation_relay> relay_;
 };
 
+// The render routes' raw prompts on this server: the token ids a raw_generation would submit, after the same policy
+// call (with the request's client, headers and tenant) and tokenized the same way. Throws request_error as it does.
+raw_prompt_renderer local_raw_prompt(frontend_context& front, local_model& model);
+
 // Opens raw_generations on this server's engine.
 raw_generation_opener local_raw_generation(frontend_context& front, local_model& model);
 

@@ -28,6 +28,7 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
       block_index_(upstreams_.size(), options_.routing.max_blocks_per_upstream),
       connections_(origins_of(upstreams_), options_.max_idle_connections, request_options()),
       bias_tokens_(upstreams_, options_.bias_texts),
+      without_render_(std::make_unique<std::atomic<bool>[]>(upstreams_.size())),
       health_(upstreams_,
               {.interval = options_.health_interval,
                .timeout = options_.health_timeout,
@@ -60,7 +61,10 @@ void upstream_pool::on_health(const health_event& e) {
     }
     connections_.set_up(e.upstream, e.up);
     // A check that finds it down: it may come back with another model. A failed call says nothing of that.
-    if (!e.up && e.checked) bias_tokens_.forget(e.upstream);
+    if (!e.up && e.checked) {
+        bias_tokens_.forget(e.upstream);
+        without_render_[e.upstream] = false;
+    }
 }
 
 std::optional<int32_t> upstream_pool::bias_token(size_t upstream, const std::string& text) const {
@@ -108,6 +112,14 @@ std::vector<int32_t> upstream_pool::prompt_tokens(const chat_request& chat, cons
         try {
             const upstream_call call = build_call(u.dialect, chat, model, credential(i, client_key));
             const http::client_options options{.read_timeout = std::chrono::seconds(30), .max_body_bytes = 64u << 20};
+            if (!without_render_[i]) {
+                const http::fetched ids =
+                    http::fetch(u.origin, "POST", "/v1/chat/completions/render", call.body, call.headers, options);
+                if (ids.status == 200) {
+                    return nlohmann::json::parse(ids.body).at("token_ids").get<std::vector<int32_t>>();
+                }
+                if (ids.status == 404 || ids.status == 405 || ids.status == 501) without_render_[i] = true;
+            }
             const http::fetched rendered =
                 http::fetch(u.origin, "POST", "/apply-template", call.body, call.headers, options);
             if (rendered.status != 200) continue;

@@ -16,6 +16,7 @@
 // never calls into upstream_health while it holds router_mu_.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -105,9 +106,10 @@ public:
     // Whether some upstream publishes KV events and is in step with the proxy now: only then is a request worth
     // tokenizing for routing.
     bool routes_by_events() const;
-    // The prompt's token ids as an upstream in step renders and tokenizes it for `model` (its POST /apply-template,
-    // then POST /tokenize, as llama-server and keepwarm serve answer them): the ids its KV events hold a prefix of.
-    // Empty when no such upstream answers (routing then infers). Never throws.
+    // The prompt's token ids as an upstream in step renders and tokenizes it for `model`: the ids its KV events hold
+    // a prefix of. One call to its POST /v1/chat/completions/render (vLLM's route, keepwarm serve's: the ids it
+    // computes itself, the model's own for answers that come back as history), else two, POST /apply-template then
+    // POST /tokenize (llama-server). Empty when no such upstream answers (routing then infers). Never throws.
     std::vector<int32_t> prompt_tokens(const chat_request& chat, const std::string& model,
                                        const std::string& client_key) const;
 
@@ -171,6 +173,10 @@ private:
     kv_block_index block_index_;  // guarded by router_mu_
     upstream_connections connections_;
     bias_tokens bias_tokens_;
+    // Per upstream: it answered the render route with 404, 405 or 501 (llama-server has none), so prompt_tokens goes
+    // straight to the two calls; asked again once a health check has found it down (it may come back as another
+    // server).
+    std::unique_ptr<std::atomic<bool>[]> without_render_;
     added_latency latency_;
     upstream_health health_;          // destroyed before the parts its hooks reach, so its thread stops first
     kv_event_subscriber subscriber_;  // last: destroyed first, its thread stopped before the index goes

@@ -100,21 +100,14 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
     ctx.http.completions++;
     keepalive_writer w = with_keepalive(client, ctx);
     completion_request comp = api::parse_completion_request(parse_json_body(req));
-    raw_completion raw{.prompt = std::move(comp.prompt), .grammar_field = "grammar"};
-    raw.params.api = "openai";
-    raw.params.model = std::move(comp.model);
-    raw.params.stream = comp.stream;
-    raw.params.include_usage = comp.include_usage;
-    raw.params.max_tokens = comp.max_tokens;
-    raw.params.stop = std::move(comp.stop);
-    raw.params.sampling = std::move(comp.sampling);
-    raw.params.draft_max = comp.draft_max;
-    const generation_source_ptr source = open(req, std::move(raw), clock, w, api::gen_completion_id());
+    const bool stream = comp.stream, include_usage = comp.include_usage;
+    const generation_source_ptr source =
+        open(req, openai_raw_completion(std::move(comp)), clock, w, api::gen_completion_id());
     generation_source& completion = *source;
     const std::string& id = completion.id();
     const int64_t created = unix_now();
 
-    if (!comp.stream) {
+    if (!stream) {
         const auto u = final_update(completion, "server_error");
         if (!u) return;
         w.send(200, "application/json",
@@ -146,7 +139,7 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
         if (!u->done) continue;
         if (u->reason == finish_reason::error) {
             write_sse(w, json::parse(http::openai_error_body(500, "server_error", u->error)));
-        } else if (comp.include_usage) {
+        } else if (include_usage) {
             write_sse(w, api::completion_usage_chunk_json(id, ctx.model_id, created, usage_of(u->report),
                                                           timings_of(u->report)));
         }
@@ -157,6 +150,19 @@ void handle_completion(const raw_generation_opener& open, frontend_context& ctx,
 }
 
 }  // namespace
+
+raw_completion openai_raw_completion(completion_request comp) {
+    raw_completion raw{.prompt = std::move(comp.prompt), .grammar_field = "grammar"};
+    raw.params.api = "openai";
+    raw.params.model = std::move(comp.model);
+    raw.params.stream = comp.stream;
+    raw.params.include_usage = comp.include_usage;
+    raw.params.max_tokens = comp.max_tokens;
+    raw.params.stop = std::move(comp.stop);
+    raw.params.sampling = std::move(comp.sampling);
+    raw.params.draft_max = comp.draft_max;
+    return raw;
+}
 
 generation_handler openai_completions(raw_generation_opener open) {
     return [open = std::move(open)](frontend_context& ctx, const http::request& req, http::response_writer& w,

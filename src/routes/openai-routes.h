@@ -16,6 +16,9 @@ namespace keepwarm {
 void register_openai_routes(http::http_server& server, frontend_context& ctx, generation_opener open,
                             generation_handler completion, response_store& store);
 
+// A /v1/completions body as the raw completion it asks for (also what its render route tokenizes).
+raw_completion openai_raw_completion(completion_request comp);
+
 // /v1/completions through the raw-completion path: the body becomes a raw_completion, `open` applies the policy
 // and generates, and the text comes back as OpenAI's completion (whole or streamed).
 generation_handler openai_completions(raw_generation_opener open);

@@ -248,7 +248,14 @@ def consistency_errors(docs):
                "epp-values.yaml: the embedded EPP config differs from endpoint-picker-config.yaml")
     expect(router.get("modelServers", {}).get("matchLabels") == pool["spec"]["selector"]["matchLabels"],
            "epp-values.yaml: modelServers.matchLabels != the InferencePool's selector")
-    expect(router.get("tokenizer", {}).get("modelName") == model, "epp-values.yaml: tokenizer.modelName != model")
+    # The token producer asks the keepwarm pods for token ids (their render routes) through the Service: its URL must
+    # name that Service and its HTTP port, and the chart's render sidecar (a second tokenizer) stays off.
+    render_url = plugins.get("token-producer", {}).get("vllm", {}).get("url", "")
+    service_port = next((p["port"] for p in service["spec"]["ports"] if p.get("name") == "http"), None)
+    service_name = service["metadata"]["name"]
+    expect(re.fullmatch(rf"http://{re.escape(service_name)}(\.[a-z0-9.-]+)?:{service_port}", render_url) is not None,
+           f"token-producer vllm.url {render_url!r} is not the keepwarm Service http://{service_name}:{service_port}")
+    expect(not router.get("tokenizer", {}).get("enabled", False), "epp-values.yaml: the render sidecar must be off")
     expect(router.get("inferencePool", {}).get("create") is False, "epp-values.yaml: the chart must not add a pool")
     expect(pool["spec"]["endpointPickerRef"]["name"] == f"{pool['metadata']['name']}-epp",
            "InferencePool: endpointPickerRef must name the chart's EPP Service (<release>-epp)")
@@ -300,6 +307,11 @@ def self_test(files):
         ("engine label mismatch", mutated(files, "keepwarm-deployment.yaml", "        llm-d.ai/engine-type: keepwarm",
                                                    "        llm-d.ai/engine-type: vllm")),
         ("values drift", mutated(files, "epp-values.yaml", "weight: 2.0", "weight: 3.0")),
+        ("token producer on another port", mutated(mutated(files, "endpoint-picker-config.yaml", "keepwarm:8080",
+                                                           "keepwarm:8000"), "epp-values.yaml", "keepwarm:8080",
+                                                   "keepwarm:8000")),
+        ("render sidecar back on", mutated(files, "epp-values.yaml", "tokenizer:\n    enabled: false",
+                                           "tokenizer:\n    enabled: true")),
     ]
     failures = 0
     for what, broken in cases:
