@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import zmq
@@ -91,6 +92,9 @@ def main():
     parser.add_argument("--ctx", type=int, default=16384)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--pause-ms", type=float, default=0,
+                        help="before each request, as an agent's tool runs between turns: the previous answer's "
+                             "events are sent and received by then")
     args = parser.parse_args()
     setup = {False: [], True: []}
     decode = {False: [], True: []}
@@ -105,6 +109,7 @@ def main():
                 # Both servers are up; each turn goes to one, then the other, in alternating order, so the machine's
                 # drift (other work on it) falls on both alike.
                 for events in (False, True) if turn % 2 == 0 else (True, False):
+                    time.sleep(args.pause_ms / 1000)
                     reply = post(servers[events]["port"], {"model": "m", "prompt": text, "max_tokens": args.max_tokens,
                                                            "temperature": 0, "ignore_eos": True})
                     timings[events], replies[events] = reply.get("timings", {}), reply
