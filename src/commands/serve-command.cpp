@@ -321,7 +321,11 @@ int run_serve(serve_options opts) {
             .block_size = opts.engine.cache_block_tokens});
         opts.engine.cache_block_observer = kv_events.get();
         model.kv_events = kv_events.get();
-        log::info("serve", "publishing KV events on {} as topic {}", opts.kv_events, kv_events->options().topic);
+        // Which way the socket goes is easy to get wrong (tcp://127.0.0.1:PORT connects, and then a subscriber that
+        // connects too hears nothing): say it.
+        const bool binds = opts.kv_events.find('*') != std::string::npos;
+        log::info("serve", "publishing KV events as topic {}: {} {}", kv_events->options().topic,
+                  binds ? "subscribers connect to" : "connecting to a subscriber that binds", opts.kv_events);
     }
     model.llm = std::make_unique<engine>(opts.engine);
     ctx.policy->bind_vocab([vocab = model.llm->vocab()](const std::string& text) -> std::optional<llama_token> {

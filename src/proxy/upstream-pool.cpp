@@ -27,6 +27,8 @@ upstream_pool::upstream_pool(std::vector<upstream_config> upstreams, pool_option
       router_(upstreams_.size(), options_.routing),
       block_index_(upstreams_.size(), options_.routing.max_blocks_per_upstream),
       connections_(origins_of(upstreams_), options_.max_idle_connections, request_options()),
+      routing_connections_(origins_of(upstreams_), options_.max_idle_connections,
+                           {.read_timeout = std::chrono::seconds(30), .max_body_bytes = 64u << 20}),
       bias_tokens_(upstreams_, options_.bias_texts),
       without_render_(std::make_unique<std::atomic<bool>[]>(upstreams_.size())),
       health_(upstreams_,
@@ -60,6 +62,7 @@ void upstream_pool::on_health(const health_event& e) {
         router_.set_health(e.upstream, e.up, e.instance);
     }
     connections_.set_up(e.upstream, e.up);
+    routing_connections_.set_up(e.upstream, e.up);
     // A check that finds it down: it may come back with another model. A failed call says nothing of that.
     if (!e.up && e.checked) {
         bias_tokens_.forget(e.upstream);
@@ -111,23 +114,28 @@ std::vector<int32_t> upstream_pool::prompt_tokens(const chat_request& chat, cons
         const upstream_config& u = upstreams_[i];
         try {
             const upstream_call call = build_call(u.dialect, chat, model, credential(i, client_key));
-            const http::client_options options{.read_timeout = std::chrono::seconds(30), .max_body_bytes = 64u << 20};
+            // On kept-alive connections of their own (30 s timeouts): a fresh connection per call costs the upstream
+            // a connection thread each time, tens of milliseconds per request under load.
+            const auto post = [&](std::string_view target, std::string_view body) {
+                std::unique_ptr<http::client_connection> conn = routing_connections_.take(i);
+                const http::client_response head = conn->send("POST", target, body, "application/json", call.headers);
+                http::fetched answer{.status = head.status, .headers = head.headers, .body = conn->read_body()};
+                routing_connections_.give_back(i, std::move(conn));
+                return answer;
+            };
             if (!without_render_[i]) {
-                const http::fetched ids =
-                    http::fetch(u.origin, "POST", "/v1/chat/completions/render", call.body, call.headers, options);
+                const http::fetched ids = post("/v1/chat/completions/render", call.body);
                 if (ids.status == 200) {
                     return nlohmann::json::parse(ids.body).at("token_ids").get<std::vector<int32_t>>();
                 }
                 if (ids.status == 404 || ids.status == 405 || ids.status == 501) without_render_[i] = true;
             }
-            const http::fetched rendered =
-                http::fetch(u.origin, "POST", "/apply-template", call.body, call.headers, options);
+            const http::fetched rendered = post("/apply-template", call.body);
             if (rendered.status != 200) continue;
             const auto prompt = nlohmann::json::parse(rendered.body).at("prompt").get<std::string>();
             // As keepwarm tokenizes a chat's prompt: with the model's BOS and its special tokens parsed.
             const nlohmann::json ask{{"content", prompt}, {"add_special", true}, {"parse_special", true}};
-            const http::fetched tokenized =
-                http::fetch(u.origin, "POST", "/tokenize", ask.dump(), call.headers, options);
+            const http::fetched tokenized = post("/tokenize", ask.dump());
             if (tokenized.status != 200) continue;
             return nlohmann::json::parse(tokenized.body).at("tokens").get<std::vector<int32_t>>();
         } catch (const std::exception& e) {

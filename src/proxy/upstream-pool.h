@@ -172,6 +172,9 @@ private:
     upstream_router router_;      // guarded by router_mu_
     kv_block_index block_index_;  // guarded by router_mu_
     upstream_connections connections_;
+    // prompt_tokens()' calls (render, or apply-template and tokenize), on connections of their own: their timeouts
+    // are short, a request's are long. Mutable: a pool of connections, thread-safe, not the pool's state.
+    mutable upstream_connections routing_connections_;
     bias_tokens bias_tokens_;
     // Per upstream: it answered the render route with 404, 405 or 501 (llama-server has none), so prompt_tokens goes
     // straight to the two calls; asked again once a health check has found it down (it may come back as another
