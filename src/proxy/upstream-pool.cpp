@@ -113,7 +113,10 @@ std::vector<int32_t> upstream_pool::prompt_tokens(const chat_request& chat, cons
         if (!health_.up(i)) continue;
         const upstream_config& u = upstreams_[i];
         try {
-            const upstream_call call = build_call(u.dialect, chat, model, credential(i, client_key));
+            // The model name this upstream would be sent for the request itself (a name it does not serve may be a
+            // 404 where pinning is strict, which would read as a missing render route).
+            const std::string sent_model = route_for({.upstream = i}, model).model;
+            const upstream_call call = build_call(u.dialect, chat, sent_model, credential(i, client_key));
             // On kept-alive connections of their own (30 s timeouts): a fresh connection per call costs the upstream
             // a connection thread each time, tens of milliseconds per request under load.
             const auto post = [&](std::string_view target, std::string_view body) {

@@ -235,6 +235,38 @@ test('keepwarm proxy routing by events takes the ids from the route: its match g
     }
 });
 
+test('keepwarm proxy asks the route with the model name the upstream serves: a strictly pinned upstream answers it', async () => {
+    const policy = path.join(tempDir('render-strict'), 'policy.toml');
+    writeFileSync(policy, '[model]\nmode = "strict"\n');
+    const port = await freePort();
+    const strict = await startServer(['-c', '4096', '-np', '1', '--cache-block', String(BLOCK), '--policy', policy,
+        '--kv-events', `tcp://*:${port}`]);
+    let proxy;
+    try {
+        const refused = await post(strict, '/v1/chat/completions/render', { model: 'claude-sonnet-4-5', messages: opening('tern') });
+        assert.equal(refused.status, 404, 'strict pinning refuses a name it does not serve');
+        proxy = await startProcess(['proxy', '--port', '0', '--health-interval', '0.2',
+            '--upstream', `${strict.url},events=tcp://127.0.0.1:${port}`]);
+        const upstream = async () => (await curl(`${proxy.url}/v1/cache`)).body.upstreams[0].kv_events;
+        assert.ok(await waitFor(async () => (await upstream()).in_step), 'the proxy is in step with the events');
+        const messages = opening('tern');
+        await chat(strict, messages, { max_tokens: 1 });  // cached and published there
+        assert.ok(await waitFor(async () => (await upstream()).blocks.gpu > 0), 'the proxy heard the blocks');
+        const r = await post(proxy, '/v1/chat/completions',
+            { model: 'claude-sonnet-4-5', messages, max_tokens: 1, temperature: 0 });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        const s = await upstream();
+        assert.ok(s.exact_hits === 1 && s.exact_blocks > 0, `routed by the events: ${JSON.stringify(s)}`);
+        // By the route, in one call: not a 404 that sends the proxy to the two calls from then on.
+        const log = strict.output();
+        assert.match(log, /path=\/v1\/chat\/completions\/render status=200/);
+        assert.doesNotMatch(log, /path=\/apply-template/);
+    } finally {
+        await proxy?.stop();
+        await strict.stop();
+    }
+});
+
 // A publisher of the documented wire format (tests/e2e/kv-events-publisher.py): `port`, and send(seq, events).
 async function startPublisher() {
     const proc = spawn('/usr/bin/python3', [path.join(here, 'kv-events-publisher.py')], {
