@@ -118,7 +118,7 @@ std::vector<int32_t> upstream_pool::prompt_tokens(const chat_request& chat, cons
             const std::string sent_model = route_for({.upstream = i}, model).model;
             const upstream_call call = build_call(u.dialect, chat, sent_model, credential(i, client_key));
             // On kept-alive connections of their own (30 s timeouts): a fresh connection per call costs the upstream
-            // a connection thread each time, tens of milliseconds per request under load.
+            // a connection thread each time (the proxy's forward p50 went from 3.1-3.7 to 2.4-2.8 ms, docs/llm-d.md).
             const auto post = [&](std::string_view target, std::string_view body) {
                 std::unique_ptr<http::client_connection> conn = routing_connections_.take(i);
                 const http::client_response head = conn->send("POST", target, body, "application/json", call.headers);
