@@ -285,7 +285,7 @@ async function main() {
     const cacheDirs = ports.map((_, i) => fs.mkdtempSync(path.join(os.tmpdir(), `proxy-load-cache-${i}-`)));
     const upstreams = await Promise.all(ports.map((port, i) => start(`upstream-${i}`, ['serve', '-m', args.model,
         '--port', String(port), '-t', String(args.threads), '-np', String(args.slots), '-c', String(ctx),
-        
+
         '--cache-dir', cacheDirs[i], '--max-connections-per-address', '0',
         ...(args.cacheBlock ? ['--cache-block', String(args.cacheBlock)] : []),
         ...(args.kvEvents ? ['--kv-events', `tcp://*:${eventsPorts[i]}`] : [])], args.upstreamCpus)));

@@ -32,6 +32,10 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from importlib import import_module  # noqa: E402
+
+wait_ready = import_module("warm-turns").wait_ready  # a server's /health, or its exit, within 5 minutes
 MODES = ("one-server", "events", "inferred", "load-only")
 # The generator's defaults here: six agents on a 4K-token system prompt (plus the tool definitions), three user
 # turns of two tool rounds each; every cache killer except a restart (the bench restarts only servers it launched
@@ -45,18 +49,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_up(port, process, what):
-    for _ in range(1200):
-        if process.poll() is not None:
-            sys.exit(f"routing-gauntlet: {what} exited with {process.returncode} before it answered")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return
-        except Exception:
-            time.sleep(0.25)
-    sys.exit(f"routing-gauntlet: {what} did not answer within 5 minutes")
 
 
 def metrics(port):
@@ -110,7 +102,7 @@ class Mode:
                 events_port = free_port()
                 command += ["--kv-events", f"tcp://*:{events_port}", "--kv-events-pod", f"server-{i}"]
                 upstream += f",events=tcp://127.0.0.1:{events_port}"
-            wait_up(port, self.spawn(command, f"server-{i}"), f"server {i}")
+            wait_ready(port, self.spawn(command, f"server-{i}"), f"server {i}")
             self.server_ports.append(port)
             upstreams.append(upstream)
         self.proxy_port = free_port()
@@ -120,7 +112,7 @@ class Mode:
             command += ["--upstream", u]
         if self.name == "load-only":
             command += ["--route-min-blocks", str(1 << 30)]
-        wait_up(self.proxy_port, self.spawn(command, "proxy"), "the proxy")
+        wait_ready(self.proxy_port, self.spawn(command, "proxy"), "the proxy")
         if self.name == "events":
             self.wait_in_step(len(upstreams))
 

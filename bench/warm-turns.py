@@ -37,16 +37,16 @@ def post(port, body, timeout=1800):
         return json.load(response)
 
 
-def wait_ready(port, process):
+def wait_ready(port, process, what="the server"):
     for _ in range(1200):
         if process.poll() is not None:
-            sys.exit(f"the server exited with {process.returncode} before it was ready")
+            sys.exit(f"{what} exited with {process.returncode} before it was ready")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             return
         except Exception:
             time.sleep(0.25)
-    sys.exit("the server was not ready within 5 minutes")
+    sys.exit(f"{what} was not ready within 5 minutes")
 
 
 def command(server, args, llama_server):

@@ -117,19 +117,22 @@ std::optional<generation_source::update> chat_generation::next() {
 
 int chat_generation::count_prompt_tokens(const frontend_context& front, const local_model& model,
                                          const chat_request& chat, const std::string& tenant) {
-    chat_request served = chat;
-    front.policy->apply(served, {}, policy::policy_use::counting);
-    refuse_chat_that_cannot_fit(model, served);
-    return static_cast<int>(tokenize_prompt(model, model.renderer->render(served).prompt, tenant).size());
+    return static_cast<int>(counted_prompt(front, model, chat, {}, tenant).size());
 }
 
 std::vector<llama_token> chat_generation::prompt_of(const frontend_context& front, const local_model& model,
                                                     const http::request& req, chat_request chat) {
     // Not logged as a generation's policy is: a router asks for every request it routes.
-    front.policy->apply(chat, {.client = client_name(req), .headers = &req.headers, .tenant = req.tenant},
-                        policy::policy_use::counting);
+    return counted_prompt(front, model, std::move(chat),
+                          {.client = client_name(req), .headers = &req.headers, .tenant = req.tenant}, req.tenant);
+}
+
+std::vector<llama_token> chat_generation::counted_prompt(const frontend_context& front, const local_model& model,
+                                                         chat_request chat, const policy::request_origin& origin,
+                                                         const std::string& tenant) {
+    front.policy->apply(chat, origin, policy::policy_use::counting);
     refuse_chat_that_cannot_fit(model, chat);
-    return tokenize_prompt(model, model.renderer->render(chat).prompt, req.tenant);
+    return tokenize_prompt(model, model.renderer->render(chat).prompt, tenant);
 }
 
 }  // namespace keepwarm

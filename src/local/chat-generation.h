@@ -65,6 +65,10 @@ public:
                                               const http::request& req, chat_request chat);
 
 private:
+    // The policy as for counting (with `origin`), the fit check, the template and `tenant`'s prompt tokenizer.
+    static std::vector<llama_token> counted_prompt(const frontend_context& front, const local_model& model,
+                                                   chat_request chat, const policy::request_origin& origin,
+                                                   const std::string& tenant);
     void record_delivered(const std::vector<llama_token>& generated, const common_chat_msg& answer, bool complete);
 
     frontend_context& front_;

@@ -5,48 +5,11 @@
 // of step until the snapshot its new subscription gets.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
-import path from 'node:path';
 import OpenAI from 'openai';
 import { startServer, startProcess, curl, waitFor, metrics } from './harness.mjs';
+import { startPublisher } from './kv-events-publisher.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
 const BLOCK = 16;
-
-// One publisher: `port`, the lines it printed, and send(seq, events).
-async function startPublisher() {
-    const proc = spawn('/usr/bin/python3', [path.join(here, 'kv-events-publisher.py')], {
-        stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    const lines = [];
-    let err = '';
-    proc.stderr.on('data', (d) => (err += d));
-    let buffer = '';
-    proc.stdout.on('data', (d) => {
-        buffer += d;
-        let nl;
-        while ((nl = buffer.indexOf('\n')) >= 0) {
-            lines.push(buffer.slice(0, nl));
-            buffer = buffer.slice(nl + 1);
-        }
-    });
-    await waitFor(() => lines.some((l) => l.startsWith('port ')) || proc.exitCode !== null);
-    assert.equal(proc.exitCode, null, `the publisher did not start: ${err}`);
-    const port = Number(lines.find((l) => l.startsWith('port ')).slice(5));
-    return {
-        port,
-        lines,
-        subscriptions: () => lines.filter((l) => l === 'subscribed').length,
-        send(seq, events) {
-            proc.stdin.write(JSON.stringify({ seq, events }) + '\n');
-            return waitFor(() => lines.includes(`sent ${seq}`));
-        },
-        stop() {
-            proc.kill();
-        },
-    };
-}
 
 const stored = (hashes, tokens, medium = 'GPU', parent = null) => [
     'BlockStored', hashes, parent, tokens, BLOCK, null, medium,

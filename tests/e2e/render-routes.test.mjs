@@ -13,6 +13,7 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer, startProcess, curl, waitFor, freePort, tempDir, testModel, findLlamaServer } from './harness.mjs';
+import { startPublisher } from './kv-events-publisher.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const BLOCK = 16;
@@ -267,33 +268,6 @@ test('keepwarm proxy asks the route with the model name the upstream serves: a s
     }
 });
 
-// A publisher of the documented wire format (tests/e2e/kv-events-publisher.py): `port`, and send(seq, events).
-async function startPublisher() {
-    const proc = spawn('/usr/bin/python3', [path.join(here, 'kv-events-publisher.py')], {
-        stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    const lines = [];
-    let buffer = '';
-    proc.stdout.on('data', (d) => {
-        buffer += d;
-        let nl;
-        while ((nl = buffer.indexOf('\n')) >= 0) {
-            lines.push(buffer.slice(0, nl));
-            buffer = buffer.slice(nl + 1);
-        }
-    });
-    assert.ok(await waitFor(() => lines.some((l) => l.startsWith('port '))), 'the publisher did not start');
-    return {
-        port: Number(lines.find((l) => l.startsWith('port ')).slice(5)),
-        subscribed: () => lines.includes('subscribed'),
-        send(seq, events) {
-            proc.stdin.write(JSON.stringify({ seq, events }) + '\n');
-            return waitFor(() => lines.includes(`sent ${seq}`));
-        },
-        stop: () => proc.kill(),
-    };
-}
-
 test('keepwarm proxy in front of llama-server (no render route): the ids from /apply-template and /tokenize', async () => {
     const llamaServer = findLlamaServer();
     assert.ok(llamaServer, 'no llama-server: run bench/build-llama-server.sh (scripts/test.sh does) or set LLAMA_SERVER');
@@ -309,7 +283,7 @@ test('keepwarm proxy in front of llama-server (no render route): the ids from /a
         assert.equal(none.status, 404, 'llama-server has no render route');
         proxy = await startProcess(['proxy', '--port', '0', '--health-interval', '0.2',
             '--upstream', `${url},events=tcp://127.0.0.1:${publisher.port}`]);
-        assert.ok(await waitFor(() => publisher.subscribed()));
+        assert.ok(await waitFor(() => publisher.subscriptions() > 0));
         await publisher.send(0, [['AllBlocksCleared']]);
         const state = async () => (await curl(`${proxy.url}/v1/cache`)).body.upstreams[0].kv_events;
         assert.ok(await waitFor(async () => (await state()).in_step));
