@@ -1,5 +1,6 @@
 // See child-process.h. The child is forked by the launcher's spawner thread and runs only async-signal-safe calls
 // before exec: its stdout is a pipe the router reads for the "listening on" line (its other lines are logged), its
+// stderr a pipe the router passes through to its own (keeping the last line, the reason of a failed start), its
 // stdin /dev/null, every other descriptor of the router (its listening socket, its clients' connections) closed, its
 // signal mask cleared, and SIGTERM set to come to it if the router dies.
 #include "router/child-process.h"
@@ -27,9 +28,18 @@ namespace {
 
 class spawned_child : public model_child {
 public:
-    spawned_child(std::string name, int pid, int stdout_fd, child_exit_callback on_exit)
-        : name_(std::move(name)), pid_(pid), stdout_fd_(stdout_fd), on_exit_(std::move(on_exit)) {
+    spawned_child(std::string name, int pid, int stdout_fd, int stderr_fd, child_exit_callback on_exit)
+        : name_(std::move(name)),
+          pid_(pid),
+          stdout_fd_(stdout_fd),
+          stderr_fd_(stderr_fd),
+          on_exit_(std::move(on_exit)) {
         reader_ = std::thread([this] { read_stdout(); });
+        if (stderr_fd_ >= 0) {
+            error_reader_ = std::thread([this] { read_stderr(); });
+        } else {
+            stderr_done_ = true;
+        }
         reaper_ = std::thread([this] { reap(); });
     }
 
@@ -37,6 +47,7 @@ public:
         stop(std::chrono::seconds(30));
         if (reaper_.joinable()) reaper_.join();
         if (reader_.joinable()) reader_.join();
+        if (error_reader_.joinable()) error_reader_.join();
     }
 
     // Waits until the child listens, exits or `timeout` passes. Throws std::runtime_error for the last two.
@@ -45,7 +56,11 @@ public:
         const bool done = cv_.wait_for(lk, timeout, [this] { return origin_.has_value() || exit_status_.has_value(); });
         if (origin_) return;
         if (exit_status_) {
-            throw std::runtime_error("its server " + describe_exit(*exit_status_) + " before it listened");
+            // Its last line on stderr says why (a draft model that does not fit the model, a bad flag): the client
+            // is told, not only the router's log. The pipe ends with the process; a moment is enough.
+            cv_.wait_for(lk, std::chrono::seconds(2), [this] { return stderr_done_; });
+            throw std::runtime_error("its server " + describe_exit(*exit_status_) + " before it listened" +
+                                     (last_error_line_.empty() ? std::string() : ": " + last_error_line_));
         }
         if (!done) {
             lk.unlock();
@@ -106,6 +121,39 @@ private:
         ::close(stdout_fd_);
     }
 
+    // Its standard error: passed through to the router's as it comes, its last line kept for a failed start.
+    void read_stderr() {
+        std::string line;
+        char buf[4096];
+        for (;;) {
+            const ssize_t n = ::read(stderr_fd_, buf, sizeof buf);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            for (ssize_t written = 0; written < n;) {
+                const ssize_t w = ::write(2, buf + written, static_cast<size_t>(n - written));
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) break;
+                written += w;
+            }
+            for (ssize_t i = 0; i < n; ++i) {
+                if (buf[i] != '\n') {
+                    if (line.size() < 2000) line += buf[i];  // a message is one line, bounded here
+                    continue;
+                }
+                if (!line.empty()) {
+                    std::lock_guard lk(mu_);
+                    last_error_line_ = line;
+                }
+                line.clear();
+            }
+        }
+        ::close(stderr_fd_);
+        std::lock_guard lk(mu_);
+        if (!line.empty()) last_error_line_ = line;
+        stderr_done_ = true;
+        cv_.notify_all();
+    }
+
     void reap() {
         // Waited for without reaping first, so that the pid stays its own until exit_status_ says it is gone:
         // stop() never signals a pid the system may have given to another process.
@@ -128,13 +176,17 @@ private:
     const std::string name_;
     const int pid_;
     const int stdout_fd_;
+    const int stderr_fd_;  // -1: its stderr is the router's
     child_exit_callback on_exit_;
     std::mutex mu_;
     std::condition_variable cv_;
     std::optional<http::endpoint> origin_;  // guarded by mu_
     std::optional<int> exit_status_;        // guarded by mu_
     bool stopping_ = false;                 // guarded by mu_
+    std::string last_error_line_;           // guarded by mu_
+    bool stderr_done_ = false;              // guarded by mu_
     std::thread reader_;
+    std::thread error_reader_;
     std::thread reaper_;
 };
 
@@ -183,7 +235,9 @@ process_launcher::spawned process_launcher::spawn(const std::vector<std::string>
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     int pipe_fds[2];
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return {0, -1, std::string("pipe: ") + std::strerror(errno)};
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return {0, -1, -1, std::string("pipe: ") + std::strerror(errno)};
+    int error_fds[2] = {-1, -1};
+    if (::pipe2(error_fds, O_CLOEXEC) != 0) error_fds[0] = error_fds[1] = -1;  // then its stderr is the router's
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -194,6 +248,7 @@ process_launcher::spawned process_launcher::spawn(const std::vector<std::string>
         if (::getppid() != parent) ::_exit(127);
         if (devnull >= 0) ::dup2(devnull, 0);
         ::dup2(pipe_fds[1], 1);
+        if (error_fds[1] >= 0) ::dup2(error_fds[1], 2);
         ::close_range(3, ~0U, 0);  // the router's sockets and files
         sigset_t none;
         sigemptyset(&none);
@@ -203,12 +258,14 @@ process_launcher::spawned process_launcher::spawn(const std::vector<std::string>
     }
     const int fork_errno = errno;
     ::close(pipe_fds[1]);
+    if (error_fds[1] >= 0) ::close(error_fds[1]);
     if (devnull >= 0) ::close(devnull);
     if (pid < 0) {
         ::close(pipe_fds[0]);
-        return {0, -1, std::string("fork: ") + std::strerror(fork_errno)};
+        if (error_fds[0] >= 0) ::close(error_fds[0]);
+        return {0, -1, -1, std::string("fork: ") + std::strerror(fork_errno)};
     }
-    return {pid, pipe_fds[0], {}};
+    return {pid, pipe_fds[0], error_fds[0], {}};
 }
 
 std::unique_ptr<model_child> process_launcher::launch(const model_entry& model, child_exit_callback on_exit) {
@@ -225,7 +282,7 @@ std::unique_ptr<model_child> process_launcher::launch(const model_entry& model, 
     const spawned s = result.get();
     if (s.pid <= 0) throw std::runtime_error("cannot start " + executable_ + ": " + s.error);
     log::info("router", "model {}: started its server (pid {})", model.name, static_cast<int>(s.pid));
-    auto child = std::make_unique<spawned_child>(model.name, s.pid, s.stdout_fd, std::move(on_exit));
+    auto child = std::make_unique<spawned_child>(model.name, s.pid, s.stdout_fd, s.stderr_fd, std::move(on_exit));
     child->wait_until_listening(load_timeout_);
     return child;
 }

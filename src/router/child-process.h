@@ -1,7 +1,8 @@
 // One model's own `keepwarm serve` process, started and stopped by the router: spawned with the arguments the
 // router gives it, listening on a loopback port it picks itself (--port 0) and names on its standard output
 // ("listening on http://..."), stopped with SIGTERM (it writes its prefix cache to its disk tier, as any serve does)
-// and, past a grace time, SIGKILL. Its standard error is the router's (its log lines show with the router's).
+// and, past a grace time, SIGKILL. Its standard error goes to the router's (its log lines show with the router's); its
+// last line is the reason given for a start that failed.
 // child_launcher is the seam the router's scheduler is tested through (a fake launcher starts no process).
 // Threading: a model_child is owned by one thread at a time; its exit callback runs on its own reaper thread, which
 // its destructor joins, so the callback must not wait for whoever destroys the child.
@@ -59,6 +60,7 @@ private:
     struct spawned {
         int pid = 0;  // 0: not started (error says why)
         int stdout_fd = -1;
+        int stderr_fd = -1;  // -1: the child writes to the router's stderr
         std::string error;
     };
     spawned spawn(const std::vector<std::string>& args) const;

@@ -12,8 +12,16 @@ namespace keepwarm::router {
 namespace {
 namespace fs = std::filesystem;
 
+// llama-server's router takes a file of a model's folder named mtp-*, dspark-* or dflash-* as that model's draft
+// sidecar (common/preset.cpp), never as a model. keepwarm has none of those drafters yet: not a model either.
+bool is_draft_sidecar(const fs::path& p) {
+    const std::string name = p.filename().string();
+    return p.extension() == ".gguf" &&
+           (name.starts_with("mtp-") || name.starts_with("dspark-") || name.starts_with("dflash-"));
+}
+
 bool is_gguf(const fs::path& p) {
-    return p.extension() == ".gguf" && !p.filename().string().starts_with("mmproj");
+    return p.extension() == ".gguf" && !p.filename().string().starts_with("mmproj") && !is_draft_sidecar(p);
 }
 
 // The model file of a folder: its one GGUF, or the first shard of a split model; nullopt (with why) if neither.
@@ -61,6 +69,14 @@ std::vector<model_entry> scan_models_dir(const fs::path& dir, std::vector<std::s
             if (!file) {
                 if (skipped) skipped->push_back(p.string() + ": " + why);
                 continue;
+            }
+            std::error_code sidecar_ec;
+            for (const fs::directory_entry& f : fs::directory_iterator(p, sidecar_ec)) {
+                if (skipped && is_draft_sidecar(f.path())) {
+                    skipped->push_back(f.path().string() +
+                                       ": an MTP/DSpark/DFlash draft sidecar, which keepwarm cannot draft with yet ("
+                                       "its model is served without it; a draft model is given with spec-draft-model)");
+                }
             }
             m.name = p.filename().string();
             m.path = fs::absolute(*file).lexically_normal().string();

@@ -445,15 +445,20 @@ TEST(ModelSet, AFolderScanNamesModelsByStemOrFolder) {
     d.file("empty/readme.md");
     d.file("two/a.gguf");
     d.file("two/b.gguf");
+    d.file("qwen/qwen-8b.gguf");
+    d.file("qwen/mtp-qwen-8b.gguf");  // llama-server's draft sidecar: not a model, nor a second one in the folder
+    d.file("dflash-head.gguf");
     std::vector<std::string> skipped;
     const std::vector<model_entry> found = scan_models_dir(d.path, &skipped);
     std::vector<std::string> names;
     for (const model_entry& m : found) names.push_back(m.name);
-    EXPECT_EQ(names, (std::vector<std::string>{"coder-7b", "kimi", "vision"}));
+    EXPECT_EQ(names, (std::vector<std::string>{"coder-7b", "kimi", "qwen", "vision"}));
     EXPECT_EQ(found[0].path, (d.path / "coder-7b.gguf").string());
     EXPECT_EQ(found[1].path, (d.path / "kimi/kimi-00001-of-00002.gguf").string());
-    EXPECT_EQ(found[2].path, (d.path / "vision/vision-4b.gguf").string());
-    EXPECT_EQ(skipped.size(), 2u);  // empty/ and two/
+    EXPECT_EQ(found[2].path, (d.path / "qwen/qwen-8b.gguf").string());
+    EXPECT_EQ(found[3].path, (d.path / "vision/vision-4b.gguf").string());
+    EXPECT_EQ(skipped.size(), 3u);  // empty/, two/ and the sidecar, named
+    EXPECT_NE(std::string(skipped[0] + skipped[1] + skipped[2]).find("mtp-qwen-8b.gguf: an MTP"), std::string::npos);
     EXPECT_THROW(scan_models_dir(d.path / "missing"), std::runtime_error);
 }
 
