@@ -31,6 +31,7 @@
 #include "commands/options-file.h"
 #include "commands/serve-router.h"
 #include "common.h"
+#include "engine/backend-placement.h"
 #include "engine/draft-sources.h"
 #include "engine/embedder.h"
 #include "engine/llama-runtime.h"
@@ -68,6 +69,8 @@ struct serve_options {
     http::server_options http;
     std::string cache_type_k = "f16";
     std::string cache_type_v = "f16";
+    std::string cache_type_k_draft = "f16";  // -ctkd, -ctvd: the draft model's (-md)
+    std::string cache_type_v_draft = "f16";
     std::vector<std::string> model_aliases;  // the first is the name reported; the others map to it
     common_params_sampling sampling;         // what requests that leave a sampling field unset get (--temp, ...)
     std::string chat_template_file;
@@ -102,17 +105,6 @@ std::string kv_events_pod(const std::string& given, int port) {
     return host + ":" + std::to_string(port);
 }
 
-ggml_type parse_cache_type(const std::string& name) {
-    static const std::map<std::string, ggml_type> types = {
-        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
-        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0},
-    };
-    auto it = types.find(name);
-    if (it == types.end())
-        throw CLI::ValidationError("cache type", "'" + name + "' is not one of f32, f16, bf16, q8_0, q4_0");
-    return it->second;
-}
-
 std::string read_file(const std::string& path) {
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error("cannot read '" + path + "'");
@@ -122,6 +114,21 @@ std::string read_file(const std::string& path) {
     while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
     std::fclose(f);
     return data;
+}
+
+// The draft model's flags (-ctkd/-ctvd, -devd, -otd), checked with the model's own rules before anything loads: a
+// mistake stops start-up at once, naming the flag, not after the model's minutes of loading.
+void check_draft_model_options(serve_options& opts) {
+    draft_model_options& d = opts.engine.draft_model;
+    d.cache_type_k = parse_cache_type(opts.cache_type_k_draft, "-ctkd/--spec-draft-type-k");
+    d.cache_type_v = parse_cache_type(opts.cache_type_v_draft, "-ctvd/--spec-draft-type-v");
+    if (!d.devices.empty()) parse_device_list(d.devices, "-devd/--spec-draft-device");
+    const tensor_overrides checked(d.tensor_overrides, "-otd/--spec-draft-override-tensor");
+}
+
+// Whether the engine loads the draft model: -md, and drafting not turned off (--spec-type none).
+bool loads_draft_model(const engine_options& e) {
+    return !e.draft_model.path.empty() && e.spec_type != "none";
 }
 
 // -c 0 (the default): a context sized from the model's trained context and the memory where it runs, so that
@@ -137,8 +144,13 @@ context_choice size_default_context(const engine_options& e) {
         reserved += e.cache_ram_bytes;  // the RAM tier lives beside the KV cache in host memory
     }
     const int sequences = e.slots + e.cache_parked_sequences + 2;
-    return choose_default_context(
-        sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved));
+    context_sizing_input in =
+        sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved);
+    if (loads_draft_model(e)) {
+        in = with_draft_model(in, inspect_model(e.draft_model.path), e.draft_model.cache_type_k,
+                              e.draft_model.cache_type_v);
+    }
+    return choose_default_context(in);
 }
 
 // The RAM and disk tiers' sizes in bytes (llama-server's -1 resolved) and the disk tier's folder.
@@ -289,8 +301,9 @@ int run_serve(serve_options opts) {
         throw std::runtime_error("--kv-events: an embedding model has no prefix cache to publish");
     }
     if (serves_embeddings(opts)) return run_embedding_serve(opts, ctx, signals, model.random_weights, tenants);
-    opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k);
-    opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v);
+    opts.engine.cache_type_k = parse_cache_type(opts.cache_type_k, "-ctk/--cache-type-k");
+    opts.engine.cache_type_v = parse_cache_type(opts.cache_type_v, "-ctv/--cache-type-v");
+    check_draft_model_options(opts);
     resolve_cache_budgets(opts);
     response_store::options stored_responses;  // in memory, unless beside the disk tier
     if (opts.engine.cache_disk_bytes > 0) {
@@ -461,7 +474,8 @@ std::vector<http::api_key_entry> read_tenants(const toml::table& t, const config
 // What `serve --config FILE` may hold besides serve's options, and which of those are paths.
 options_file_rules settings_file_rules(serve_options& opts, CLI::App& cmd) {
     options_file_rules rules;
-    rules.path_options = {"model", "chat-template-file", "cache-dir", "policy", "api-keys-file", "api-key-file"};
+    rules.path_options = {"model",         "chat-template-file", "cache-dir",        "policy",
+                          "api-keys-file", "api-key-file",       "spec-draft-model", "model-draft"};
     rules.not_in_file = {"config", "help"};
     rules.key_settings = {"api-key", "tenants"};
     rules.tables["policy"] = [&opts](const toml::table& t, const config::toml_reader& reader) {
@@ -495,7 +509,9 @@ help_groups serve_help_groups() {
           "--swa-full", "--idle-to-ram-at", "--no-cache-hints", "--exact-reuse", "--kv-events", "--kv-events-pod"}},
         {"Speculative decoding",
          {"--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-fixed", "--spec-history",
-          "--spec-draft-model", "--spec-draft-ngl", "--spec-draft-p-min"}},
+          "--spec-draft-model", "--spec-draft-ngl", "--spec-draft-p-min", "--spec-draft-threads",
+          "--spec-draft-threads-batch", "--spec-draft-type-k", "--spec-draft-type-v", "--spec-draft-device",
+          "--spec-draft-override-tensor"}},
         {"Policy", {"--policy", "--no-policy"}},
         {"Network", {"--host", "--port", "--cors-origin", "--idle-timeout", "--header-timeout", "--stream-keepalive"}},
         {"Security: keys, tenants, connection limits",
@@ -718,6 +734,31 @@ void add_serve_command(CLI::App& app) {
                     "A draft model's draft stops at a token it gives a lower probability than this")
         ->capture_default_str()
         ->check(real_number(0, 1, ""));
+    // llama-server's draft-model flags (common/arg.cpp): each one the draft model's own of the model's flag.
+    const auto draft_threads = [](int& threads) {
+        return [&threads](int n) { threads = n > 0 ? n : static_cast<int>(std::thread::hardware_concurrency()); };
+    };
+    cmd->add_option_function<int>("--spec-draft-threads,--threads-draft", draft_threads(e.draft_model.threads),
+                                  "Threads of the draft model's steps (default: --threads; 0 or less: every CPU)")
+        ->type_name("N");
+    cmd->add_option_function<int>("--spec-draft-threads-batch,--threads-batch-draft",
+                                  draft_threads(e.draft_model.threads_batch),
+                                  "Threads of the draft model's prompt batches (default: --threads-batch; 0 or less: "
+                                  "every CPU)")
+        ->type_name("N");
+    cmd->add_option("--spec-draft-type-k,--cache-type-k-draft", opts->cache_type_k_draft,
+                    "The draft model's KV cache type for K: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("--spec-draft-type-v,--cache-type-v-draft", opts->cache_type_v_draft,
+                    "The draft model's KV cache type for V: f16, q8_0, q4_0, bf16, f32")
+        ->capture_default_str();
+    cmd->add_option("--spec-draft-device,--device-draft", e.draft_model.devices,
+                    "Devices for the draft model's layers, DEV1,DEV2,... as llama.cpp names them (none: the CPU; "
+                    "default: every GPU)");
+    cmd->add_option("--spec-draft-override-tensor,--override-tensor-draft", e.draft_model.tensor_overrides,
+                    "The draft model's tensors whose names match PATTERN go to BUFFER_TYPE: PATTERN=BUFFER_TYPE,... "
+                    "(e.g. 'ffn_.*=CPU'), as llama-server's -otd")
+        ->type_name("PATTERN=TYPE,...");
     cmd->add_option("--spec-history", e.spec_history_tokens,
                     "Tokens of earlier conversations (per tenant, oldest dropped first) the suffix drafter keeps")
         ->check(CLI::Range(size_t{0}, size_t{1} << 28))
@@ -803,7 +844,12 @@ void add_serve_command(CLI::App& app) {
                                                    .parked = opts->engine.cache_parked_sequences,
                                                    .cache_type_k = opts->cache_type_k,
                                                    .cache_type_v = opts->cache_type_v,
-                                                   .cache_ram = opts->cache_ram},
+                                                   .cache_ram = opts->cache_ram,
+                                                   .draft_model = loads_draft_model(opts->engine)
+                                                                      ? opts->engine.draft_model.path
+                                                                      : std::string(),
+                                                   .cache_type_k_draft = opts->cache_type_k_draft,
+                                                   .cache_type_v_draft = opts->cache_type_v_draft},
                                      .cache_dir = opts->cache_dir,
                                      .shutdown_seconds = opts->shutdown_seconds,
                                      .settings_file = opts->settings_file,

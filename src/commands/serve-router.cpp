@@ -209,8 +209,9 @@ void read_models_settings(const toml::table& models, const config::toml_reader& 
     const std::filesystem::path folder = std::filesystem::path(reader.source()).parent_path();
     const std::filesystem::path base =
         folder.empty() ? std::filesystem::current_path() : std::filesystem::absolute(folder);
-    settings.tables = router::read_models_table(models, reader, base, arity_of, router_only,
-                                                {"chat-template-file", "policy", "api-keys-file", "api-key-file"});
+    settings.tables = router::read_models_table(
+        models, reader, base, arity_of, router_only,
+        {"chat-template-file", "policy", "api-keys-file", "api-key-file", "spec-draft-model", "model-draft"});
     settings.has_tables = true;
 }
 
@@ -220,7 +221,10 @@ std::vector<model_footprint> set_footprints(std::vector<router::model_entry>& mo
     for (router::model_entry& m : models) {
         model_footprint f;
         try {
-            f = compute_footprint(inspect_model(m.path), footprint_settings_for(base, m));
+            const footprint_settings settings = footprint_settings_for(base, m);
+            std::optional<model_report> draft;
+            if (!settings.draft_model.empty()) draft = inspect_model(settings.draft_model);
+            f = compute_footprint(inspect_model(m.path), settings, draft ? &*draft : nullptr);
             m.footprint_bytes = f.total();
         } catch (const std::exception& e) {
             if (budget > 0) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common.h"
+#include "engine/backend-placement.h"
 #include "speculative.h"
 
 namespace keepwarm {
@@ -80,8 +81,17 @@ draft_model::draft_model(const draft_model_options& options, llama_model* target
     d.p_min = options.p_min;
     d.n_max = draft_limit;
     d.n_min = 0;  // the engine applies --spec-draft-n-min to what it verifies
+    // llama-server's defaults (arg.cpp's postprocess_cpu_params): -td unset takes the model's threads, -tbd unset the
+    // model's batch threads.
     d.cpuparams = params.cpuparams;
     d.cpuparams_batch = params.cpuparams_batch;
+    if (options.threads > 0) d.cpuparams.n_threads = options.threads;
+    if (options.threads_batch > 0) d.cpuparams_batch.n_threads = options.threads_batch;
+    d.cache_type_k = options.cache_type_k;
+    d.cache_type_v = options.cache_type_v;
+    if (!options.devices.empty()) d.devices = parse_device_list(options.devices, "-devd/--spec-draft-device");
+    const tensor_overrides placement(options.tensor_overrides, "-otd/--spec-draft-override-tensor");
+    d.tensor_buft_overrides = placement.list();
     common_params draft_params = common_base_params_to_speculative(params);
     loaded_ = common_speculative_init_from_params(draft_params, target, target_ctx);
     if (!loaded_->model()) throw std::runtime_error("the draft model " + options.path + " did not load");
@@ -92,6 +102,16 @@ draft_model::draft_model(const draft_model_options& options, llama_model* target
         throw std::runtime_error("the draft model " + options.path +
                                  " keeps a recurrent state that cannot drop rejected draft tokens (a hybrid or "
                                  "recurrent model); use a transformer as the draft model");
+    }
+    // The model's pools where the draft runs on the model's threads; its own otherwise (a pool caps the threads a
+    // context attached to it computes on at the pool's size).
+    const int threads = d.cpuparams.n_threads;
+    const int threads_batch = d.cpuparams_batch.n_threads;
+    if (threads != params.cpuparams.n_threads || threads_batch != params.cpuparams_batch.n_threads) {
+        decode_pool_ = std::make_unique<cpu_threadpool>(threads);
+        if (threads_batch != threads) prompt_pool_ = std::make_unique<cpu_threadpool>(threads_batch);
+        decode_pool = decode_pool_->get();
+        prompt_pool = prompt_pool_ ? prompt_pool_->get() : nullptr;
     }
     if (decode_pool) llama_attach_threadpool(ctx, decode_pool, prompt_pool);
 

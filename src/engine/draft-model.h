@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu-threadpool.h"
 #include "llama-cpp.h"
 
 struct common_speculative;
@@ -29,6 +30,18 @@ struct draft_model_options {
     std::string path;     // the draft model's GGUF (-md); empty: no draft model
     int gpu_layers = -1;  // -ngld: layers of the draft model on a GPU (-1: all)
     float p_min = 0;      // --spec-draft-p-min: a draft stops at a token the draft model gives less than this
+    // -td / -tbd: threads of the draft context's one-token steps and of its batches (catching up with a prompt);
+    // 0: the model's own --threads / --threads-batch, as llama-server takes them.
+    int threads = 0;
+    int threads_batch = 0;
+    ggml_type cache_type_k = GGML_TYPE_F16;  // -ctkd
+    ggml_type cache_type_v = GGML_TYPE_F16;  // -ctvd
+    // -devd: the devices the draft model's layers go to, llama-server's syntax (DEV1,DEV2 or none: none, the CPU);
+    // empty: llama.cpp's default, every GPU.
+    std::string devices;
+    // -otd: PATTERN=BUFFER_TYPE,... (each given value may list several): the draft model's tensors whose names match
+    // PATTERN go to that buffer type (CPU, CUDA0, ...), as llama-server's --override-tensor-draft.
+    std::vector<std::string> tensor_overrides;
     // Tokens of a request's prompt the draft context computes per draft call while it catches up with the sequence
     // (the rest waits for the next step): bounds what one step of the engine spends in the draft model.
     int catch_up_tokens = 512;
@@ -46,9 +59,10 @@ struct draft_model_stats {
 class draft_model {
 public:
     // Loads the draft model and its context (the target's context size, `slots` sequences, the target context's
-    // batch sizes and threads). Throws std::runtime_error when the file does not load, when its vocabulary is not
-    // the target's (llama.cpp's check in common, as llama-server refuses it), or when its KV cannot be cut at a
-    // position (a recurrent or hybrid draft model).
+    // batch sizes; the target's threads and thread pools unless -td/-tbd say otherwise). Throws std::runtime_error
+    // when the file does not load, when its vocabulary is not the target's (llama.cpp's check in common, as
+    // llama-server refuses it), or when its KV cannot be cut at a position (a recurrent or hybrid draft model); and
+    // std::invalid_argument, naming the flag, for a device or buffer type llama.cpp does not have (-devd, -otd).
     draft_model(const draft_model_options& options, llama_model* target, llama_context* target_ctx, int slots,
                 ggml_threadpool* decode_pool, ggml_threadpool* prompt_pool);
     ~draft_model();
@@ -74,6 +88,8 @@ private:
     bool catch_up(int seq, std::span<const llama_token> tokens, std::size_t limit);
 
     draft_model_options options_;
+    // The draft's own CPU thread pools where -td/-tbd differ from the model's (else it shares the model's).
+    std::unique_ptr<cpu_threadpool> decode_pool_, prompt_pool_;
     std::unique_ptr<common_speculative_init_result> loaded_;  // the draft model and its context
     common_speculative* spec_ = nullptr;
     llama_batch batch_{};

@@ -73,6 +73,17 @@ context_sizing_input sizing_input_for(const model_report& report, ggml_type type
     return in;
 }
 
+context_sizing_input with_draft_model(context_sizing_input in, const model_report& draft, ggml_type type_k,
+                                      ggml_type type_v) {
+    serving_layout one_cell{.cache_type_k = type_k, .cache_type_v = type_v, .context_size = 1, .sequences = 0};
+    in.bytes_per_cell += estimate_serving_memory(draft, one_cell).total_bytes;
+    // 0 means unknown (nothing is known of the machine's memory): a known memory stays known, if all but used up.
+    if (in.memory_for_cache > 0)
+        in.memory_for_cache =
+            std::max<uint64_t>(in.memory_for_cache - std::min(in.memory_for_cache, draft.file_size), 1);
+    return in;
+}
+
 uint64_t host_available_memory() {
     std::ifstream meminfo("/proc/meminfo");
     std::string line;

@@ -52,6 +52,12 @@ context_choice choose_default_context(const context_sizing_input& in);
 context_sizing_input sizing_input_for(const model_report& report, ggml_type type_k, ggml_type type_v, int slots,
                                       int sequences, uint64_t free_memory, uint64_t reserved);
 
+// `in` with a draft model served beside the model (serve -md) in the same memory: its weights come out of the memory
+// for the cache, and each cell of the context costs the draft context's cell too, with the draft's cache types (the
+// draft context holds as many tokens as the model's: llama.cpp sizes it so).
+context_sizing_input with_draft_model(context_sizing_input in, const model_report& draft, ggml_type type_k,
+                                      ggml_type type_v);
+
 // MemAvailable of /proc/meminfo (0 when it cannot be read).
 uint64_t host_available_memory();
 

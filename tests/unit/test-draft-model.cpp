@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "common.h"
+#include "engine/draft-model.h"
 #include "engine/engine.h"
+#include "engine/llama-runtime.h"
 #include "generated-models.h"
 #include "greedy-runs.h"
 
@@ -220,6 +222,141 @@ TEST(draft_model, spec_type_and_draft_model_go_together) {
     engine off(o);
     off.start();
     EXPECT_EQ(run(off, tokenize(off, chat_prompt), 20).stats.draft_tokens, 0);
+}
+
+// The draft model's own flags (-td/-tbd, -ctkd/-ctvd, -devd, -otd) reach its load and its context. The draft model is
+// loaded here beside a target context of its own, as the engine loads it.
+struct target_context {
+    llama_model_ptr model;
+    llama_context_ptr ctx;
+};
+
+target_context load_target(int threads, int threads_batch) {
+    init_llama_runtime(false);
+    target_context t;
+    t.model.reset(llama_model_load_from_file(target_model().c_str(), llama_model_default_params()));
+    llama_context_params c = llama_context_default_params();
+    c.n_ctx = 1024;
+    c.n_batch = c.n_ubatch = 256;
+    c.n_seq_max = 2;
+    c.n_threads = threads;
+    c.n_threads_batch = threads_batch;
+    t.ctx.reset(llama_init_from_model(t.model.get(), c));
+    return t;
+}
+
+draft_model_options draft_options() {
+    draft_model_options o;
+    o.path = random_draft_model();
+    return o;
+}
+
+// Drafts after the draft model has computed `prompt` (one call catches up with a prompt this short).
+std::vector<llama_token> draft_after(draft_model& d, const tokens& prompt) {
+    const int seq = d.acquire(prompt);
+    std::vector<llama_token> drafted = d.draft(seq, prompt, 8);
+    if (drafted.empty()) drafted = d.draft(seq, prompt, 8);
+    d.release(seq);
+    return drafted;
+}
+
+TEST(draft_model, its_threads_are_the_models_unless_td_and_tbd_say_otherwise) {
+    target_context t = load_target(2, 2);
+    {
+        draft_model d(draft_options(), t.model.get(), t.ctx.get(), 2, nullptr, nullptr);
+        EXPECT_EQ(llama_n_threads(d.context()), 2);
+        EXPECT_EQ(llama_n_threads_batch(d.context()), 2);
+    }
+    draft_model_options o = draft_options();
+    o.threads = 1;
+    o.threads_batch = 3;
+    draft_model d(o, t.model.get(), t.ctx.get(), 2, nullptr, nullptr);
+    EXPECT_EQ(llama_n_threads(d.context()), 1);
+    EXPECT_EQ(llama_n_threads_batch(d.context()), 3);
+    // On its own thread pools it computes and drafts.
+    const tokens prompt = common_tokenize(llama_model_get_vocab(t.model.get()), chat_prompt, true, true);
+    EXPECT_FALSE(draft_after(d, prompt).empty());
+    EXPECT_EQ(d.stats().computed_tokens, prompt.size() - 1);
+}
+
+TEST(draft_model, its_kv_cache_takes_ctkd_and_ctvd) {
+    target_context t = load_target(1, 1);
+    const tokens prompt = common_tokenize(llama_model_get_vocab(t.model.get()), chat_prompt, true, true);
+    const auto sequence_bytes = [&](ggml_type type) {
+        draft_model_options o = draft_options();
+        o.cache_type_k = o.cache_type_v = type;
+        draft_model d(o, t.model.get(), t.ctx.get(), 2, nullptr, nullptr);
+        draft_after(d, prompt);
+        return llama_state_seq_get_size(d.context(), 0);
+    };
+    const size_t f16 = sequence_bytes(GGML_TYPE_F16);
+    const size_t q8 = sequence_bytes(GGML_TYPE_Q8_0);
+    ASSERT_GT(f16, 0u);
+    // q8_0 keeps 34 bytes per 32 values where f16 keeps 64: about 0.53 of the KV, the state's header aside.
+    EXPECT_LT(q8, f16 * 6 / 10) << "f16 " << f16 << ", q8_0 " << q8;
+    EXPECT_GT(q8, f16 * 4 / 10) << "f16 " << f16 << ", q8_0 " << q8;
+}
+
+// llama.cpp logs (at debug level) each tensor an override places: the draft model's load logs the pattern's tensors.
+std::vector<std::string>* captured_log = nullptr;
+void capture_log(ggml_log_level, const char* text, void*) {
+    if (captured_log && text) captured_log->push_back(text);
+}
+
+TEST(draft_model, otd_places_the_matching_tensors_and_devd_none_keeps_it_on_the_cpu) {
+    target_context t = load_target(1, 1);
+    draft_model_options o = draft_options();
+    o.tensor_overrides = {"blk\\.0\\.ffn_.*=CPU"};
+    o.devices = "none";
+    std::vector<std::string> lines;
+    ggml_log_callback previous = nullptr;
+    void* previous_data = nullptr;
+    llama_log_get(&previous, &previous_data);
+    captured_log = &lines;
+    llama_log_set(capture_log, nullptr);
+    {
+        draft_model d(o, t.model.get(), t.ctx.get(), 2, nullptr, nullptr);
+        llama_log_set(previous, previous_data);
+        captured_log = nullptr;
+        const tokens prompt = common_tokenize(llama_model_get_vocab(t.model.get()), chat_prompt, true, true);
+        EXPECT_FALSE(draft_after(d, prompt).empty());
+    }
+    size_t overridden = 0;
+    for (const std::string& line : lines) {
+        if (line.find("buffer type overridden to CPU") == std::string::npos) continue;
+        EXPECT_NE(line.find("blk.0.ffn_"), std::string::npos) << line;
+        ++overridden;
+    }
+    EXPECT_GE(overridden, 3u);  // the block's gate, up and down weights at least
+}
+
+TEST(draft_model, a_bad_device_or_buffer_type_is_refused_naming_the_flag) {
+    target_context t = load_target(1, 1);
+    const auto refusal = [&](const draft_model_options& o) -> std::string {
+        try {
+            draft_model d(o, t.model.get(), t.ctx.get(), 2, nullptr, nullptr);
+        } catch (const std::invalid_argument& e) {
+            return e.what();
+        }
+        return "accepted";
+    };
+    draft_model_options o = draft_options();
+    o.devices = "GPU77";
+    const std::string device = refusal(o);
+    EXPECT_NE(device.find("-devd"), std::string::npos) << device;
+    EXPECT_NE(device.find("GPU77"), std::string::npos) << device;
+    o = draft_options();
+    o.devices = "CPU";  // the CPU is not an offload device, as llama-server says too
+    EXPECT_NE(refusal(o).find("-devd"), std::string::npos);
+    o = draft_options();
+    o.tensor_overrides = {"ffn_.*=VRAM9"};
+    const std::string buffer = refusal(o);
+    EXPECT_NE(buffer.find("-otd"), std::string::npos) << buffer;
+    EXPECT_NE(buffer.find("CPU"), std::string::npos) << buffer;  // the buffer types there are
+    o.tensor_overrides = {"no equals sign"};
+    EXPECT_NE(refusal(o).find("PATTERN=BUFFER_TYPE"), std::string::npos);
+    o.tensor_overrides = {"ffn_(=CPU"};
+    EXPECT_NE(refusal(o).find("regular expression"), std::string::npos);
 }
 
 }  // namespace

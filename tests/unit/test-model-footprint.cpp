@@ -117,3 +117,62 @@ TEST(ModelFootprint, AModelWithoutAFootprintStopsStartUpOnlyUnderABudget) {
         EXPECT_NE(std::string(e.what()).find("--models-memory"), std::string::npos) << e.what();
     }
 }
+
+// A draft model (-md) takes its weights and a KV cell per cell of the model's context, with its own cache types.
+TEST(ModelFootprint, ADraftModelCountsItsWeightsAndItsContextsKv) {
+    const std::string draft = test_models::generated_model("unit-footprint", "tiny-draft");
+    const model_report report = inspect_model(tiny());
+    const model_report draft_report = inspect_model(draft);
+    footprint_settings s;
+    s.context_size = 4096;
+    s.cache_ram = uint64_t{0};
+    const model_footprint alone = compute_footprint(report, s);
+    EXPECT_EQ(alone.draft_bytes, 0u);
+    s.draft_model = draft;
+    const model_footprint with = compute_footprint(report, s, &draft_report);
+    const serving_layout f16{.context_size = 4096, .sequences = 0};
+    const uint64_t draft_kv = estimate_serving_memory(draft_report, f16).total_bytes;
+    ASSERT_GT(draft_kv, 0u);
+    EXPECT_EQ(with.draft_bytes, std::filesystem::file_size(draft) + draft_kv);
+    EXPECT_EQ(with.total(), alone.total() + with.draft_bytes);
+    EXPECT_NE(describe_footprint(with).find("draft model"), std::string::npos);
+    s.cache_type_k_draft = s.cache_type_v_draft = "q8_0";
+    EXPECT_LT(compute_footprint(report, s, &draft_report).draft_bytes, with.draft_bytes);
+
+    // A model's table names its draft model, or turns drafting off.
+    router::model_entry m;
+    m.name = "small";
+    m.path = tiny();
+    m.options = {{"spec-draft-model", {draft}}, {"spec-draft-type-k", {"q4_0"}}};
+    const footprint_settings table = footprint_settings_for(footprint_settings{}, m);
+    EXPECT_EQ(table.draft_model, draft);
+    EXPECT_EQ(table.cache_type_k_draft, "q4_0");
+    m.options = {{"spec-type", {"none"}}};
+    EXPECT_EQ(footprint_settings_for(s, m).draft_model, "");
+    // The router's footprints read the draft model's header.
+    std::vector<router::model_entry> models = {m};
+    models[0].options = {{"model-draft", {draft}}};
+    s.draft_model.clear();
+    s.cache_type_k_draft = s.cache_type_v_draft = "f16";
+    set_footprints(models, s, 0);
+    EXPECT_EQ(models[0].footprint_bytes, with.total());
+}
+
+// serve -c 0 sizes its context in the memory the model, the RAM tier and the draft model leave: the draft's weights
+// come out of it, and each cell costs the draft context's too.
+TEST(ModelFootprint, TheDefaultContextLeavesRoomForTheDraftModel) {
+    const model_report report = inspect_model(tiny());
+    const model_report draft = inspect_model(test_models::generated_model("unit-footprint", "tiny-draft"));
+    const uint64_t free_memory = report.file_size + draft.file_size + (uint64_t{96} << 20);
+    const context_sizing_input alone =
+        sizing_input_for(report, GGML_TYPE_F16, GGML_TYPE_F16, 1, 3, free_memory, report.file_size);
+    const context_sizing_input with = with_draft_model(alone, draft, GGML_TYPE_F16, GGML_TYPE_F16);
+    EXPECT_EQ(with.memory_for_cache, alone.memory_for_cache - draft.file_size);
+    const serving_layout one_cell{.context_size = 1, .sequences = 0};
+    EXPECT_EQ(with.bytes_per_cell, alone.bytes_per_cell + estimate_serving_memory(draft, one_cell).total_bytes);
+    // Short of memory, the context is smaller with the draft model beside it.
+    const context_choice a = choose_default_context(alone);
+    const context_choice b = choose_default_context(with);
+    EXPECT_LT(b.context_size, a.context_size) << a.why << " / " << b.why;
+    EXPECT_LE(b.cache_bytes, with.memory_for_cache);
+}

@@ -5,6 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+
+#include "commands/llama-server-flags.h"
 #include "commands/serve-command.h"
 #include "commands/serve-router.h"
 
@@ -107,4 +110,26 @@ TEST(ServeRouter, AModelsTableWinsOverTheRoutersOption) {
                                                "--max-connections-per-address",
                                                "0"};
     EXPECT_EQ(args, expected);
+}
+
+// llama-server's router gives its own -md (and the draft model's other flags) to every model's server; a model's table
+// names its own draft model (spec-draft-model), or turns drafting off (spec-type = "none").
+TEST(ServeRouter, TheRoutersDraftModelGoesToEveryModelUnlessItsTableNamesAnother) {
+    serve_app s;
+    const std::vector<std::string> router_args = keepwarm::expand_llama_server_flags(
+        {"-md", "/srv/draft.gguf", "-td", "1", "-ctkd", "q8_0", "-devd", "none", "-otd", "ffn_.*=CPU"});
+    const std::vector<std::string> passed = {"--model-draft",           "/srv/draft.gguf",
+                                             "--threads-draft",         "1",
+                                             "--cache-type-k-draft",    "q8_0",
+                                             "--device-draft",          "none",
+                                             "--override-tensor-draft", "ffn_.*=CPU"};
+    const std::vector<std::string> args = child_command_line(*s.serve, router_args, coder(), "/c/models", "512");
+    EXPECT_EQ(std::vector<std::string>(args.begin() + 5, args.begin() + 5 + passed.size()), passed);
+
+    model_entry m = coder();
+    m.options = {{"spec-draft-model", {"/srv/coder-draft.gguf"}}};
+    const std::vector<std::string> own = child_command_line(*s.serve, router_args, m, "/c/models", "512");
+    EXPECT_EQ(std::count(own.begin(), own.end(), "/srv/draft.gguf"), 0);
+    EXPECT_EQ(std::count(own.begin(), own.end(), "--spec-draft-model=/srv/coder-draft.gguf"), 1);
+    EXPECT_EQ(std::count(own.begin(), own.end(), "--threads-draft"), 1);  // the router's other draft flags stay
 }
