@@ -96,6 +96,20 @@ test('LLAMA_ARG_SPEC_DRAFT_MODEL names the draft model, as for llama-server', as
 });
 
 
+test('a settings file names the draft model relative to its own folder', async () => {
+    const d = tempDir('draft-config');
+    copyFileSync(await testModel('tiny-draft'), path.join(d, 'draft.gguf'));
+    writeFileSync(path.join(d, 'keepwarm.toml'), 'spec-draft-model = "draft.gguf"\nctx-size = 2048\n');
+    const server = await startServer(['--config', path.join(d, 'keepwarm.toml')]);
+    try {
+        await chat(server, 'one two three one two three one two three');
+        const m = await metrics(server.url);
+        assert.ok(m.keepwarm_draft_model_computed_tokens_total > 0, JSON.stringify(m));
+    } finally {
+        await server.stop();
+    }
+});
+
 test('the draft model\'s own flags are taken: threads, cache types, devices, tensor overrides', async () => {
     const draft = await testModel('tiny-draft');
     // -v: llama.cpp's log, where the draft context's KV types and the override's tensors show.
