@@ -100,7 +100,7 @@ struct engine::slot {
     std::string tenant;               // whose tokens those are
     std::shared_ptr<generation_request> request;
     cache_restore restored;   // what the prefix cache supplied for this request
-    std::vector<int> cuts;    // hybrid models: message starts, where a checkpoint is taken
+    std::vector<int> cuts;    // checkpointed models: a token before each message start, where a checkpoint is taken
     int follow = -1;          // waits for this slot to compute a prompt prefix shared with it ...
     size_t follow_until = 0;  // ... up to here, then takes it from the cache instead of computing it twice
     token_sampler_ptr sampler;
@@ -589,14 +589,17 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.request = std::move(request);
     s.cuts.clear();
     if (cache_->needs_checkpoints()) {
-        // Message starts: positions of the token the rendered prompt opens every turn with (e.g. <|im_start|>).
+        // Message starts: one token before each token the rendered prompt opens a turn with (e.g. <|im_start|>).
+        // One before, because the last prompt token is always computed: a later prompt that ends where a message
+        // starts (a continued answer the template renders as nothing, a retry without the generation prompt) needs
+        // the state one token short of it, and one that goes on past the start computes one token more.
         const llama_vocab* vocab = llama_model_get_vocab(model_.get());
         const size_t first = prompt.size() > 1 && prompt[0] == llama_vocab_bos(vocab) ? 1 : 0;
         const llama_token turn_start = prompt[first];
         // A control token, or a user-defined one (llama.cpp makes gpt-oss's <|start|> one).
         if (llama_vocab_get_attr(vocab, turn_start) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED)) {
-            for (size_t i = first + 1; i < prompt.size(); ++i) {
-                if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i));
+            for (size_t i = first + 2; i < prompt.size(); ++i) {
+                if (s.request->prompt[i] == turn_start) s.cuts.push_back(static_cast<int>(i - 1));
             }
         }
         // And the last whole block's end: the same prompt asked again after a demotion or a restart gets its blocks

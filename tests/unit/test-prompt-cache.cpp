@@ -274,6 +274,29 @@ TEST_P(hybrid_prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_
     expect_same_output(same, r);
 }
 
+// A prompt that ends where a cached prompt's next message starts: the client continued an answer the template
+// renders as nothing, or sent the conversation again without its generation prompt. The last prompt token is always
+// computed, so a checkpoint at the message start itself is one token too far; the one taken a token before it serves
+// the whole prompt. (Taken at the message start, the gauntlet's continued answers went back to the start of the
+// previous message: 50 tokens recomputed for 1.)
+TEST_P(hybrid_prompt_cache, a_prompt_ending_where_a_cached_message_starts_computes_only_its_last_token) {
+    const std::string model = hybrid_model();
+    engine e(base_options(model));
+    e.start();
+    const std::string system = words(300, 46);
+    const std::string without_answer = chatml(system, {words(40, 47)});  // ends with "<|im_start|>assistant\n"
+    const std::string ended = without_answer.substr(0, without_answer.rfind("<|im_start|>"));
+    const tokens cached = tokenize(e, without_answer);
+    const tokens prompt = tokenize(e, ended);
+    ASSERT_EQ(shared_prefix(cached, prompt), prompt.size());
+
+    generate(e, cached);
+    const result r = generate(e, prompt);
+    EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(prompt.size()) - 1);
+    EXPECT_EQ(r.stats.checkpoint_pos, r.stats.reused_tokens);
+    expect_same_output(r, cold(model, prompt));
+}
+
 namespace {
 void check_hybrid_ram_and_disk(const std::string& model, int checkpoint_interval) {
     const fs::path dir = temp_dir("hybrid-disk");
