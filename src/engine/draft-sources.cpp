@@ -172,7 +172,8 @@ std::size_t draft_sources::recall(std::span<const cached_conversation> newest_fi
     for (auto c = newest_first.rbegin(); c != newest_first.rend(); ++c) {
         history_.add_stream(c->tenant_root.hex(), c->tokens);
     }
-    return history_.stats().tokens - before;
+    const std::size_t after = history_.stats().tokens;
+    return after > before ? after - before : 0;  // the budget may have evicted what was there
 }
 
 std::size_t draft_sources::recall(const prompt_cache& cache) {
