@@ -12,8 +12,10 @@
 #include "common.h"
 #include "engine/draft-sources.h"
 #include "engine/engine.h"
+#include "engine/llama-runtime.h"
 #include "generated-models.h"
 #include "greedy-runs.h"
+#include "llama-cpp.h"
 #include "test-temp-dir.h"
 
 using namespace keepwarm;
@@ -158,6 +160,109 @@ TEST(spec_history, recall_keeps_the_newest_within_the_budget) {
     EXPECT_EQ(sources.history_stats().tokens, 10u);
     EXPECT_EQ(sources.begin(0, "alice", tokens{2, 3})->propose(2).tokens, (tokens{4, 5}));
     EXPECT_TRUE(sources.begin(0, "alice", tokens{22, 23})->propose(2).tokens.empty());
+}
+
+// The cache's side: what prompt_cache::conversations lists from a disk tier after a restart. Tokens are made up (no
+// model answers): prompts computed into the cache, persisted, and the tier opened again by a new cache.
+class cached_conversations : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        init_llama_runtime();
+        model.reset(llama_model_load_from_file(test_models::generated_model("unit-spec-history", "tiny").c_str(),
+                                               llama_model_default_params()));
+        ASSERT_TRUE(model);
+    }
+    static void TearDownTestSuite() { model.reset(); }
+
+    void open(const fs::path& dir) {
+        options.slots = 1;
+        options.parked_sequences = 2;
+        options.block_tokens = 64;
+        options.disk_dir = dir;
+        options.model_fingerprint = fingerprint;
+        llama_context_params cparams = llama_context_default_params();
+        cparams.n_ctx = 2048;
+        cparams.n_threads = 1;
+        cparams.n_threads_batch = 1;
+        cparams.n_seq_max = static_cast<uint32_t>(prompt_cache::sequences_needed(options));
+        cparams.kv_unified = true;
+        cache.reset();
+        ctx.reset(llama_init_from_model(model.get(), cparams));
+        ASSERT_TRUE(ctx);
+        cache = std::make_unique<prompt_cache>(ctx.get(), options);
+    }
+
+    // `n` made-up tokens, distinct for each `seed`.
+    static tokens made_up(int n, int seed) {
+        tokens out;
+        for (int i = 0; i < n; ++i) out.push_back(static_cast<llama_token>(10 + (seed * 131 + i * 7) % 20000));
+        return out;
+    }
+
+    // One request of `tenant`: its prompt computed into slot 0, the slot released.
+    void serve(const tokens& p, const std::string& tenant) {
+        const cache_restore r = cache->acquire(0, p, static_cast<int>(p.size()) - 1, tenant);
+        const tokens rest(p.begin() + r.reused, p.end());
+        llama_batch batch = llama_batch_init(static_cast<int32_t>(rest.size()), 0, 1);
+        for (size_t i = 0; i < rest.size(); ++i) {
+            batch.token[i] = rest[i];
+            batch.pos[i] = r.reused + static_cast<llama_pos>(i);
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = i + 1 == rest.size();
+        }
+        batch.n_tokens = static_cast<int32_t>(rest.size());
+        EXPECT_EQ(llama_decode(ctx.get(), batch), 0);
+        llama_batch_free(batch);
+        cache->append(0, rest);
+        cache->release_slot(0, false);
+    }
+
+    static constexpr const char* fingerprint = "spec-history-test-fingerprint";
+    static inline llama_model_ptr model;
+    prompt_cache_options options;
+    llama_context_ptr ctx;
+    std::unique_ptr<prompt_cache> cache;
+};
+
+TEST_F(cached_conversations, a_restart_lists_each_tenants_conversations_newest_first_with_shared_starts_once) {
+    const temp_dir dir("spec-history-cache");
+    const tokens start = made_up(100, 1);  // a system prompt both of alice's conversations begin with
+    auto with_start = [&](int n, int seed) {
+        tokens t = start;
+        const tokens own = made_up(n, seed);
+        t.insert(t.end(), own.begin(), own.end());
+        return t;
+    };
+    const tokens a = with_start(80, 2), b = with_start(90, 3), c = with_start(70, 4);
+    open(dir.path);
+    serve(a, "alice");
+    serve(b, "alice");
+    serve(c, "bob");  // the same start, for another tenant
+    cache->persist_all();
+    open(dir.path);  // the restart: a new cache on the same folder
+
+    const std::vector<cached_conversation> listed = cache->conversations(1 << 20);
+    ASSERT_EQ(listed.size(), 3u);
+    for (size_t i = 1; i < listed.size(); ++i) EXPECT_GE(listed[i - 1].written, listed[i].written);
+    const block_key alice = tenant_root_block_key(fingerprint, "alice");
+    const block_key bob = tenant_root_block_key(fingerprint, "bob");
+    std::vector<tokens> alices;
+    for (const cached_conversation& l : listed) {
+        if (l.tenant_root == alice) alices.push_back(l.tokens);
+        if (l.tenant_root == bob) EXPECT_EQ(l.tokens, c);  // bob's whole: alice's start is not his
+    }
+    ASSERT_EQ(alices.size(), 2u);
+    // The newer of alice's two is listed whole; the older without the start the newer gave.
+    const bool a_newer = alices[0] == a;
+    EXPECT_EQ(alices[0], a_newer ? a : b);
+    EXPECT_EQ(alices[1], a_newer ? tokens(b.begin() + 100, b.end()) : tokens(a.begin() + 100, a.end()));
+
+    // A budget cuts the list: the newest first, the last one listed by its end.
+    const std::vector<cached_conversation> cut = cache->conversations(listed[0].tokens.size() + 30);
+    ASSERT_EQ(cut.size(), 2u);
+    EXPECT_EQ(cut[0].tokens, listed[0].tokens);
+    EXPECT_EQ(cut[1].tokens, tokens(listed[1].tokens.end() - 30, listed[1].tokens.end()));
 }
 
 }  // namespace
