@@ -337,6 +337,9 @@ disk_store::open_report disk_store::open(bool verify_payloads) {
                 continue;
             }
         }
+        v.info.written =
+            std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
         valid.emplace_back(std::move(v.info), file_size);
     }
     if (ec) throw fs::filesystem_error("disk cache: cannot list", dir_, ec);
@@ -367,6 +370,7 @@ bool disk_store::put(disk_entry_info info, std::shared_ptr<const std::vector<uin
     if (info.tokens.size() > (max_header - header_overhead - max_fingerprint) / sizeof(llama_token))
         return refuse(std::to_string(info.tokens.size()) + " tokens in one block: beyond what open() would accept");
     info.payload_bytes = payload->size();
+    info.written = std::chrono::system_clock::now();
     const uint64_t file_bytes = entry_file_bytes(info, info.payload_bytes, fingerprint_);
     if (file_bytes > budget_)
         return refuse(std::to_string(file_bytes) + " bytes exceed the whole budget of " + std::to_string(budget_));

@@ -75,6 +75,9 @@ struct disk_entry_info {
     uint32_t kind = 0;                // caller-defined: 0 = KV block, 1 = recurrent-state checkpoint
     std::vector<llama_token> tokens;  // the block's own tokens, [start, end)
     uint64_t payload_bytes = 0;       // set by put() from the payload
+    // When the entry was written: its file's modification time for an entry open() indexed, put()'s time for one
+    // put in this run (not in the file format: what a restart reads first, newest first).
+    std::chrono::system_clock::time_point written{};
 };
 
 struct disk_store_counters {

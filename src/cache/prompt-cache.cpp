@@ -9,6 +9,7 @@
 #include <ctime>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/logger.h"
 #include "cache/restore-plan.h"
@@ -153,6 +154,7 @@ void prompt_cache::index_disk() {
         state.key = info.key;
         state.bytes = info.payload_bytes;
         state.last_used = clock::now() - std::chrono::minutes(10);  // older than anything used in this run
+        state.written = info.written;
         (info.kind == kind_checkpoint ? n->value.checkpoints : n->value.blocks)[info.end] = state;
         (info.kind == kind_checkpoint ? checkpoints : blocks)++;
     }
@@ -559,6 +561,7 @@ prompt_cache::stored_state prompt_cache::keep_in_tiers(node* n, uint32_t kind, i
     state.key = stored_state_key(chain_root(n), path.first(static_cast<size_t>(end)), kind);
     state.bytes = payload.size();
     state.last_used = clock::now();
+    state.written = std::chrono::system_clock::now();
     state.ram = std::make_shared<const std::vector<uint8_t>>(std::move(payload));
     if (disk_) write_to_disk(state, n, kind, end, path);
     ram_bytes_ += state.bytes;
@@ -1265,6 +1268,61 @@ std::vector<kv_listed_block> prompt_cache::listed_blocks() const {
     std::vector<kv_listed_block> out;
     out.reserve(listed_.size());
     for (const auto& [hash, block] : listed_) out.push_back(block);
+    return out;
+}
+
+std::vector<cached_conversation> prompt_cache::conversations(size_t token_budget) const {
+    // Each leaf ends a conversation; it is as new as the newest entry at its end (a path only the device holds: now).
+    struct leaf {
+        const node* n;
+        block_key tenant_root;
+        std::chrono::system_clock::time_point written;
+    };
+    std::vector<leaf> leaves;
+    const auto now = std::chrono::system_clock::now();
+    for (const auto& [root_key, root] : roots_by_key_) {
+        std::vector<const node*> stack{root};
+        while (!stack.empty()) {
+            const node* at = stack.back();
+            stack.pop_back();
+            for (const auto& [token, child] : at->children) stack.push_back(child.get());
+            if (!at->children.empty() || tree::is_root(at)) continue;
+            std::chrono::system_clock::time_point written{};
+            bool stored = false;
+            for (const auto* entries : {&at->value.blocks, &at->value.checkpoints}) {
+                for (const auto& [end, state] : *entries) {
+                    written = std::max(written, state.written);
+                    stored = true;
+                }
+            }
+            leaves.push_back({at, root_key, stored ? written : now});
+        }
+    }
+    // Newest first; the deeper one first where two were written together, so that it gives their shared start.
+    std::sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) {
+        return a.written != b.written ? a.written > b.written : a.n->depth > b.n->depth;
+    });
+
+    // A node's edge is listed once, with the newest conversation through it.
+    std::unordered_set<const node*> listed;
+    std::vector<cached_conversation> out;
+    size_t left = token_budget;
+    std::vector<const node*> chain;
+    for (const leaf& l : leaves) {
+        if (left == 0) break;
+        chain.clear();
+        for (const node* at = l.n; !tree::is_root(at) && !listed.contains(at); at = at->parent) chain.push_back(at);
+        if (chain.empty()) continue;
+        cached_conversation c{.tenant_root = l.tenant_root, .tokens = {}, .written = l.written};
+        for (auto at = chain.rbegin(); at != chain.rend(); ++at) {
+            c.tokens.insert(c.tokens.end(), (*at)->edge.begin(), (*at)->edge.end());
+            listed.insert(*at);
+        }
+        if (c.tokens.size() > left)
+            c.tokens.erase(c.tokens.begin(), c.tokens.end() - static_cast<std::ptrdiff_t>(left));
+        left -= c.tokens.size();
+        out.push_back(std::move(c));
+    }
     return out;
 }
 

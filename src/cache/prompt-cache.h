@@ -92,6 +92,14 @@ struct acquire_plan {
     bool slot_cut = false;         // the slot holds the prompt's start and more: the rest is parked or cut first
 };
 
+// A conversation the prefix cache holds (a path from a tenant's root to a leaf of its tree), as speculative decoding's
+// history takes it (engine/draft-sources.h).
+struct cached_conversation {
+    block_key tenant_root;            // whose: the root key of its tenant's chains (tenant_root_block_key)
+    std::vector<llama_token> tokens;  // its path, less the start that a newer conversation listed before it shares
+    std::chrono::system_clock::time_point written{};  // when its newest entry was written (in this run: stored)
+};
+
 struct cache_tier_stats {
     uint64_t entries = 0, bytes = 0, budget = 0, tokens = 0;
     uint64_t hits = 0, evictions = 0;  // hits: requests that reused at least one token from this tier
@@ -186,6 +194,15 @@ public:
     void persist_all();
 
     cache_snapshot snapshot() const;
+    // The conversations the cache holds, whatever tier (at start-up: those the disk tier held), newest first by when
+    // their last entry was written; a path the device alone holds counts as new. A conversation that shares its
+    // start with a newer one of its tenant is listed without that start, which the newer one gave. Stops once
+    // `token_budget` tokens are listed (the last one cut to its end). Reads the tree: token ids only, no KV; O(tree
+    // nodes + listed tokens).
+    std::vector<cached_conversation> conversations(size_t token_budget) const;
+    // What disk entries are filed under (prompt_cache_options::model_fingerprint): with a tenant's name, the root key
+    // of its chains.
+    const std::string& model_fingerprint() const { return options_.model_fingerprint; }
     // The block report that acquire() and trim() left for later (see publish_deferring_blocks), if one is due. The
     // engine calls it after each step: a request's setup does not wait for a walk over every cached block, and its
     // blocks are reported a step later. release_slot() reports at once, so whoever sees an answer end sees its
@@ -203,6 +220,7 @@ private:
         block_key key;
         uint64_t bytes = 0;
         std::chrono::steady_clock::time_point last_used;
+        std::chrono::system_clock::time_point written;  // when stored (an entry from disk: its file's time)
     };
     struct span_value {
         int holders = 0;                              // device sequences whose path covers this whole node

@@ -1,8 +1,12 @@
 // See draft-sources.h.
 #include "engine/draft-sources.h"
 
+#include <chrono>
+#include <set>
 #include <stdexcept>
+#include <utility>
 
+#include "base/logger.h"
 #include "engine/engine.h"
 #include "spec/suffix-drafter.h"
 #include "speculative.h"
@@ -120,8 +124,9 @@ std::vector<std::string> draft_sources::types() {
 }
 
 draft_sources::draft_sources(const std::string& type, int slots, std::size_t history_tokens,
-                             std::unique_ptr<draft_model> model)
+                             std::unique_ptr<draft_model> model, std::string model_fingerprint)
     : type_(type),
+      model_fingerprint_(std::move(model_fingerprint)),
       history_(spec::token_history_options{.token_budget = history_tokens, .key_tokens = 1}),
       model_(std::move(model)) {
     if ((type == draft_model_type) != (model_ != nullptr)) {
@@ -151,13 +156,43 @@ std::unique_ptr<slot_drafter> draft_sources::begin(int slot, const std::string& 
                                                    std::span<const llama_token> prompt) {
     if (llama_) return std::make_unique<llama_slot_drafter>(llama_, static_cast<llama_seq_id>(slot), prompt);
     if (model_) return std::make_unique<draft_model_slot_drafter>(*model_, prompt);
-    auto drafter = std::make_unique<suffix_slot_drafter>(history_, tenant);
+    auto drafter = std::make_unique<suffix_slot_drafter>(history_, history_tenant(tenant));
     drafter->push(prompt);
     return drafter;
 }
 
 void draft_sources::remember(const std::string& tenant, std::span<const llama_token> tokens) {
-    if (!llama_ && !model_) history_.add_stream(tenant, tokens);
+    if (keeps_history()) history_.add_stream(history_tenant(tenant), tokens);
+}
+
+std::size_t draft_sources::recall(std::span<const cached_conversation> newest_first) {
+    if (!keeps_history()) return 0;
+    const std::size_t before = history_.stats().tokens;
+    // Oldest first, so that the newest is the last the budget evicts.
+    for (auto c = newest_first.rbegin(); c != newest_first.rend(); ++c) {
+        history_.add_stream(c->tenant_root.hex(), c->tokens);
+    }
+    const std::size_t after = history_.stats().tokens;
+    return after > before ? after - before : 0;  // the budget may have evicted what was there
+}
+
+std::size_t draft_sources::recall(const prompt_cache& cache) {
+    if (!keeps_history()) return 0;
+    const auto started = std::chrono::steady_clock::now();
+    const std::vector<cached_conversation> held = cache.conversations(history_.token_budget());
+    if (held.empty()) return 0;
+    const std::size_t kept = recall(held);
+    std::set<block_key> tenants;
+    for (const cached_conversation& c : held) tenants.insert(c.tenant_root);
+    log::info(
+        "speculative", "history: {} tokens of {} conversations ({} tenants) from the prefix cache in {} ms", kept,
+        held.size(), tenants.size(),
+        log::fixed(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count(), 1));
+    return kept;
+}
+
+std::string draft_sources::history_tenant(const std::string& tenant) const {
+    return tenant_root_block_key(model_fingerprint_, tenant).hex();
 }
 
 }  // namespace keepwarm

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/prompt-cache.h"
 #include "engine/draft-model.h"
 #include "llama-cpp.h"
 #include "spec/token-history.h"
@@ -50,8 +51,11 @@ public:
     // `type`: "suffix", one of llama.cpp's n-gram type names, or "draft-simple" with `model` (a draft model: it and
     // only it); throws std::invalid_argument for anything else, naming the accepted ones. `slots`: sequences drafted
     // for at once.
+    // `model_fingerprint`: the prefix cache's (prompt_cache::model_fingerprint): the history files each tenant's
+    // streams under the root key of its chains there, so that conversations recalled from the cache's disk tier
+    // join the history of the tenant whose requests name it.
     draft_sources(const std::string& type, int slots, std::size_t history_tokens,
-                  std::unique_ptr<draft_model> model = nullptr);
+                  std::unique_ptr<draft_model> model = nullptr, std::string model_fingerprint = {});
     ~draft_sources();
 
     // A drafter for the request in `slot` of `tenant`, fed `prompt` already.
@@ -59,6 +63,15 @@ public:
     // A request of `tenant` ended normally: what it added to its conversation (the prompt tokens it computed and
     // its answer) joins the tenant's history, for the suffix drafter of its later requests.
     void remember(const std::string& tenant, std::span<const llama_token> tokens);
+    // Conversations the prefix cache held before this run (prompt_cache::conversations at start-up: its disk tier),
+    // newest first, join their tenants' histories as older than anything remember() adds later. Call before the
+    // first remember(). Returns the tokens kept.
+    std::size_t recall(std::span<const cached_conversation> newest_first);
+    // The same for what `cache` holds (prompt_cache::conversations, newest first up to --spec-history's budget), with
+    // a log line saying what joined and how long it took.
+    std::size_t recall(const prompt_cache& cache);
+    // Whether drafts come from the history (the suffix drafter): else remember() and recall() do nothing.
+    bool keeps_history() const { return !llama_ && !model_; }
 
     const std::string& type() const { return type_; }
     const spec::token_history_stats& history_stats() const { return history_.stats(); }
@@ -72,7 +85,11 @@ public:
     static constexpr const char* draft_model_type = "draft-simple";
 
 private:
+    // The history's name for `tenant`: the root key of its chains in the prefix cache, as the disk tier files them.
+    std::string history_tenant(const std::string& tenant) const;
+
     std::string type_;
+    std::string model_fingerprint_;
     spec::token_history history_;
     common_speculative* llama_ = nullptr;  // llama.cpp's n-gram types (null: suffix or a draft model)
     std::unique_ptr<draft_model> model_;

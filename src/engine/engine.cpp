@@ -286,7 +286,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                           llama_model_n_layer(llama_get_model(drafter_model->context())));
             }
             drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens,
-                                                      std::move(drafter_model));
+                                                      std::move(drafter_model), cache_->model_fingerprint());
+            drafts_->recall(*cache_);  // the conversations the disk tier held before this run
             // A windowed SWA cache places a physical batch's rows in cells outside the window of its sequences'
             // positions before that batch. A draft in a second physical batch could take cells inside the window its
             // rollback returns to: every draft row goes in the first.

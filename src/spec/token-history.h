@@ -65,6 +65,7 @@ public:
                             const std::function<bool(std::span<const token>, position)>& visit) const;
 
     std::size_t key_tokens() const { return options_.key_tokens; }
+    std::size_t token_budget() const { return options_.token_budget; }
     const token_history_stats& stats() const { return stats_; }
 
 private:
