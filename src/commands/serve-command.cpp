@@ -701,6 +701,12 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--spec-draft-n-min,--draft-min,--draft-n-min", e.draft_min, "A shorter draft is not verified")
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
+    cmd->add_option(
+           "--spec-rollback-tokens", e.rollback_tokens,
+           "Hybrid models (Qwen3.5): draft tokens a step may verify, kept as as many recurrent-state snapshots "
+           "for every sequence, parked ones included (memory: 1 + N times the recurrent state; 0: no drafting)")
+        ->check(CLI::Range(0, 256))
+        ->capture_default_str();
     cmd->add_flag("--spec-draft-fixed", e.whole_drafts,
                   "Verify each draft whole, up to --spec-draft-n-max, as llama-server does, instead of sizing it by "
                   "the acceptance and step costs measured so far (for tests and benchmarks whose drafting must not "
