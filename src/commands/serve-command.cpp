@@ -137,8 +137,10 @@ context_choice size_default_context(const engine_options& e) {
         reserved += e.cache_ram_bytes;  // the RAM tier lives beside the KV cache in host memory
     }
     const int sequences = e.slots + e.cache_parked_sequences + 2;
-    return choose_default_context(
-        sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved));
+    context_sizing_input in =
+        sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved);
+    in.bytes_per_sequence *= 1 + static_cast<uint64_t>(recurrent_rollback_snapshots(e));  // a hybrid's draft rollback
+    return choose_default_context(in);
 }
 
 // The RAM and disk tiers' sizes in bytes (llama-server's -1 resolved) and the disk tier's folder.

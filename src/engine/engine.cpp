@@ -57,6 +57,13 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
+int recurrent_rollback_snapshots(const engine_options& options) {
+    if (options.spec_type == "none" || options.draft_max <= 0 || options.exact_reuse) return 0;
+    // llama.cpp keeps a verifying step's last 1 + n rows of a sequence in one physical batch, which must be longer.
+    const int ubatch = std::min(options.ubatch_size, options.batch_size);
+    return std::max(0, std::min({options.draft_max, options.rollback_tokens, ubatch - 2}));
+}
+
 const char* draft_source_name(draft_source source) {
     switch (source) {
         case draft_source::request:
@@ -212,11 +219,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     // A draft's rejected tokens leave a recurrent state through snapshots llama.cpp keeps per sequence (its
     // recurrent memory holds 1 + n_rs_seq states for every sequence of the context, parked ones included:
     // docs/speculative.md#hybrid-models), where the architecture supports it. A hybrid drafts that many tokens at
-    // most. llama.cpp keeps those tokens in one physical batch, which must be longer.
-    const bool drafting = options_.spec_type != "none" && options_.draft_max > 0 && !options_.exact_reuse;
-    if (drafting && (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get()))) {
-        cparams.n_rs_seq = static_cast<uint32_t>(std::max(
-            0, std::min({options_.draft_max, options_.rollback_tokens, static_cast<int>(cparams.n_ubatch) - 2})));
+    // most (draft_cap_).
+    if (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get())) {
+        cparams.n_rs_seq = static_cast<uint32_t>(recurrent_rollback_snapshots(options_));
     }
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {

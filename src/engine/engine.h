@@ -148,6 +148,11 @@ struct engine_options {
     size_t spec_history_tokens = size_t{1} << 20;  // earlier conversations' tokens the suffix drafter keeps
 };
 
+// The recurrent-state snapshots per sequence a hybrid or recurrent model's context is asked for with these options
+// (llama_context_params::n_rs_seq; llama.cpp keeps none for an architecture it cannot roll back): drafts of up to
+// that many tokens, where speculative decoding is on. Its recurrent memory is 1 + this many states a sequence.
+int recurrent_rollback_snapshots(const engine_options& options);
+
 // What /health says about the engine thread. Read from any thread.
 struct engine_health {
     bool stalled = false;        // inside one step with no progress for engine_options::stall_seconds
