@@ -88,6 +88,7 @@ prompt_cache::prompt_cache(llama_context* ctx, prompt_cache_options options) : c
         throw std::invalid_argument("a windowed SWA cache is for sliding-window models, without the guard sequence");
     }
     checkpoints_ = !can_truncate_ || options_.windowed_swa;
+    if (!can_truncate_) rollback_tokens_ = static_cast<int>(llama_n_rs_seq(ctx_));
     const int n = sequences_needed(options_);
     scratch_ = n - 1;
     if (options_.guard_window_cells) guard_ = n - 2;
@@ -220,6 +221,35 @@ void prompt_cache::truncate(device_sequence& s, int length) {
     prune(old_tip);
 }
 
+int prompt_cache::droppable_draft_tokens() const {
+    return can_truncate_ ? std::numeric_limits<int>::max() : rollback_tokens_;
+}
+
+bool prompt_cache::drop_draft(int slot, int length) {
+    device_sequence& s = seq(slot);
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (llama_memory_seq_pos_max(mem, s.seq) < length) return true;  // the whole draft was accepted
+    // The recurrent part refuses a second rollback before a decode, or one deeper than its snapshots, and then
+    // leaves the sequence as it was.
+    if (!llama_memory_seq_rm(mem, s.seq, length, -1)) return false;
+    if (!can_truncate_) s.rollback_pending = true;
+    guard_stale_ = true;
+    return true;
+}
+
+bool prompt_cache::settle_rollback(device_sequence& s) {
+    if (!s.rollback_pending) return true;
+    s.rollback_pending = false;
+    // Written out, the state is the snapshot's (llama.cpp reads the pending one); read back, it is the cell's.
+    std::vector<uint8_t> state(llama_state_seq_get_size_ext(ctx_, s.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    state.resize(
+        llama_state_seq_get_data_ext(ctx_, state.data(), state.size(), s.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    if (!state.empty() && restore_checkpoint(s.seq, state)) return true;
+    log::warn("cache", "sequence {}: its rolled-back recurrent state could not be settled", s.seq);
+    counters_.restore_failures++;
+    return false;
+}
+
 void prompt_cache::trim(int slot, int length) {
     if (checkpoints_) return;
     truncate(seq(slot), std::max(length, 0));
@@ -233,6 +263,7 @@ int prompt_cache::slot_length(int slot) const {
 void prompt_cache::append(int slot, std::span<const llama_token> tokens) {
     if (tokens.empty()) return;
     device_sequence& s = seq(slot);
+    s.rollback_pending = false;  // the decode that added them applied it
     node* tip = s.tip;
     const auto end = static_cast<int>(tip->depth + tokens.size());
     guard(s.seq, end - static_cast<int>(tokens.size()), end);
@@ -404,6 +435,10 @@ bool prompt_cache::park(device_sequence& slot, const device_sequence* keep) {
     }
     if (!p) {
         demote(slot);  // nowhere to park it on the device: RAM then
+        return false;
+    }
+    if (!settle_rollback(slot)) {
+        demote(slot);  // written out from the snapshot, which its state is
         return false;
     }
     llama_memory_seq_cp(llama_get_memory(ctx_), slot.seq, p->seq, -1, -1);
@@ -968,9 +1003,12 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
         if (can_truncate_) truncate(s, from_device);
     } else if (plan.holder >= 0 && from_device > 0) {
         device_sequence& holder = seq(plan.holder);
-        llama_memory_seq_cp(mem, holder.seq, s.seq, 0, from_device);
-        hold(s, tree_.node_ending_at(holder.tip, static_cast<size_t>(from_device)));
-        holder.last_used = clock::now();
+        ok = settle_rollback(holder);
+        if (ok) {
+            llama_memory_seq_cp(mem, holder.seq, s.seq, 0, from_device);
+            hold(s, tree_.node_ending_at(holder.tip, static_cast<size_t>(from_device)));
+            holder.last_used = clock::now();
+        }
     }
     r.device = from_device;
     // Step 1 may have split nodes (entries move to the upper part) or pruned the slot's old path: planned entries
@@ -979,7 +1017,7 @@ cache_restore prompt_cache::execute(device_sequence& s, const node* root, std::s
     int restored = from_device;
     std::vector<uint8_t> payload;
     for (const int32_t end : plan.blocks) {
-        if (restored >= target) break;
+        if (!ok || restored >= target) break;
         stored_state* state = planned_entry(root, prompt, false, end);
         bool from_disk = false;
         if (!state || !load_block(*state, payload, from_disk)) {

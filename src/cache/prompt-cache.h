@@ -146,6 +146,15 @@ public:
     // Whether the KV of a sequence can be cut back to a shorter length and go on from there (not hybrid or recurrent:
     // a recurrent state cannot drop its last tokens). A speculative draft's rejected tokens are cut this way.
     bool can_truncate() const { return can_truncate_; }
+    // The draft tokens a generating slot's last step may drop (drop_draft): any number where the KV can be cut; on a
+    // hybrid model, the recurrent-state snapshots llama.cpp keeps per sequence (llama_context_params::n_rs_seq), else
+    // none. Every other cut of a hybrid sequence goes through a checkpoint, as before.
+    int droppable_draft_tokens() const;
+    // Drops the rejected rows of a verifying step from sequence `slot`: its positions from `length` on, which its
+    // last decode added and which the cache was never told of (append). On a hybrid model the recurrent state rolls
+    // back to a snapshot, applied by the sequence's next decode; until then a copy of the sequence (park, a holder's
+    // cells shared) takes the rolled-back state from it first (settle_rollback). False if llama.cpp refused.
+    bool drop_draft(int slot, int length);
     int block_tokens() const { return options_.block_tokens; }
 
     // Makes sequence `slot` hold the longest cached prefix of `prompt` it can, at most `limit` positions, from
@@ -239,6 +248,8 @@ private:
         node* tip = nullptr;  // the path this sequence holds ends here (root: empty)
         int prompt_end = 0;   // the length of the last prompt it was given: where the next turn's prompt leaves it
         bool in_use = false;  // a slot serving a request
+        // drop_draft rolled its recurrent state back to a snapshot that no decode has applied yet (append clears it).
+        bool rollback_pending = false;
         std::chrono::steady_clock::time_point last_used;
     };
 
@@ -251,6 +262,10 @@ private:
     void hold(device_sequence& s, node* tip);    // s now holds the path to tip (holders counted)
     void drop(device_sequence& s);               // s holds nothing
     void truncate(device_sequence& s, int length);
+    // A pending rollback (drop_draft) written into the sequence's own state, before its cells are shared: a copy
+    // (llama_memory_seq_cp) takes the state of the cell, not the snapshot its source's next decode would read.
+    // False (counted as a restore failure) if llama.cpp could not read the state back.
+    bool settle_rollback(device_sequence& s);
     void prune(node* n);
     struct device_match {
         const device_sequence* holder = nullptr;  // holds the deepest matched span on the device
@@ -348,6 +363,7 @@ private:
     llama_context* ctx_;
     prompt_cache_options options_;
     bool can_truncate_ = true;
+    int rollback_tokens_ = 0;   // llama_n_rs_seq: the recurrent-state snapshots per sequence (hybrid models)
     bool checkpoints_ = false;  // needs_checkpoints(): hybrid, or windowed_swa
     llama_seq_id scratch_ = 0;
     // Sliding-window models (prompt_cache_options::guard_window_cells; else -1): a sequence that shares every cell a

@@ -146,6 +146,7 @@ context_choice size_default_context(const engine_options& e) {
     const int sequences = e.slots + e.cache_parked_sequences + 2;
     context_sizing_input in =
         sizing_input_for(report, e.cache_type_k, e.cache_type_v, e.slots, sequences, free_memory, reserved);
+    in.bytes_per_sequence *= 1 + static_cast<uint64_t>(recurrent_rollback_snapshots(e));  // a hybrid's draft rollback
     if (loads_draft_model(e)) {
         in = with_draft_model(in, inspect_model(e.draft_model.path), e.draft_model.cache_type_k,
                               e.draft_model.cache_type_v);
@@ -715,6 +716,12 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
     cmd->add_option("--spec-draft-n-min,--draft-min,--draft-n-min", e.draft_min, "A shorter draft is not verified")
+        ->check(CLI::Range(0, 256))
+        ->capture_default_str();
+    cmd->add_option(
+           "--spec-rollback-tokens", e.rollback_tokens,
+           "Hybrid models (Qwen3.5): draft tokens a step may verify, kept as as many recurrent-state snapshots "
+           "for every sequence, parked ones included (memory: 1 + N times the recurrent state; 0: no drafting)")
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
     cmd->add_flag("--spec-draft-fixed", e.whole_drafts,

@@ -57,6 +57,13 @@ size_t common_prefix_length(const std::vector<llama_token>& a, const std::vector
 }
 }  // namespace
 
+int recurrent_rollback_snapshots(const engine_options& options) {
+    if (options.spec_type == "none" || options.draft_max <= 0 || options.exact_reuse) return 0;
+    // llama.cpp keeps a verifying step's last 1 + n rows of a sequence in one physical batch, which must be longer.
+    const int ubatch = std::min(options.ubatch_size, options.batch_size);
+    return std::max(0, std::min({options.draft_max, options.rollback_tokens, ubatch - 2}));
+}
+
 const char* draft_source_name(draft_source source) {
     switch (source) {
         case draft_source::request:
@@ -209,6 +216,13 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     cparams.type_v = options_.cache_type_v;
     cparams.flash_attn_type = options_.flash_attn;
     cparams.no_perf = true;
+    // A draft's rejected tokens leave a recurrent state through snapshots llama.cpp keeps per sequence (its
+    // recurrent memory holds 1 + n_rs_seq states for every sequence of the context, parked ones included:
+    // docs/speculative.md#hybrid-models), where the architecture supports it. A hybrid drafts that many tokens at
+    // most (draft_cap_).
+    if (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get())) {
+        cparams.n_rs_seq = static_cast<uint32_t>(recurrent_rollback_snapshots(options_));
+    }
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
         throw std::runtime_error("failed to create the llama context (context size " +
@@ -269,14 +283,23 @@ engine::engine(engine_options options) : options_(std::move(options)) {
             // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's
             // KV in another order than several rows' (docs/speculative.md): not the batches a cold run computes.
             log::info("engine", "speculative decoding is off: --exact-reuse computes every answer token alone");
-        } else if (!cache_->can_truncate()) {
-            // A draft's rejected tokens would stay in the recurrent state: rolling back means a checkpoint per
-            // position, or recomputing from the last one; neither is built yet. (A windowed SWA cache drops them: the
+        } else if (cache_->droppable_draft_tokens() == 0) {
+            // A draft's rejected tokens would stay in the recurrent state: llama.cpp keeps no snapshots to roll it
+            // back to for this architecture (or --spec-rollback-tokens 0). (A windowed SWA cache drops them: the
             // cells its verifying step took were outside the window before the step, which the rollback returns to.)
             log::info("engine",
-                      "speculative decoding is off: this model's recurrent state cannot drop a draft's "
-                      "rejected tokens");
+                      "speculative decoding is off: this model's recurrent state cannot drop a draft's rejected tokens "
+                      "({})",
+                      cparams.n_rs_seq == 0 ? "--spec-rollback-tokens is 0, or --ubatch-size under 3"
+                                            : "llama.cpp keeps no recurrent-state snapshots for this architecture");
         } else {
+            if (!cache_->can_truncate()) {
+                draft_cap_ = cache_->droppable_draft_tokens();
+                log::info("engine",
+                          "speculative decoding on a hybrid model: drafts of up to {} tokens, dropped through as many "
+                          "recurrent-state snapshots per sequence ({} sequences)",
+                          draft_cap_, cparams.n_seq_max);
+            }
             std::unique_ptr<draft_model> drafter_model;
             if (!options_.draft_model.path.empty()) {
                 drafter_model =
@@ -1156,7 +1179,10 @@ void engine::sample(slot& s) {
         picked.push_back(*token);
         if (i == draft.size() || *token != draft[i] || llama_vocab_is_eog(vocab(), *token)) break;
     }
-    settle_draft(s, picked.size() - 1);
+    if (!settle_draft(s, picked.size() - 1)) {
+        finish(s, finish_reason::error, "a draft's rejected tokens could not be dropped from the KV");
+        return;
+    }
     for (const llama_token token : picked) {
         if (!emit(s, token)) return;
     }
@@ -1261,7 +1287,7 @@ int engine::add_draft(slot& s, int room) {
         s.request->draft_max < 0 ? options_.draft_max : std::min(s.request->draft_max, options_.draft_max);
     const int left =
         std::min(answer_limit(*s.request) - s.generated, slot_context_size_ - 2 - static_cast<int>(s.cached.size()));
-    const int limit = std::min({request_max, left - 1, room});
+    const int limit = std::min({request_max, left - 1, room, draft_cap_});
     if (limit < std::max(1, options_.draft_min)) return 0;
     // A drafter whose tokens cost real time (a draft model's decodes) is asked for no more than pay for themselves
     // and their rows; where none do, a short draft now and then is checked against the answer (a shadow, never sent)
@@ -1307,13 +1333,13 @@ void engine::count_draft_model() {
     }
 }
 
-void engine::settle_draft(slot& s, size_t accepted) {
+bool engine::settle_draft(slot& s, size_t accepted) {
     const std::vector<llama_token>& draft = s.draft.tokens;
-    if (draft.empty()) return;
+    if (draft.empty()) return true;
     const std::span<const llama_token> kept(draft.data(), accepted);
     s.cached.insert(s.cached.end(), kept.begin(), kept.end());
     cache_->append(s.id, kept);
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), s.id, static_cast<llama_pos>(s.cached.size()), -1);
+    if (!cache_->drop_draft(s.id, static_cast<int>(s.cached.size()))) return false;
     s.control.record(draft.size(), accepted);
     s.drafter->accepted(accepted);
     s.draft_tokens += static_cast<int>(draft.size());
@@ -1324,6 +1350,7 @@ void engine::settle_draft(slot& s, size_t accepted) {
     counts.tokens += draft.size();
     counts.accepted += accepted;
     s.draft = {};
+    return true;
 }
 
 }  // namespace keepwarm

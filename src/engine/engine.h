@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -129,18 +130,28 @@ struct engine_options {
     int max_queue = 64;
     // Speculative decoding (docs/speculative.md). "suffix": keepwarm's drafter over the request and its tenant's
     // earlier conversations; one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
-    // ngram-cache), through common; "none": off. Hybrid and recurrent models do not draft (their state cannot drop
-    // rejected tokens), nor does exact_reuse (a verifying step's rows are not the batches a cold run computes).
+    // ngram-cache), through common; "none": off. Hybrid models draft up to rollback_tokens a step where llama.cpp
+    // keeps recurrent-state snapshots for their architecture (Qwen3.5 and a few others), others not (their state
+    // cannot drop rejected tokens), nor does exact_reuse (a verifying step's rows are not the batches a cold run
+    // computes).
     // "draft-simple": a draft model (draft_model.path, serve -md), through common as llama-server drafts with one.
     std::string spec_type = "suffix";
     draft_model_options draft_model;
     int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)
     int draft_min = 0;   // a shorter draft is not verified (--draft-min)
+    // Hybrid models: the draft tokens a step may verify, and the recurrent-state snapshots llama.cpp keeps for each
+    // sequence of the context to drop them (n_rs_seq: its recurrent memory grows 1 + this times).
+    int rollback_tokens = 4;
     // Benchmarks and tests: verify each proposal whole (up to draft_max) instead of sizing it by the acceptance and
     // costs measured so far, so that what is drafted does not depend on the machine's speed or load.
     bool whole_drafts = false;
     size_t spec_history_tokens = size_t{1} << 20;  // earlier conversations' tokens the suffix drafter keeps
 };
+
+// The recurrent-state snapshots per sequence a hybrid or recurrent model's context is asked for with these options
+// (llama_context_params::n_rs_seq; llama.cpp keeps none for an architecture it cannot roll back): drafts of up to
+// that many tokens, where speculative decoding is on. Its recurrent memory is 1 + this many states a sequence.
+int recurrent_rollback_snapshots(const engine_options& options);
 
 // What /health says about the engine thread. Read from any thread.
 struct engine_health {
@@ -295,8 +306,8 @@ private:
     // `room` rows); then, once sampled, keeps the accepted draft tokens' KV and drops the rest.
     int add_draft(slot& s, int room);
     int answer_limit(const generation_request& request) const;
-    void settle_draft(slot& s, size_t accepted);
-    void count_draft_model();  // a draft model's reuse and catch-up, into counters_
+    bool settle_draft(slot& s, size_t accepted);  // false: the rejected rows could not be dropped
+    void count_draft_model();                     // a draft model's reuse and catch-up, into counters_
     void fail_busy_slots(const std::string& why);
     void publish_slot_status();
     static slot_status status_of(const slot& s);
@@ -325,6 +336,7 @@ private:
     std::vector<llama_token> eog_tokens_;
     size_t longest_piece_bytes_ = 0;  // see min_tokens_for_text()
     int draft_room_ = 0;              // rows a step's answers and drafts may take together (see the constructor)
+    int draft_cap_ = std::numeric_limits<int>::max();  // draft tokens a slot's step may verify (hybrid: its snapshots)
     llama_token turn_start_token_ = LLAMA_TOKEN_NULL;  // hybrid checkpoints go before each of these (message starts)
     std::unique_ptr<prompt_cache> cache_;              // engine thread only (snapshot() from any)
 

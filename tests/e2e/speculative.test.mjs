@@ -389,3 +389,43 @@ test('across the suite drafts were verified and accepted, and /metrics counts th
     assert.equal(Object.entries(p).filter(([k]) => k.startsWith('keepwarm_draft_tokens_total'))
         .reduce((a, [, v]) => a + v, 0), 0);
 });
+
+// A hybrid model (tiny-hybrid: Qwen3.5's gated delta-net + attention) drafts too, rolling its recurrent state back
+// through llama.cpp's snapshots (docs/speculative.md#hybrid-models): a conversation of three turns, the first ended by
+// a stop string (inside a draft, its rollback pending) and another conversation taking the only slot before the
+// third, answers what a server that never drafts answers.
+test('tiny-hybrid: drafted turns, a stop string and a parked conversation answer as without drafting', async () => {
+    const args = ['-c', '4096', '-np', '1'];
+    const hybrid = await startServer([...args, '--spec-draft-fixed'], { preset: 'tiny-hybrid' });
+    const none = await startServer([...args, '--spec-type', 'none'], { preset: 'tiny-hybrid' });
+    try {
+        // llama-server's /completion, raw prompts: the Qwen3.5 template would make every answer reasoning.
+        const complete = (on, prompt, extra = {}) => post(on.url, '/completion',
+            { prompt, temperature: 0, n_predict: 48, ...extra });
+        const whole = (await complete(none, loopText)).content;
+        assert.ok(whole.length > 20, `too little text to pick a stop string from: ${JSON.stringify(whole)}`);
+        const stop = whole.slice(Math.floor(whole.length / 2), Math.floor(whole.length / 2) + 6);
+        const conversation = async (on) => {
+            const a1 = await complete(on, loopText, { stop: [stop] });
+            const second = `${loopText}${a1.content}\n${countText}`;
+            const a2 = await complete(on, second);
+            const other = await complete(on, repeated('north south east west', 16));  // takes the only slot
+            const a3 = await complete(on, `${second}${a2.content}\n${loopText}`);
+            return [a1, a2, other, a3];
+        };
+        const drafted = await conversation(hybrid);
+        const plainAnswers = await conversation(none);
+        drafted.forEach((a, i) => {
+            assert.equal(a.content, plainAnswers[i].content, `turn ${i}`);
+            assert.equal(a.stop_type, plainAnswers[i].stop_type, `turn ${i}`);
+            assert.equal(plainAnswers[i].timings?.draft_n, undefined, `turn ${i}: --spec-type none drafts nothing`);
+        });
+        assert.equal(drafted[0].stop_type, 'word', 'the first answer ended at the stop string');
+        const draftN = drafted.reduce((n, a) => n + (a.timings?.draft_n ?? 0), 0);
+        const accepted = drafted.reduce((n, a) => n + (a.timings?.draft_n_accepted ?? 0), 0);
+        assert.ok(accepted > 0 && draftN > 0, `drafts verified ${draftN}, accepted ${accepted}`);
+        assert.ok(drafted[3].tokens_cached > 0, 'the last turn reused the conversation');
+    } finally {
+        await Promise.all([hybrid.stop(), none.stop()]);
+    }
+});

@@ -1,7 +1,8 @@
 // Speculative decoding in the engine (docs/speculative.md): a draft is verified with the request's own sampler and
 // accepted up to the first token the sampler did not pick, so the answer is the one decoding without drafts gives.
 // On one thread the logits are the same bit for bit; on several, ggml's CPU attention sums a lone row's KV in
-// per-thread chunks once it spans 512 cells, and a verifying step of several rows does not (the last test).
+// per-thread chunks once it spans 512 cells, and a verifying step of several rows does not (the last test). Hybrid
+// models: test-speculative-hybrid.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,9 +38,6 @@ engine_options base_options(const std::string& model, int threads = 1) {
 
 std::string dense_model() {
     return test_models::generated_model("unit-speculative", "tiny");
-}
-std::string hybrid_model() {
-    return test_models::generated_model("unit-speculative", "tiny-hybrid");
 }
 
 tokens tokenize(engine& e, const std::string& text) {
@@ -253,18 +251,6 @@ TEST(speculative, unknown_spec_type_is_refused_with_the_known_ones) {
         FAIL() << "accepted";
     } catch (const std::invalid_argument& err) {
         EXPECT_NE(std::string(err.what()).find("ngram-mod"), std::string::npos) << err.what();
-    }
-}
-
-// A hybrid model's recurrent state cannot drop a draft's rejected tokens: it does not draft, and answers as before.
-TEST(speculative, hybrid_models_do_not_draft) {
-    for (const std::string& model :
-         {hybrid_model(), test_models::generated_model("unit-speculative", "tiny-hybrid-moe")}) {
-        SCOPED_TRACE(model);
-        engine e(base_options(model));
-        e.start();
-        const tokens prompt = tokenize(e, chat_prompt);
-        EXPECT_EQ(run(e, prompt, 60, -1).stats.draft_tokens, 0);
     }
 }
 
