@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "engine/engine.h"
@@ -50,6 +52,20 @@ const std::string chat_prompt =
 const std::string other_prompt =
     "<|im_start|>user\nalpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta gamma "
     "delta<|im_end|>\n<|im_start|>assistant\n";
+
+// `conversation(engine, draft_max)` on a one-slot engine that never drafts (draft_max 0), then on one that drafts
+// (-1: the server's bound): the answers without drafts, then with them.
+template <typename Conversation>
+std::pair<std::vector<result>, std::vector<result>> without_and_with_drafts(const std::string& preset,
+                                                                            Conversation&& conversation) {
+    engine plain(plain_options(preset, 1));
+    plain.start();
+    std::vector<result> expected = conversation(plain, 0);
+    plain.stop();
+    engine drafting(base_options(preset, 1));
+    drafting.start();
+    return {std::move(expected), conversation(drafting, -1)};
+}
 
 size_t first_difference(const result& a, const result& b) {
     const size_t n = std::min(a.logits.size(), b.logits.size());
@@ -173,13 +189,7 @@ TEST_P(hybrid_speculative, later_turns_after_drafted_ones_answer_as_without_draf
         answers.push_back(run(e, a3, 90, draft_max));
         return answers;
     };
-    engine plain(plain_options(GetParam(), 1));
-    plain.start();
-    const std::vector<result> expected = conversation(plain, 0);
-    plain.stop();
-    engine drafting(base_options(GetParam(), 1));
-    drafting.start();
-    const std::vector<result> drafted = conversation(drafting, -1);
+    const auto [expected, drafted] = without_and_with_drafts(GetParam(), conversation);
     ASSERT_EQ(drafted.size(), expected.size());
     int accepted = 0;
     for (size_t i = 0; i < expected.size(); ++i) {
@@ -253,13 +263,7 @@ TEST_P(hybrid_speculative, a_conversation_parked_after_a_rejected_draft_goes_on_
         out.push_back(run(e, next_turn(e, prompt, said, "and once more: the lazy dog"), 60, draft_max));
         return out;
     };
-    engine plain(plain_options(GetParam(), 1));
-    plain.start();
-    const std::vector<result> expected = conversation(plain, 0);
-    plain.stop();
-    engine drafting(base_options(GetParam(), 1));
-    drafting.start();
-    const std::vector<result> drafted = conversation(drafting, -1);
+    const auto [expected, drafted] = without_and_with_drafts(GetParam(), conversation);
     ASSERT_EQ(drafted.size(), expected.size());
     EXPECT_GT(drafted[0].stats.draft_tokens, drafted[0].stats.draft_accepted);
     EXPECT_EQ(drafted[2].generated, expected[2].generated);
