@@ -26,6 +26,19 @@ namespace keepwarm::router {
 
 namespace {
 
+// Reads `fd` until its end (or an error), handing each chunk read to `on_chunk`, then closes it.
+template <typename OnChunk>
+void read_until_closed(int fd, OnChunk&& on_chunk) {
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        on_chunk(buf, n);
+    }
+    ::close(fd);
+}
+
 class spawned_child : public model_child {
 public:
     spawned_child(std::string name, int pid, int stdout_fd, int stderr_fd, child_exit_callback on_exit)
@@ -92,11 +105,7 @@ private:
     void read_stdout() {
         static const std::regex listening(R"(listening on (http://[^\s"]+))");
         std::string pending;
-        char buf[4096];
-        for (;;) {
-            const ssize_t n = ::read(stdout_fd_, buf, sizeof buf);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
+        read_until_closed(stdout_fd_, [&](const char* buf, ssize_t n) {
             pending.append(buf, static_cast<size_t>(n));
             size_t end;
             while ((end = pending.find('\n')) != std::string::npos) {
@@ -117,18 +126,13 @@ private:
                 }
             }
             if (pending.size() > (1 << 16)) pending.clear();  // no line this long is worth keeping
-        }
-        ::close(stdout_fd_);
+        });
     }
 
     // Its standard error: passed through to the router's as it comes, its last line kept for a failed start.
     void read_stderr() {
         std::string line;
-        char buf[4096];
-        for (;;) {
-            const ssize_t n = ::read(stderr_fd_, buf, sizeof buf);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
+        read_until_closed(stderr_fd_, [&](const char* buf, ssize_t n) {
             for (ssize_t written = 0; written < n;) {
                 const ssize_t w = ::write(2, buf + written, static_cast<size_t>(n - written));
                 if (w < 0 && errno == EINTR) continue;
@@ -146,8 +150,7 @@ private:
                 }
                 line.clear();
             }
-        }
-        ::close(stderr_fd_);
+        });
         std::lock_guard lk(mu_);
         if (!line.empty()) last_error_line_ = line;
         stderr_done_ = true;
