@@ -14,6 +14,21 @@ def load(path):
         return None
 
 
+def print_gauntlet(family, gauntlet):
+    """The gauntlet's table for one family's model (bench-FAMILY.gguf), if that step ran."""
+    if not gauntlet:
+        return
+    print(f"\n### gauntlet on bench-{family} (shortened: see gpu-check.sh)\n")
+    print("| target | requests (failed) | computed | ideal | computed / ideal | prefill s | cold TTFT ms | "
+          "warm p50 / p95 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for t in gauntlet["targets"]:
+        print(f"| {t['target']} | {t['requests']} ({t['failures']}) | {t['computed_tokens']:,} | "
+              f"{t['ideal_tokens']:,} | {fmt(t['computed_over_ideal'], '.3f')} | {t['prefill_ms'] / 1000:,.1f} | "
+              f"{fmt(t['cold_ttft_ms'], ',.0f')} | {fmt(t['warm_ttft_p50_ms'], ',.0f')} / "
+              f"{fmt(t['warm_ttft_p95_ms'], ',.0f')} |")
+
+
 def main(folder):
     check = load(os.path.join(folder, "gpu-check.json")) or {}
     print("## keepwarm on the GPU\n")
@@ -60,17 +75,8 @@ def main(folder):
                   f"{side['tokens_per_step']:.3f} | {side['draft_tokens']} | {side['draft_accepted']} | "
                   f"{side['turn_seconds_mean']:.2f} |")
         print(f"\ndecode tokens/s on / off: {spec['decode_speedup']:.3f}x")
-    gauntlet = load(os.path.join(folder, "gauntlet-bench-dense.json"))
-    if gauntlet:
-        print("\n### gauntlet on bench-dense (shortened: see gpu-check.sh)\n")
-        print("| target | requests (failed) | computed | ideal | computed / ideal | prefill s | cold TTFT ms | "
-              "warm p50 / p95 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        fmt = lambda v, f: "-" if v is None else format(v, f)
-        for t in gauntlet["targets"]:
-            print(f"| {t['target']} | {t['requests']} ({t['failures']}) | {t['computed_tokens']:,} | "
-                  f"{t['ideal_tokens']:,} | {fmt(t['computed_over_ideal'], '.3f')} | {t['prefill_ms'] / 1000:,.1f} | "
-                  f"{fmt(t['cold_ttft_ms'], ',.0f')} | {fmt(t['warm_ttft_p50_ms'], ',.0f')} / "
-                  f"{fmt(t['warm_ttft_p95_ms'], ',.0f')} |")
+    for family in ("dense", "hybrid", "moe", "hybrid-moe", "swa", "gpt-oss"):
+        print_gauntlet(family, load(os.path.join(folder, f"gauntlet-bench-{family}.json")))
     moe = load(os.path.join(folder, "moe-offload.json"))
     if moe:
         print(f"\n### Experts in host memory: {moe['model']} ({moe['moe_layers']} MoE blocks, {moe['n_expert']} experts, "

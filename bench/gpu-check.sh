@@ -32,8 +32,10 @@
 #   8. speculative decoding: `keepwarm bench spec` replays recorded agent trajectories (../shared/data/agent-traces,
 #      or $KEEPWARM_TRACES) through the engine with drafting off and on, on bench-dense and the 8B shape;
 #   9. the other model families (issue 34) at bench-dense's attention shape: cold and warm TTFT as in step 4 for MoE
-#      (qwen3moe), hybrid MoE (qwen35moe) and sliding-window (gemma3) models. (gpt-oss is left out: llama-server's
-#      chat route answers 500 when a random model's output is not valid harmony.)
+#      (qwen3moe), hybrid MoE (qwen35moe), sliding-window (gemma3) and gpt-oss models (gpt-oss with a ChatML
+#      template on both servers: llama-server's chat route answers 500 when a random model's output is not valid
+#      harmony), then the gauntlet of step 6 on keepwarm for every family but dense (step 6's), gpt-oss with its
+#      own harmony template.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -209,7 +211,7 @@ fi
 # The other families in bench-dense's attention shape (12 layers, width 1024, 16 heads of 128, 8 KV heads).
 family_shape=(--layers 12 --width 1024 --heads 16 --kv-heads 8 --head-dim 128 --ff 3072 --ctx 65536)
 ((quick)) && family_shape=(--ctx 65536)
-for family in moe hybrid-moe swa; do
+for family in moe hybrid-moe swa gpt-oss; do
     "$keepwarm" mkmodel --preset "tiny-$family" "${family_shape[@]}" -o "$models/bench-$family.gguf" \
         >>"$out/mkmodel.log" 2>&1 || log "bench-$family was not generated: $out/mkmodel.log"
 done
@@ -237,9 +239,10 @@ if [[ "$compute" != *"layers on the GPU"* && $allow_cpu -eq 0 ]]; then
     exit 1
 fi
 
-ttft() { # model sizes [keepwarm-args tag]
+ttft() { # model sizes [keepwarm-args tag both-servers-args]
     python3 "$here/gpu-ttft.py" --model "$1" --keepwarm "$keepwarm" --llama-server "$llama_server" --sizes "$2" \
-        --keepwarm-args "${3:-}" --work-dir "$out" --json "$out/ttft-$(basename "$1" .gguf)${4:-}.json"
+        --keepwarm-args "${3:-}" --both-args "${5:-}" --work-dir "$out" \
+        --json "$out/ttft-$(basename "$1" .gguf)${4:-}.json"
 }
 
 # keepwarm finds the CUDA runtime in /usr/local/cuda by itself (checked above); llama-server needs it on the path.
@@ -332,6 +335,14 @@ fi
 # --- 9. the other model families --------------------------------------------------------------------------
 for family in moe hybrid-moe swa; do
     step "ttft-bench-$family" 60 ttft "$models/bench-$family.gguf" $sizes
+done
+chatml="${KEEPWARM_LLAMA_SOURCE_DIR:-$("$repo/scripts/fetch-llama.sh")/source}/models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
+step ttft-bench-gpt-oss 60 ttft "$models/bench-gpt-oss.gguf" $sizes "" "" "--chat-template-file $chatml"
+for family in hybrid moe hybrid-moe swa gpt-oss; do
+    step "gauntlet-bench-$family" 90 "$keepwarm" bench gauntlet --launch --servers keepwarm \
+        --policy "$repo/etc/keepwarm-policy.toml" -m "$models/bench-$family.gguf" -c 65536 --parallel 2 \
+        "${gauntlet_size[@]}" --agents 3 --tool-rounds 1 --killers all --work-dir "$work/gauntlet-$family" \
+        --json "$out/gauntlet-bench-$family.json"
 done
 
 python3 "$here/gpu-check-report.py" "$out" | tee "$out/gpu-check.md"

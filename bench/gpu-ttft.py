@@ -125,17 +125,21 @@ def main():
     ap.add_argument("--gpu-layers", default="999")
     ap.add_argument("--work-dir", default=".")
     ap.add_argument("--keepwarm-args", default="", help="more arguments of keepwarm serve (e.g. --cache-block 4096)")
+    ap.add_argument("--both-args", default="",
+                    help="more arguments of both servers (e.g. --chat-template-file FILE, the same template for both)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ctx = args.ctx or max(sizes) + 2048
     name = os.path.splitext(os.path.basename(args.model))[0]
-    common = ["-m", args.model, "-c", str(ctx), "--parallel", "1", "--n-gpu-layers", args.gpu_layers]
+    common = ["-m", args.model, "-c", str(ctx), "--parallel", "1", "--n-gpu-layers", args.gpu_layers,
+              *shlex.split(args.both_args)]
     servers = {
         "keepwarm": [args.keepwarm, "serve", *common, "--cache-disk", "0", *shlex.split(args.keepwarm_args)],
         "llama-server": [args.llama_server, *common, "--host", "127.0.0.1"],
     }
-    results = {"model": name, "ctx": ctx, "sizes": sizes, "keepwarm_args": args.keepwarm_args, "servers": {}}
+    results = {"model": name, "ctx": ctx, "sizes": sizes, "keepwarm_args": args.keepwarm_args,
+               "both_args": args.both_args, "servers": {}}
     print(f"{name}: context {ctx}, sizes {sizes}", flush=True)
     for label, argv in servers.items():
         log = os.path.join(args.work_dir, f"{name}-{label}.log")
