@@ -62,6 +62,7 @@ void run_mkmodel(CLI::App* cmd, const mkmodel_options& o) {
         take("--ssm-k-heads", spec.ssm_group_count, f.ssm_group_count);
         take("--ssm-v-heads", spec.ssm_time_step_rank, f.ssm_time_step_rank);
         take("--ssm-conv", spec.ssm_conv_kernel, f.ssm_conv_kernel);
+        take("--mtp-layers", spec.n_mtp_layers, f.n_mtp_layers);
         take("--sliding-window", spec.sliding_window, f.sliding_window);
         take("--swa-pattern", spec.sliding_window_pattern, f.sliding_window_pattern);
         take("--pooling", spec.pooling, f.pooling);
@@ -155,6 +156,10 @@ void add_mkmodel_command(CLI::App& app) {
         ->check(whole_number_at_least(0, "heads"));
     cmd->add_option("--ssm-conv", f.ssm_conv_kernel, "Delta-net convolution kernel (qwen35, qwen35moe)")
         ->check(whole_number_at_least(0, ""));
+    cmd->add_option("--mtp-layers", f.n_mtp_layers,
+                    "Multi-token prediction heads after the blocks, as Qwen3.5 ships (qwen35, qwen35moe: 0 or 1; "
+                    "tiny-hybrid-mtp: 1), for serve --spec-type draft-mtp")
+        ->check(whole_number_at_least(0, "heads"));
     cmd->add_option("--sliding-window", f.sliding_window, "Tokens a sliding-window layer attends to (gemma3, gpt-oss)")
         ->check(whole_number_at_least(1, "tokens"));
     cmd->add_option("--swa-pattern", f.sliding_window_pattern,

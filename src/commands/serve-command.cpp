@@ -704,11 +704,13 @@ void add_serve_command(CLI::App& app) {
         ->check(positive_real("seconds"));
     std::vector<std::string> spec_types = draft_sources::types();
     spec_types.insert(spec_types.begin(), "none");
-    cmd->add_option("--spec-type", e.spec_type,
-                    "Speculative decoding: suffix (keepwarm's drafter over the request and its tenant's earlier "
-                    "conversations), one of llama.cpp's n-gram types, draft-simple (a draft model, -md), or none. "
-                    "Drafts are verified by the model: "
-                    "answers are the ones decoding without them gives")
+    cmd->add_option(
+           "--spec-type", e.spec_type,
+           "Speculative decoding: suffix (keepwarm's drafter over the request and its tenant's earlier "
+           "conversations), one of llama.cpp's n-gram types, draft-simple (a draft model, -md), draft-mtp (the "
+           "model's own multi-token prediction heads, as Qwen3.5 ships them), or none. "
+           "Drafts are verified by the model: "
+           "answers are the ones decoding without them gives")
         ->check(CLI::IsMember(spec_types))
         ->capture_default_str();
     cmd->add_option("--spec-draft-n-max,--draft-max,--draft,--draft-n", e.draft_max,

@@ -107,6 +107,40 @@ private:
     std::vector<llama_token> tokens_;
 };
 
+// A slot's sequence of the MTP heads: the request's tokens so far (their count and the last), all but the last of
+// which the model's KV holds.
+class mtp_slot_drafter final : public slot_drafter {
+public:
+    mtp_slot_drafter(mtp_heads& heads, int slot, std::span<const llama_token> prompt) : heads_(heads), slot_(slot) {
+        push(prompt);
+    }
+
+    void push(std::span<const llama_token> tokens) override {
+        if (tokens.empty()) return;
+        count_ += tokens.size();
+        last_ = tokens.back();
+    }
+
+    draft_proposal propose(std::size_t max_tokens) override {
+        draft_proposal out{.tokens = {}, .source = draft_source::mtp};
+        if (count_ < 2) return out;
+        position_ = static_cast<llama_pos>(count_ - 1);
+        out.tokens = heads_.draft(slot_, position_, last_, max_tokens);
+        return out;
+    }
+
+    void accepted(std::size_t n) override { heads_.accepted(slot_, position_, n); }
+
+    double ms_per_token() const override { return heads_.ms_per_token(); }
+
+private:
+    mtp_heads& heads_;
+    int slot_;
+    std::size_t count_ = 0;
+    llama_token last_ = 0;
+    llama_pos position_ = 0;  // of the last proposal's first token's predecessor (`last_` then)
+};
+
 const std::vector<common_speculative_type>& llama_ngram_types() {
     static const std::vector<common_speculative_type> types = {
         COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE, COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K,
@@ -120,15 +154,24 @@ std::vector<std::string> draft_sources::types() {
     std::vector<std::string> names{"suffix"};
     for (const common_speculative_type t : llama_ngram_types()) names.push_back(common_speculative_type_to_str(t));
     names.emplace_back(draft_model_type);
+    names.emplace_back(mtp_type);
     return names;
 }
 
 draft_sources::draft_sources(const std::string& type, int slots, std::size_t history_tokens,
-                             std::unique_ptr<draft_model> model, std::string model_fingerprint)
+                             std::unique_ptr<draft_model> model, std::string model_fingerprint,
+                             std::unique_ptr<mtp_heads> mtp)
     : type_(type),
       model_fingerprint_(std::move(model_fingerprint)),
       history_(spec::token_history_options{.token_budget = history_tokens, .key_tokens = 1}),
-      model_(std::move(model)) {
+      model_(std::move(model)),
+      mtp_(std::move(mtp)) {
+    if ((type == mtp_type) != (mtp_ != nullptr)) {
+        throw std::invalid_argument(mtp_ ? "the model's MTP heads draft with --spec-type " + std::string(mtp_type) +
+                                               ", not " + type
+                                         : "--spec-type " + type + " needs the model's MTP heads");
+    }
+    if (mtp_) return;
     if ((type == draft_model_type) != (model_ != nullptr)) {
         throw std::invalid_argument(model_ ? "a draft model (-md) drafts with --spec-type " +
                                                  std::string(draft_model_type) + " (or none), not " + type
@@ -152,8 +195,17 @@ draft_sources::~draft_sources() {
     if (llama_) common_speculative_free(llama_);
 }
 
+void draft_sources::seat(int slot, std::span<const llama_token> prompt) {
+    if (mtp_) mtp_->begin(slot, prompt);
+}
+
+void draft_sources::decoded(const llama_batch& batch, int rows) {
+    if (mtp_) mtp_->decoded(batch, rows);
+}
+
 std::unique_ptr<slot_drafter> draft_sources::begin(int slot, const std::string& tenant,
                                                    std::span<const llama_token> prompt) {
+    if (mtp_) return std::make_unique<mtp_slot_drafter>(*mtp_, slot, prompt);
     if (llama_) return std::make_unique<llama_slot_drafter>(llama_, static_cast<llama_seq_id>(slot), prompt);
     if (model_) return std::make_unique<draft_model_slot_drafter>(*model_, prompt);
     auto drafter = std::make_unique<suffix_slot_drafter>(history_, history_tenant(tenant));

@@ -6,6 +6,8 @@
 // - llama.cpp's n-gram drafters (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) through
 //   common/speculative.h, driven as llama-server drives them: one common_speculative for all slots, a sequence each.
 // - draft-simple: a draft model (serve -md FILE; engine/draft-model.h), a sequence of its context per request.
+// - draft-mtp: the model's own multi-token prediction heads (engine/draft-mtp.h), a sequence of their context per
+//   slot, fed every batch the model decodes (decoded()).
 // Threading: engine thread only.
 #pragma once
 
@@ -17,6 +19,7 @@
 
 #include "cache/prompt-cache.h"
 #include "engine/draft-model.h"
+#include "engine/draft-mtp.h"
 #include "llama-cpp.h"
 #include "spec/token-history.h"
 
@@ -48,18 +51,24 @@ public:
 // The engine's drafting, whatever its type: makes each request's drafter and keeps what they share.
 class draft_sources {
 public:
-    // `type`: "suffix", one of llama.cpp's n-gram type names, or "draft-simple" with `model` (a draft model: it and
-    // only it); throws std::invalid_argument for anything else, naming the accepted ones. `slots`: sequences drafted
-    // for at once.
+    // `type`: "suffix", one of llama.cpp's n-gram type names, "draft-simple" with `model` (a draft model: it and
+    // only it), or "draft-mtp" with `mtp` (the model's MTP heads: they and only they); throws std::invalid_argument
+    // for anything else, naming the accepted ones. `slots`: sequences drafted for at once.
     // `model_fingerprint`: the prefix cache's (prompt_cache::model_fingerprint): the history files each tenant's
     // streams under the root key of its chains there, so that conversations recalled from the cache's disk tier
     // join the history of the tenant whose requests name it.
     draft_sources(const std::string& type, int slots, std::size_t history_tokens,
-                  std::unique_ptr<draft_model> model = nullptr, std::string model_fingerprint = {});
+                  std::unique_ptr<draft_model> model = nullptr, std::string model_fingerprint = {},
+                  std::unique_ptr<mtp_heads> mtp = nullptr);
     ~draft_sources();
 
+    // A request whose prompt is `prompt` takes `slot`, drafting or not: the MTP heads' sequence of the slot keeps
+    // what it shares with the prompt (the model's rows of the slot reach them through decoded() either way).
+    void seat(int slot, std::span<const llama_token> prompt);
     // A drafter for the request in `slot` of `tenant`, fed `prompt` already.
     std::unique_ptr<slot_drafter> begin(int slot, const std::string& tenant, std::span<const llama_token> prompt);
+    // The model just decoded the first `rows` rows of `batch` (each a slot's sequence): the MTP heads compute them.
+    void decoded(const llama_batch& batch, int rows);
     // A request of `tenant` ended normally: what it added to its conversation (the prompt tokens it computed and
     // its answer) joins the tenant's history, for the suffix drafter of its later requests.
     void remember(const std::string& tenant, std::span<const llama_token> tokens);
@@ -71,18 +80,21 @@ public:
     // a log line saying what joined and how long it took.
     std::size_t recall(const prompt_cache& cache);
     // Whether drafts come from the history (the suffix drafter): else remember() and recall() do nothing.
-    bool keeps_history() const { return !llama_ && !model_; }
+    bool keeps_history() const { return !llama_ && !model_ && !mtp_; }
 
     const std::string& type() const { return type_; }
     const spec::token_history_stats& history_stats() const { return history_.stats(); }
 
     // The draft model (null: none).
     const draft_model* model() const { return model_.get(); }
+    // The model's MTP heads (null: not drafting with them).
+    const mtp_heads* mtp() const { return mtp_.get(); }
 
-    // The types --spec-type accepts besides "none": "suffix", then llama.cpp's n-gram types and draft-simple (a draft
-    // model, -md).
+    // The types --spec-type accepts besides "none": "suffix", then llama.cpp's n-gram types, draft-simple (a draft
+    // model, -md) and draft-mtp (the model's MTP heads).
     static std::vector<std::string> types();
     static constexpr const char* draft_model_type = "draft-simple";
+    static constexpr const char* mtp_type = "draft-mtp";
 
 private:
     // The history's name for `tenant`: the root key of its chains in the prefix cache, as the disk tier files them.
@@ -93,6 +105,7 @@ private:
     spec::token_history history_;
     common_speculative* llama_ = nullptr;  // llama.cpp's n-gram types (null: suffix or a draft model)
     std::unique_ptr<draft_model> model_;
+    std::unique_ptr<mtp_heads> mtp_;
 };
 
 }  // namespace keepwarm

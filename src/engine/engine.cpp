@@ -74,6 +74,8 @@ const char* draft_source_name(draft_source source) {
             return "llama";
         case draft_source::draft_model:
             return "draft_model";
+        case draft_source::mtp:
+            return "mtp";
     }
     return "unknown";
 }
@@ -153,6 +155,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = options_.gpu_layers;
     mparams.load_mode = options_.load_mode;
+    // The MTP heads' tensors are loaded only to draft with them.
+    mparams.load_mtp = options_.spec_type == draft_sources::mtp_type;
     // llama.cpp reads the patterns while loading only; the list ends with a null pattern.
     const std::vector<std::string> host_experts = expert_tensor_patterns(options_.cpu_moe_layers);
     std::vector<llama_model_tensor_buft_override> placement;
@@ -278,6 +282,15 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                         : "a draft model (-md) drafts with --spec-type draft-simple (or none), not " +
                                               options_.spec_type);
     }
+    if (options_.spec_type == draft_sources::mtp_type && llama_model_n_layer_nextn(model_.get()) <= 0) {
+        // As llama-server refuses to make an MTP context for it, before anything else is set up.
+        char arch[64] = {};
+        llama_model_meta_val_str(model_.get(), "general.architecture", arch, sizeof arch);
+        throw std::invalid_argument("--spec-type draft-mtp drafts with the model's multi-token prediction heads, and " +
+                                    options_.model_path + " has none (" + arch +
+                                    ".nextn_predict_layers is 0 or missing): use another --spec-type, or a model "
+                                    "that ships MTP heads (e.g. Qwen3.5)");
+    }
     if (options_.spec_type != "none" && options_.draft_max > 0) {
         if (options_.exact_reuse) {
             // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's
@@ -308,8 +321,18 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                 log::info("engine", "draft model {} loaded: {} layers, a sequence per slot", options_.draft_model.path,
                           llama_model_n_layer(llama_get_model(drafter_model->context())));
             }
-            drafts_ = std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens,
-                                                      std::move(drafter_model), cache_->model_fingerprint());
+            std::unique_ptr<mtp_heads> mtp;
+            if (options_.spec_type == draft_sources::mtp_type) {
+                mtp = std::make_unique<mtp_heads>(model_.get(), ctx_.get(), options_.slots,
+                                                  std::min(options_.draft_max, draft_cap_), options_.draft_model.p_min,
+                                                  options_.draft_model.cache_type_k, options_.draft_model.cache_type_v,
+                                                  decode_pool_->get(), prompt_pool_ ? prompt_pool_->get() : nullptr);
+                log::info("engine", "drafting with the model's {} MTP head(s): an MTP context of a sequence per slot",
+                          llama_model_n_layer_nextn(model_.get()));
+            }
+            drafts_ =
+                std::make_unique<draft_sources>(options_.spec_type, options_.slots, options_.spec_history_tokens,
+                                                std::move(drafter_model), cache_->model_fingerprint(), std::move(mtp));
             drafts_->recall(*cache_);  // the conversations the disk tier held before this run
             // A windowed SWA cache places a physical batch's rows in cells outside the window of its sequences'
             // positions before that batch. A draft in a second physical batch could take cells inside the window its
@@ -604,6 +627,7 @@ void engine::admit(std::shared_ptr<generation_request> request) {
     s.control = {};
     s.draft_tokens = s.draft_accepted = s.draft_steps = s.decode_steps = s.steps_since_probe = 0;
     s.drafter.reset();
+    if (drafts_) drafts_->seat(s.id, prompt);
     if (drafts_ && request->draft_max != 0) s.drafter = drafts_->begin(s.id, request->tenant, prompt);
     s.admitted = clock::now();
     s.prompt_started = {};
@@ -940,6 +964,8 @@ bool engine::step() {
         for (auto& p : parts) finish(*p.s, finish_reason::error, why);
         return true;
     }
+    // The MTP heads compute the slots' rows from the hidden states this decode output (not the padding's).
+    if (drafts_) drafts_->decoded(batch_, batch_.n_tokens - turn_.padding);
 
     for (auto& p : parts) {
         slot& s = *p.s;

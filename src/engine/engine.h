@@ -30,9 +30,9 @@ namespace keepwarm {
 
 // Where a draft of speculative decoding came from: the suffix drafter's match in the request's own tokens or in its
 // tenant's earlier conversations (spec/suffix-drafter.h), one of llama.cpp's n-gram drafters (--spec-type), or a
-// draft model (-md).
-enum class draft_source { request, history, llama, draft_model };
-inline constexpr size_t draft_source_count = 4;
+// draft model (-md), or the model's own MTP heads (--spec-type draft-mtp).
+enum class draft_source { request, history, llama, draft_model, mtp };
+inline constexpr size_t draft_source_count = 5;
 const char* draft_source_name(draft_source source);
 
 struct engine_options {
@@ -135,6 +135,8 @@ struct engine_options {
     // cannot drop rejected tokens), nor does exact_reuse (a verifying step's rows are not the batches a cold run
     // computes).
     // "draft-simple": a draft model (draft_model.path, serve -md), through common as llama-server drafts with one.
+    // "draft-mtp": the model's own multi-token prediction heads (Qwen3.5's nextn layer), through common likewise;
+    // a model without them is refused.
     std::string spec_type = "suffix";
     draft_model_options draft_model;
     int draft_max = 16;  // draft tokens one step may verify per slot (llama-server's --draft-max)

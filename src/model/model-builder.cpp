@@ -417,13 +417,23 @@ void add_tensor_list(gguf_context* m, const model_spec& s) {
         add_gpt_oss_layers(m, s);
         return;
     }
-    for (uint32_t il = 0; il < s.n_layer; ++il) {
+    // The MTP heads follow the trunk's blocks: attention blocks with the trunk's feed-forward part and the nextn
+    // projections (the token's embedding and the trunk's hidden state, each normalized, concatenated and projected back
+    // to the width). Their own embedding table, output norm and head are optional to llama.cpp, which then takes the
+    // model's: left out, as the tied output is.
+    for (uint32_t il = 0; il < s.n_layer + s.n_mtp_layers; ++il) {
         const std::string blk = "blk." + std::to_string(il) + ".";
         auto add = [&](const std::string& name, std::initializer_list<int64_t> ne) {
             add_tensor_info(m, s, blk + name, ne);
         };
         add("attn_norm.weight", {n_embd});
-        const bool recurrent = is_hybrid(s.arch) && (il + 1) % s.full_attention_interval != 0;
+        const bool mtp_head = il >= s.n_layer;
+        if (mtp_head) {
+            add("nextn.eh_proj.weight", {2 * n_embd, n_embd});
+            add("nextn.enorm.weight", {n_embd});
+            add("nextn.hnorm.weight", {n_embd});
+        }
+        const bool recurrent = is_hybrid(s.arch) && !mtp_head && (il + 1) % s.full_attention_interval != 0;
         if (recurrent) {
             const int64_t state = s.ssm_state_size, v_heads = s.ssm_time_step_rank;
             const int64_t key_dim = state * s.ssm_group_count, value_dim = state * v_heads;
@@ -493,7 +503,8 @@ gguf_context_ptr make_metadata(const model_spec& spec) {
 
     set_u32(m, a + ".context_length", spec.n_ctx_train);
     set_u32(m, a + ".embedding_length", spec.n_embd);
-    set_u32(m, a + ".block_count", spec.n_layer);
+    set_u32(m, a + ".block_count", spec.n_layer + spec.n_mtp_layers);
+    if (spec.n_mtp_layers > 0) set_u32(m, a + ".nextn_predict_layers", spec.n_mtp_layers);
     set_u32(m, a + ".feed_forward_length", spec.n_ff);
     set_u32(m, a + ".attention.head_count", spec.n_head);
     set_u32(m, a + ".attention.head_count_kv", spec.n_head_kv);
@@ -586,8 +597,8 @@ void check_writable(const fs::path& out, const std::string& probe) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny",       "tiny-hybrid", "tiny-moe",   "tiny-hybrid-moe", "tiny-swa",    "tiny-gpt-oss",
-            "tiny-embed", "tiny-rerank", "tiny-draft", "bench-dense",     "bench-hybrid"};
+    return {"tiny",       "tiny-hybrid", "tiny-moe",   "tiny-hybrid-moe", "tiny-swa",     "tiny-gpt-oss",
+            "tiny-embed", "tiny-rerank", "tiny-draft", "bench-dense",     "bench-hybrid", "tiny-hybrid-mtp"};
 }
 
 model_spec preset_spec(const std::string& name) {
@@ -610,6 +621,13 @@ model_spec preset_spec(const std::string& name) {
         spec.n_head_kv = 2;
         spec.vocab = "qwen35";
         spec.chat_template = "Qwen3.5-4B";
+        return spec;
+    }
+    if (name == "tiny-hybrid-mtp") {
+        // tiny-hybrid with Qwen3.5's multi-token prediction head (one nextn layer), for serve --spec-type draft-mtp.
+        spec = preset_spec("tiny-hybrid");
+        spec.preset = name;
+        spec.n_mtp_layers = 1;
         return spec;
     }
     if (name == "tiny-hybrid-moe") {
@@ -753,6 +771,10 @@ void validate_spec(const model_spec& s) {
                 "ssm state size, group count and time step rank must be at least 1");
         require(s.ssm_time_step_rank % s.ssm_group_count == 0,
                 "ssm value heads (time step rank) must be a multiple of the key heads (group count)");
+        // llama.cpp's qwen35 and qwen35moe graphs run a single MTP block.
+        require(s.n_mtp_layers <= 1, s.arch + " takes at most 1 MTP head, got " + std::to_string(s.n_mtp_layers));
+    } else {
+        require(s.n_mtp_layers == 0, "MTP heads only apply to qwen35 and qwen35moe, not " + s.arch);
     }
     if (s.arch == "gemma3" || s.arch == "gpt-oss") {
         require(s.sliding_window >= 1, s.arch + " needs a sliding window of at least 1 token");
@@ -805,6 +827,7 @@ std::string spec_hash(const model_spec& s) {
     // Only where it applies, so the digests (and cached files) of the other architectures stay what they were.
     if (s.arch == "gemma3" || s.arch == "gpt-oss") text << '|' << s.sliding_window << '|' << s.sliding_window_pattern;
     if (!s.pooling.empty()) text << "|pooling=" << s.pooling;
+    if (s.n_mtp_layers > 0) text << "|mtp=" << s.n_mtp_layers;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(text.str())));
     return hex;
@@ -833,6 +856,7 @@ build_result build_model(const model_spec& spec, const std::string& out_path) {
     params.devices = devices;
     params.n_gpu_layers = 0;
     params.progress_callback = silent_progress;
+    params.load_mtp = spec.n_mtp_layers > 0;  // else llama.cpp skips the MTP heads' tensors
 
     fill_state state;
     state.seed = spec.seed;

@@ -35,6 +35,10 @@ struct model_spec {
     uint32_t ssm_state_size = 128;    // head size of the linear-attention heads
     uint32_t ssm_group_count = 2;     // linear-attention key heads
     uint32_t ssm_time_step_rank = 4;  // linear-attention value heads; inner size = state size * value heads
+    // qwen35, qwen35moe: multi-token prediction heads (nextn layers, <arch>.nextn_predict_layers) after the n_layer
+    // blocks, as Qwen3.5 ships one: an attention block of the trunk's shape that reads the trunk's last hidden state
+    // and the next token (serve --spec-type draft-mtp drafts with it). llama.cpp runs one.
+    uint32_t n_mtp_layers = 0;
 
     // gemma3, gpt-oss: each layer attends to the last sliding_window positions, except every
     // sliding_window_pattern-th layer, which attends to all of them (Gemma 3: window 1024, one full layer in 6;
@@ -61,7 +65,7 @@ struct model_spec {
 std::vector<std::string> preset_names();
 
 // tiny, tiny-hybrid, tiny-moe, tiny-hybrid-moe, tiny-swa, tiny-gpt-oss, tiny-embed, tiny-rerank, tiny-draft,
-// bench-dense, bench-hybrid. Throws
+// bench-dense, bench-hybrid, tiny-hybrid-mtp. Throws
 // std::invalid_argument for other names.
 model_spec preset_spec(const std::string& name);
 

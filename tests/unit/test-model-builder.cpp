@@ -444,6 +444,47 @@ TEST(ModelInspect, HybridRecurrentLayers) {
     EXPECT_LT(state, expected + tokens.size() * 16 + 4096) << "state " << state << " vs KV + recurrent " << expected;
 }
 
+// Qwen3.5's multi-token prediction head (serve --spec-type draft-mtp): one nextn layer after the four blocks, with
+// the tensors and metadata llama.cpp's qwen35 and qwen35moe loaders read; llama.cpp loads it with its MTP tensors,
+// makes an MTP context for it, and the model without heads stays byte for byte what it was.
+TEST(ModelBuilder, HybridMtpModelHasANextnLayerLlamaCppLoads) {
+    for (const std::string arch : {"qwen35", "qwen35moe"}) {
+        model_spec spec = preset_spec(arch == "qwen35" ? "tiny-hybrid-mtp" : "tiny-hybrid-moe");
+        spec.n_mtp_layers = 1;
+        const std::string path = shared_model(spec);
+        const auto meta = read_gguf_metadata(path, 16);
+        EXPECT_EQ(meta.value(arch + ".nextn_predict_layers", 0), 1) << arch;
+        EXPECT_EQ(meta.value(arch + ".block_count", 0), 5) << arch;
+        gguf_init_params params{/*no_alloc =*/true, /*ctx =*/nullptr};
+        gguf_context_ptr gguf(gguf_init_from_file(path.c_str(), params));
+        ASSERT_TRUE(gguf);
+        for (const char* name :
+             {"blk.4.nextn.eh_proj.weight", "blk.4.nextn.enorm.weight", "blk.4.nextn.hnorm.weight",
+              "blk.4.attn_q.weight", "blk.4.attn_k_norm.weight", "blk.4.post_attention_norm.weight"}) {
+            EXPECT_GE(gguf_find_tensor(gguf.get(), name), 0) << arch << " " << name;
+        }
+        EXPECT_LT(gguf_find_tensor(gguf.get(), "blk.4.ssm_conv1d.weight"), 0) << "the head is an attention block";
+
+        init_llama_runtime();
+        llama_model_params mparams = llama_model_default_params();
+        mparams.n_gpu_layers = 0;
+        mparams.load_mtp = true;
+        llama_model_ptr model(llama_model_load_from_file(path.c_str(), mparams));
+        ASSERT_TRUE(model) << arch;
+        EXPECT_EQ(llama_model_n_layer_nextn(model.get()), 1) << arch;
+        EXPECT_EQ(llama_model_n_layer(model.get()), 4) << arch << ": the trunk's blocks";
+        llama_context_params cparams = llama_context_default_params();
+        cparams.n_ctx = 256;
+        cparams.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+        llama_context_ptr mtp(llama_init_from_model(model.get(), cparams));
+        EXPECT_TRUE(mtp) << arch << ": llama.cpp made no MTP context";
+    }
+    EXPECT_NE(spec_hash(preset_spec("tiny-hybrid")), spec_hash(preset_spec("tiny-hybrid-mtp")));
+    model_spec dense = preset_spec("tiny");
+    dense.n_mtp_layers = 1;
+    expect_error<std::invalid_argument>(dense, "MTP heads only apply to qwen35 and qwen35moe");
+}
+
 TEST(ModelBuilder, PresetsAreValid) {
     for (const auto& name : preset_names()) {
         EXPECT_NO_THROW(validate_spec(preset_spec(name))) << name;
