@@ -162,6 +162,19 @@ void resolve_cache_budgets(serve_options& opts) {
     if (opts.engine.cache_disk_bytes > 0) opts.engine.cache_dir = disk_dir;
 }
 
+// The banner's line on what drafting on a hybrid model keeps in memory (every sequence's recurrent-state snapshots,
+// parked conversations' included), or nothing where it keeps none.
+std::string describe_rollback_snapshots(const engine& llm, const std::string& model_path) {
+    const int snapshots = llm.rollback_snapshots();
+    if (snapshots == 0) return {};
+    const uint64_t state_bytes = inspect_model(model_path).recurrent_state_bytes;
+    return "  drafting on a hybrid model: " + std::to_string(snapshots) +
+           " recurrent-state snapshots per sequence to drop rejected draft tokens, " +
+           format_bytes(state_bytes * static_cast<uint64_t>(snapshots) * static_cast<uint64_t>(llm.sequences())) +
+           " over " + std::to_string(llm.sequences()) + " sequences (--spec-rollback-tokens 0 frees them and turns " +
+           "drafting off on this model)\n";
+}
+
 // The banner's line of cache budgets, tier by tier.
 std::string describe_cache_budgets(const engine_options& eo) {
     return "cache: device " + std::to_string(eo.slots) + " slots + " + std::to_string(eo.cache_parked_sequences) +
@@ -413,7 +426,8 @@ int run_serve(serve_options opts) {
                                              " blocks in host memory (--n-cpu-moe)")
            << "\n"
            << "  " << describe_cache_budgets(eo) << "\n"
-           << "  policy: " << describe_policy(*ctx.policy) << "\n"
+           << describe_rollback_snapshots(*model.llm, model.model_path) << "  policy: " << describe_policy(*ctx.policy)
+           << "\n"
            << "  tenants: " << http::describe_tenants(opts.http.api_key, opts.http.api_keys, tenants) << "\n";
     if (!opts.from_environment.empty()) {
         std::string names;

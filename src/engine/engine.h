@@ -256,6 +256,11 @@ public:
     }
     size_t longest_piece_bytes() const { return longest_piece_bytes_; }
     const engine_options& options() const { return options_; }
+    // Recurrent-state snapshots llama.cpp keeps for every sequence of the context, so that a hybrid model's rejected
+    // draft tokens can be dropped (0: none; a model without recurrent layers, drafting off, or an architecture
+    // llama.cpp cannot roll back), and how many sequences the context has (slots, parked conversations, scratch).
+    int rollback_snapshots() const { return static_cast<int>(llama_n_rs_seq(ctx_.get())); }
+    int sequences() const { return static_cast<int>(llama_n_seq_max(ctx_.get())); }
     int slot_context_size() const { return slot_context_size_; }  // max tokens (prompt + generated) per request
     int queued() const;
     std::vector<slot_status> slots() const;

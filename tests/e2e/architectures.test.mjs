@@ -156,6 +156,25 @@ test('tiny-swa: chat turns past the window reuse the whole previous prompt', asy
     }
 });
 
+// Drafting on a hybrid model keeps recurrent-state snapshots for every sequence of the context: the banner says how
+// many and what they take, where a dense model and a hybrid without them say nothing of it.
+test('the banner says what a hybrid model\'s draft rollback keeps in memory', async () => {
+    const banner = async (preset, args) => {
+        const server = await startServer(['-c', '4096', '-np', '2', ...args], { preset });
+        try {
+            return server.output();
+        } finally {
+            await server.stop();
+        }
+    };
+    const hybrid = (await banner('tiny-hybrid', [])).match(
+        /drafting on a hybrid model: 4 recurrent-state snapshots per sequence to drop rejected draft tokens, ([\d.]+) (\w+) over (\d+) sequences/);
+    assert.ok(hybrid, 'the hybrid\'s banner names its snapshots');
+    assert.ok(Number(hybrid[1]) > 0 && Number(hybrid[3]) > 2, hybrid[0]);
+    assert.doesNotMatch(await banner('tiny-hybrid', ['--spec-rollback-tokens', '0']), /recurrent-state snapshots/);
+    assert.doesNotMatch(await banner('tiny', []), /recurrent-state snapshots/);
+});
+
 // The prebuilt libraries carry one CPU backend per instruction-set generation and the best one is picked at run
 // time. Forcing the baseline x86-64 variant (no AVX at all) shows keepwarm runs on CPUs without AVX-512 or AMX.
 test('runs on the baseline x86-64 CPU backend (no AVX, no AVX-512, no AMX)', async () => {
