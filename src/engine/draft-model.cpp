@@ -63,17 +63,21 @@ std::string vocab_mismatch(const llama_model* target, const llama_model* draft) 
 
 }  // namespace
 
-draft_model::draft_model(const draft_model_options& options, llama_model* target, llama_context* target_ctx, int slots,
-                         ggml_threadpool* decode_pool, ggml_threadpool* prompt_pool)
-    : options_(options) {
-    // llama-server's route: its options as common_params, turned into the draft's by common, loaded by common.
-    common_params params;
+void drafting_params_beside(common_params& params, llama_context* target_ctx, int slots) {
     params.n_parallel = slots;
     params.n_batch = static_cast<int32_t>(llama_n_batch(target_ctx));
     params.n_ubatch = static_cast<int32_t>(llama_n_ubatch(target_ctx));
     params.cpuparams.n_threads = llama_n_threads(target_ctx);
     params.cpuparams_batch.n_threads = llama_n_threads_batch(target_ctx);
     params.no_perf = true;
+}
+
+draft_model::draft_model(const draft_model_options& options, llama_model* target, llama_context* target_ctx, int slots,
+                         ggml_threadpool* decode_pool, ggml_threadpool* prompt_pool)
+    : options_(options) {
+    // llama-server's route: its options as common_params, turned into the draft's by common, loaded by common.
+    common_params params;
+    drafting_params_beside(params, target_ctx, slots);
     params.speculative.types = {COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE};
     common_params_speculative_draft& d = params.speculative.draft;
     d.mparams.path = options.path;

@@ -20,11 +20,16 @@
 #include "engine/cpu-threadpool.h"
 #include "llama-cpp.h"
 
+struct common_params;
 struct common_speculative;
 struct ggml_threadpool;
 struct common_speculative_init_result;
 
 namespace keepwarm {
+
+// What llama-server gives common for a drafting context beside the model's context `target_ctx` (a draft model's,
+// or the MTP heads'): `slots` sequences and `target_ctx`'s batch sizes and threads, no perf counters.
+void drafting_params_beside(common_params& params, llama_context* target_ctx, int slots);
 
 struct draft_model_options {
     std::string path;     // the draft model's GGUF (-md); empty: no draft model

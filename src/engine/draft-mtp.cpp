@@ -8,6 +8,7 @@
 
 #include "base/logger.h"
 #include "common.h"
+#include "engine/draft-model.h"
 #include "speculative.h"
 
 namespace keepwarm {
@@ -19,34 +20,26 @@ using clock = std::chrono::steady_clock;
 // The engine verifies at most this many draft tokens per step (--draft-max's bound); each call asks for fewer.
 constexpr int32_t draft_limit = 256;
 
-std::string model_architecture(const llama_model* model) {
+}  // namespace
+
+void require_mtp_heads(const llama_model* model, const std::string& model_name) {
+    if (llama_model_n_layer_nextn(model) > 0) return;
     char arch[64] = {};
     llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
-    return arch;
+    throw std::invalid_argument("--spec-type draft-mtp drafts with the model's multi-token prediction heads, and " +
+                                model_name + " has none (" + arch +
+                                ".nextn_predict_layers is 0 or missing): use another --spec-type, or a model that "
+                                "ships MTP heads (e.g. Qwen3.5)");
 }
-
-}  // namespace
 
 mtp_heads::mtp_heads(llama_model* target, llama_context* target_ctx, int slots, int max_tokens, float p_min,
                      ggml_type cache_type_k, ggml_type cache_type_v, ggml_threadpool* decode_pool,
                      ggml_threadpool* prompt_pool) {
-    if (llama_model_n_layer_nextn(target) <= 0) {
-        const std::string arch = model_architecture(target);
-        throw std::invalid_argument(
-            "--spec-type draft-mtp drafts with the model's multi-token prediction heads, and "
-            "this model has none (" +
-            arch + ".nextn_predict_layers is 0 or missing): use another --spec-type, or a " +
-            "model that ships MTP heads (e.g. Qwen3.5)");
-    }
+    require_mtp_heads(target, "this model");
     // llama-server's route: its options as common_params, the MTP context made by common beside the model's.
     common_params params;
-    params.n_parallel = slots;
-    params.n_batch = static_cast<int32_t>(llama_n_batch(target_ctx));
-    params.n_ubatch = static_cast<int32_t>(llama_n_ubatch(target_ctx));
-    params.cpuparams.n_threads = llama_n_threads(target_ctx);
-    params.cpuparams_batch.n_threads = llama_n_threads_batch(target_ctx);
+    drafting_params_beside(params, target_ctx, slots);
     params.kv_unified = true;  // one cell pool, as the model's: a slot's sequence may hold more than a share of it
-    params.no_perf = true;
     params.speculative.types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
     common_params_speculative_draft& d = params.speculative.draft;
     // common's draft-mtp decodes up to its n_max tokens whatever a call asks for (the call's bound only cuts the

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "llama-cpp.h"
@@ -22,6 +23,10 @@ struct common_speculative;
 struct common_speculative_init_result;
 
 namespace keepwarm {
+
+// Throws std::invalid_argument naming --spec-type draft-mtp, `model_name` and the architecture's nextn_predict_layers
+// key when `model` has no MTP heads.
+void require_mtp_heads(const llama_model* model, const std::string& model_name);
 
 // What the MTP heads did, for the log and the tests. Engine thread only.
 struct mtp_stats {

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "engine/cpu-threadpool.h"
 #include "engine/draft-control.h"
+#include "engine/draft-mtp.h"
 #include "engine/llama-runtime.h"
 #include "engine/text-stream.h"
 #include "ggml-backend.h"
@@ -282,15 +283,8 @@ engine::engine(engine_options options) : options_(std::move(options)) {
                                         : "a draft model (-md) drafts with --spec-type draft-simple (or none), not " +
                                               options_.spec_type);
     }
-    if (options_.spec_type == draft_sources::mtp_type && llama_model_n_layer_nextn(model_.get()) <= 0) {
-        // As llama-server refuses to make an MTP context for it, before anything else is set up.
-        char arch[64] = {};
-        llama_model_meta_val_str(model_.get(), "general.architecture", arch, sizeof arch);
-        throw std::invalid_argument("--spec-type draft-mtp drafts with the model's multi-token prediction heads, and " +
-                                    options_.model_path + " has none (" + arch +
-                                    ".nextn_predict_layers is 0 or missing): use another --spec-type, or a model "
-                                    "that ships MTP heads (e.g. Qwen3.5)");
-    }
+    // As llama-server refuses to make an MTP context for it, before anything else is set up.
+    if (options_.spec_type == draft_sources::mtp_type) require_mtp_heads(model_.get(), options_.model_path);
     if (options_.spec_type != "none" && options_.draft_max > 0) {
         if (options_.exact_reuse) {
             // A verifying step computes its rows together, and on several threads ggml's attention sums a lone row's

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "engine/engine.h"
 
 namespace greedy_runs {
@@ -36,6 +37,15 @@ inline std::shared_ptr<keepwarm::generation_request> greedy_request(keepwarm::en
     return r;
 }
 
+// The drafting tests' ChatML prompts: one whose answer the random test models fill with repeats a drafter finds in
+// it, and another.
+inline const std::string chat_prompt =
+    "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy "
+    "dog. the quick brown fox<|im_end|>\n<|im_start|>assistant\n";
+inline const std::string other_prompt =
+    "<|im_start|>user\nalpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta gamma "
+    "delta<|im_end|>\n<|im_start|>assistant\n";
+
 // The request's final numbers, tokens and logits; a hang guard of `limit`, not a speed check.
 inline result wait_for(keepwarm::generation_request& r, std::chrono::seconds limit = std::chrono::seconds(120)) {
     for (;;) {
@@ -57,6 +67,17 @@ inline result generate(keepwarm::engine& e, const std::vector<llama_token>& prom
     auto r = greedy_request(e, prompt, n, tenant);
     e.submit(r);
     return wait_for(*r);
+}
+
+// The next turn of a ChatML conversation: its prompt, the answer, and a new user message.
+inline std::vector<llama_token> next_turn(keepwarm::engine& e, const std::vector<llama_token>& prompt,
+                                          const result& answer, const std::string& message) {
+    std::vector<llama_token> t = prompt;
+    t.insert(t.end(), answer.generated.begin(), answer.generated.end());
+    const std::vector<llama_token> more = common_tokenize(
+        e.vocab(), "<|im_end|>\n<|im_start|>user\n" + message + "<|im_end|>\n<|im_start|>assistant\n", false, true);
+    t.insert(t.end(), more.begin(), more.end());
+    return t;
 }
 
 // Restored KV is not bit-identical to a cold computation (other batch splits sum floats in another order; the

@@ -18,6 +18,7 @@ using namespace keepwarm;
 namespace {
 
 using tokens = std::vector<llama_token>;
+using greedy_runs::chat_prompt;
 using greedy_runs::result;
 
 std::string target_model() {
@@ -48,10 +49,6 @@ engine_options with_draft_model(const std::string& draft, bool whole) {
     o.whole_drafts = whole;
     return o;
 }
-
-const std::string chat_prompt =
-    "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy "
-    "dog. the quick brown fox<|im_end|>\n<|im_start|>assistant\n";
 
 tokens tokenize(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, true, true);

@@ -18,6 +18,9 @@ using namespace keepwarm;
 namespace {
 
 using tokens = std::vector<llama_token>;
+using greedy_runs::chat_prompt;
+using greedy_runs::next_turn;
+using greedy_runs::other_prompt;
 using greedy_runs::result;
 
 engine_options base_options(const std::string& preset, int slots = 2) {
@@ -45,13 +48,6 @@ tokens tokenize(engine& e, const std::string& text) {
 tokens tokenize_more(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, false, true);
 }
-
-const std::string chat_prompt =
-    "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy "
-    "dog. the quick brown fox<|im_end|>\n<|im_start|>assistant\n";
-const std::string other_prompt =
-    "<|im_start|>user\nalpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta gamma "
-    "delta<|im_end|>\n<|im_start|>assistant\n";
 
 // `conversation(engine, draft_max)` on a one-slot engine that never drafts (draft_max 0), then on one that drafts
 // (-1: the server's bound): the answers without drafts, then with them.
@@ -87,16 +83,6 @@ result run(engine& e, const tokens& prompt, int n, int draft_max = -1, const std
     auto r = request(e, prompt, n, draft_max, tenant);
     e.submit(r);
     return greedy_runs::wait_for(*r);
-}
-
-// The next turn of a conversation: its prompt, the answer, and a new user message.
-tokens next_turn(engine& e, const tokens& prompt, const result& answer, const std::string& message) {
-    tokens t = prompt;
-    t.insert(t.end(), answer.generated.begin(), answer.generated.end());
-    const tokens more =
-        tokenize_more(e, "<|im_end|>\n<|im_start|>user\n" + message + "<|im_end|>\n<|im_start|>assistant\n");
-    t.insert(t.end(), more.begin(), more.end());
-    return t;
 }
 
 // Answers that follow the prompt's sentence and part from it now and then (forced: the engine emits these tokens

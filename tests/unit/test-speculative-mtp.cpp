@@ -18,6 +18,9 @@ using namespace keepwarm;
 namespace {
 
 using tokens = std::vector<llama_token>;
+using greedy_runs::chat_prompt;
+using greedy_runs::next_turn;
+using greedy_runs::other_prompt;
 using greedy_runs::result;
 
 engine_options options(const std::string& spec_type, int slots, const std::string& preset = "tiny-hybrid-mtp") {
@@ -33,31 +36,14 @@ engine_options options(const std::string& spec_type, int slots, const std::strin
     return o;
 }
 
-tokens tokenize(engine& e, const std::string& text, bool first = true) {
-    return common_tokenize(e.vocab(), text, first, true);
+tokens tokenize(engine& e, const std::string& text) {
+    return common_tokenize(e.vocab(), text, true, true);
 }
-
-const std::string chat_prompt =
-    "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy "
-    "dog. the quick brown fox<|im_end|>\n<|im_start|>assistant\n";
-const std::string other_prompt =
-    "<|im_start|>user\nalpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta gamma "
-    "delta<|im_end|>\n<|im_start|>assistant\n";
 
 constexpr int answer_tokens = 40;
 
 uint64_t mtp_drafted(const engine& e) {
     return e.counters().drafts[static_cast<size_t>(draft_source::mtp)].tokens.load();
-}
-
-// The next turn of a conversation: its prompt, the answer, and a new user message.
-tokens next_turn(engine& e, const tokens& prompt, const result& answer, const std::string& message) {
-    tokens t = prompt;
-    t.insert(t.end(), answer.generated.begin(), answer.generated.end());
-    const tokens more =
-        tokenize(e, "<|im_end|>\n<|im_start|>user\n" + message + "<|im_end|>\n<|im_start|>assistant\n", false);
-    t.insert(t.end(), more.begin(), more.end());
-    return t;
 }
 
 TEST(SpeculativeMtp, OneSlotAnswersAsWithoutDrafts) {

@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using tokens = std::vector<llama_token>;
+using greedy_runs::chat_prompt;
 using greedy_runs::result;
 
 engine_options base_options(const std::string& model, int threads = 1) {
@@ -43,11 +44,6 @@ std::string dense_model() {
 tokens tokenize(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, true, true);
 }
-
-// A prompt whose answer the random test model fills with repeats, which the drafter finds in the answer so far.
-const std::string chat_prompt =
-    "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy "
-    "dog. the quick brown fox<|im_end|>\n<|im_start|>assistant\n";
 
 // The first generated position whose logits are not the same bit for bit (the number kept: none).
 size_t first_difference(const result& a, const result& b) {
