@@ -390,18 +390,32 @@ def spec_traffic(args):
             raise SystemExit(f"parity: unknown server {n} (--spec-servers: {', '.join(known)}; the draft-model ones "
                              "need --spec-draft-model)")
     samples = {name: [] for name in names}
+    failed = {}  # a server that answered an error: recorded with it, and out of the later prompts
+
+    def decode(s, *a):
+        if s.name in failed:
+            return None
+        try:
+            return s.decode(*a)
+        except RuntimeError as e:
+            failed[s.name] = str(e)[:500]
+            log(f"{s.name} failed and sits out the rest of the run: {failed[s.name]}")
+            return None
+
     servers = []
     try:
         for name in names:
             servers.append(SpecServer(name, args, work_dir).__enter__())
         for s in servers:
-            s.decode(prompts[-1], 8)  # warm-up, on a prompt the measured ones do not share
+            decode(s, prompts[-1], 8)  # warm-up, on a prompt the measured ones do not share
         for i, prompt in enumerate(prompts[:-1]):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             line = []
             for s in order:
-                r = s.decode(prompt, args.n_gen, args.spec_temperature)
-                samples[s.name].append(r)
+                r = decode(s, prompt, args.n_gen, args.spec_temperature)
+                if r is None:
+                    continue
+                samples[s.name].append((i, r))
                 line.append(f"{s.name} {rate(r['predicted_n'] - 1, r['predicted_ms']) or 0:.1f}")
             log(f"prompt {i + 1}/{args.spec_prompts}: decode tokens/s " + ", ".join(line))
     finally:
@@ -409,8 +423,9 @@ def spec_traffic(args):
             s.__exit__(None, None, None)
     results["machine"]["loadavg_end"] = loadavg()
     for s in servers:
-        results["servers"][s.name] = {"cmd": s.cmd}
-    for name, rs in samples.items():
+        results["servers"][s.name] = {"cmd": s.cmd, "failed": failed.get(s.name)}
+    for name, indexed in samples.items():
+        rs = [r for _, r in indexed]
         tokens = sum(max(r["predicted_n"] - 1, 0) for r in rs)
         ms = sum(r["predicted_ms"] for r in rs)
         per_prompt = [rate(r["predicted_n"] - 1, r["predicted_ms"]) for r in rs if r["predicted_n"] > 1]
@@ -422,9 +437,10 @@ def spec_traffic(args):
 
     def ratio(a, b):
         # The median of per-prompt ratios: each pair ran next to each other.
+        ys = dict(samples[b])
         pairs = [rate(x["predicted_n"] - 1, x["predicted_ms"]) / rate(y["predicted_n"] - 1, y["predicted_ms"])
-                 for x, y in zip(samples[a], samples[b])
-                 if x["predicted_n"] > 1 and y["predicted_n"] > 1 and x["predicted_ms"] and y["predicted_ms"]]
+                 for i, x in samples[a] for y in [ys.get(i)]
+                 if y and x["predicted_n"] > 1 and y["predicted_n"] > 1 and x["predicted_ms"] and y["predicted_ms"]]
         return statistics.median(pairs) if pairs else None
 
     comparisons = [("keepwarm", "keepwarm-spec-none", 0.97), ("keepwarm", "llama-server", 1.0),
@@ -445,6 +461,8 @@ def spec_traffic(args):
         r = results["servers"][name]
         lines.append(f"| {name} | {f(r['decode_tokens_per_second'], 2)} | {f(r['median_of_prompts'], 2)} | "
                      f"{r['draft_n']} | {r['draft_n_accepted']} |")
+    lines += [f"| {name}: failed after {len(samples[name])} prompts | {failed[name][:200]} | | | |"
+              for name in names if name in failed]
     lines += ["", "| ratio | median of per-prompt ratios | goal |", "| --- | ---: | --- |"]
     for r in results["ratios"]:
         goal = "-" if r["goal"] is None else f">= {r['goal']:.2f}"

@@ -18,6 +18,7 @@
 #include "generated-models.h"
 #include "greedy-runs.h"
 #include "test-prose.h"
+#include "test-temp-dir.h"
 
 using namespace keepwarm;
 namespace fs = std::filesystem;
@@ -136,12 +137,6 @@ tokens tokenize(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, true, true);
 }
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / ("keepwarm-test-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    return dir;
-}
-
 }  // namespace
 
 TEST(kv_block_events, blocks_move_from_the_device_to_ram_and_private_tenants_stay_unreported) {
@@ -171,12 +166,12 @@ TEST(kv_block_events, blocks_move_from_the_device_to_ram_and_private_tenants_sta
 }
 
 TEST(kv_block_events, a_restarted_server_lists_its_disk_blocks_first) {
-    const fs::path dir = temp_dir("kv-block-events-disk");
+    const test_support::temp_dir dir("kv-block-events-disk");
     tokens a;
     {
         recording_observer observer;
         engine_options o = options_with(observer);
-        o.cache_dir = dir.string();
+        o.cache_dir = dir.path.string();
         o.cache_parked_sequences = 0;
         engine e(o);
         e.start();
@@ -191,7 +186,7 @@ TEST(kv_block_events, a_restarted_server_lists_its_disk_blocks_first) {
     {
         recording_observer observer;
         engine_options o = options_with(observer);
-        o.cache_dir = dir.string();
+        o.cache_dir = dir.path.string();
         engine e(o);
         EXPECT_EQ(observer.full_listings(), 1);
         EXPECT_EQ(observer.blocks_held(a, kv_medium::disk), a.size() / 64) << "indexed at start-up, listed at once";
@@ -201,8 +196,7 @@ TEST(kv_block_events, a_restarted_server_lists_its_disk_blocks_first) {
         greedy_runs::generate(e, a, 4);  // restored from disk: on the device (and promoted to RAM) again
         EXPECT_EQ(observer.blocks_held(a, kv_medium::device), a.size() / 64);
         EXPECT_EQ(observer.held(), listed(e));
-    }  // stopped before its folder goes
-    fs::remove_all(dir);
+    }
 }
 
 TEST(kv_block_events, a_refused_report_is_followed_by_a_full_listing) {

@@ -20,6 +20,7 @@
 #include "greedy-runs.h"
 #include "model/model-builder.h"
 #include "test-prose.h"
+#include "test-temp-dir.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -136,12 +137,6 @@ result cold(const tokens& prompt) {
 
 tokens tokenize(engine& e, const std::string& text) {
     return common_tokenize(e.vocab(), text, true, true);
-}
-
-fs::path temp_dir(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / ("keepwarm-test-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    return dir;
 }
 
 // A first turn several windows long, and the next turn: the first prompt, the answer, a new user message.
@@ -279,14 +274,14 @@ TEST_P(prompt_cache_swa, a_slot_taking_a_prefix_from_a_generating_slot_leaves_it
 
 // Blocks larger than the window: a block saved alone holds only its own last window of sliding-window KV.
 TEST_P(prompt_cache_swa, ram_and_disk_restores_equal_a_cold_run) {
-    const fs::path dir = temp_dir("swa-disk");
+    const test_support::temp_dir dir("swa-disk");
     for (int block : {256, 1024}) {
         SCOPED_TRACE("block of " + std::to_string(block) + " tokens");
         engine_options o = base_options();
         o.cache_parked_sequences = 0;
         o.idle_to_ram_tokens = 1024;
         o.cache_block_tokens = block;
-        o.cache_dir = (dir / std::to_string(block)).string();
+        o.cache_dir = (dir.path / std::to_string(block)).string();
         conversation a;
         result expected;
         {
@@ -309,7 +304,6 @@ TEST_P(prompt_cache_swa, ram_and_disk_restores_equal_a_cold_run) {
         EXPECT_GE(r.stats.reused_tokens, shared(a) / block * block);
         expect_same_output(r, expected);
     }
-    fs::remove_all(dir);
 }
 
 // llama.cpp's sliding-window cache may give a new token a cell that holds, for one sequence only, a position outside

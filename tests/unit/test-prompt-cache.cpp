@@ -15,6 +15,7 @@
 #include "generated-models.h"
 #include "greedy-runs.h"
 #include "test-prose.h"
+#include "test-temp-dir.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -96,12 +97,6 @@ std::string hybrid_model() {
 }
 std::string moe_model() {
     return test_models::generated_model("unit-prompt-cache", "tiny-moe");
-}
-
-fs::path temp_dir(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / ("keepwarm-test-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    return dir;
 }
 
 // One conversation evicted by others and asked for again: device parking, then RAM, on one model.
@@ -203,9 +198,9 @@ TEST(prompt_cache, generated_tokens_join_the_tree) {
 
 TEST(prompt_cache, a_restarted_server_restores_from_disk_and_ignores_damaged_entries) {
     const std::string model = dense_model();
-    const fs::path dir = temp_dir("disk");
+    const test_support::temp_dir dir("disk");
     engine_options o = base_options(model);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     tokens prompt;
     {
         engine e(o);
@@ -224,7 +219,7 @@ TEST(prompt_cache, a_restarted_server_restores_from_disk_and_ignores_damaged_ent
     }
     // Damage every entry in a different way; a new server reports them and computes the prompt itself.
     int damaged = 0;
-    for (const auto& f : fs::directory_iterator(dir)) {
+    for (const auto& f : fs::directory_iterator(dir.path)) {
         if (f.path().extension() != ".kwkv") continue;
         const auto size = fs::file_size(f.path());
         if (damaged % 2 == 0) {
@@ -244,7 +239,6 @@ TEST(prompt_cache, a_restarted_server_restores_from_disk_and_ignores_damaged_ent
         const result r = generate(e, prompt);
         expect_same_output(r, expected);
     }
-    fs::remove_all(dir);
 }
 
 TEST_P(hybrid_prompt_cache, hybrid_divergence_in_the_last_message_restarts_from_a_checkpoint) {
@@ -299,11 +293,11 @@ TEST_P(hybrid_prompt_cache, a_prompt_ending_where_a_cached_message_starts_comput
 
 namespace {
 void check_hybrid_ram_and_disk(const std::string& model, int checkpoint_interval) {
-    const fs::path dir = temp_dir("hybrid-disk");
+    const test_support::temp_dir dir("hybrid-disk");
     engine_options o = base_options(model);
     o.checkpoint_interval = checkpoint_interval;
     o.cache_parked_sequences = 0;
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     const std::string a_text = chatml(words(300, 51), {words(30, 52)});
     tokens pa;
     {
@@ -324,7 +318,6 @@ void check_hybrid_ram_and_disk(const std::string& model, int checkpoint_interval
     EXPECT_GT(r.stats.reused_disk, 0);
     EXPECT_GE(r.stats.checkpoint_pos, 0);
     expect_same_output(r, cold(model, pa));
-    fs::remove_all(dir);
 }
 }  // namespace
 
@@ -573,10 +566,10 @@ TEST_P(hybrid_prompt_cache, any_order_of_turns_on_a_hybrid_model_reuses_what_ear
 }
 
 TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
-    const fs::path dir = temp_dir("disk-budget");
+    const test_support::temp_dir dir("disk-budget");
     engine_options o = base_options(dense_model());
     o.cache_parked_sequences = 0;
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     o.cache_disk_bytes = 4u << 20;
     {
         engine e(o);
@@ -588,11 +581,10 @@ TEST(prompt_cache, disk_stays_within_its_budget_under_new_prefixes) {
         EXPECT_GT(e.cache_stats().disk.evictions, 0u);
     }
     uintmax_t on_disk = 0;
-    for (const auto& f : fs::recursive_directory_iterator(dir)) {
+    for (const auto& f : fs::recursive_directory_iterator(dir.path)) {
         if (f.is_regular_file() && f.path().extension() == ".kwkv") on_disk += f.file_size();
     }
     EXPECT_LE(on_disk, o.cache_disk_bytes);
-    fs::remove_all(dir);
 }
 
 TEST(prompt_cache, two_requests_with_the_same_new_prefix_compute_it_once) {
@@ -637,9 +629,9 @@ TEST(prompt_cache, a_tenant_never_reuses_another_tenants_prefix) {
 
 TEST(prompt_cache, a_tenants_blocks_come_back_from_ram_and_disk_to_that_tenant_only) {
     const std::string model = dense_model();
-    const fs::path dir = temp_dir("tenants-disk");
+    const test_support::temp_dir dir("tenants-disk");
     engine_options o = base_options(model);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     o.cache_parked_sequences = 0;
     tokens prompt, other;
     {
@@ -663,7 +655,6 @@ TEST(prompt_cache, a_tenants_blocks_come_back_from_ram_and_disk_to_that_tenant_o
         const result a = generate(e, other, 4, "alice");
         EXPECT_GE(a.stats.reused_disk, static_cast<int>(other.size()) / 64 * 64 - 64);
     }
-    fs::remove_all(dir);
 }
 
 // The first `n` tokens of `a` and `b` agree, and `b` goes on past `a`: `b` is `a`'s next turn.
@@ -677,9 +668,9 @@ void expect_next_turn(const tokens& a, const tokens& b) {
 // (the held-out restart scenario lost up to a block per conversation before tails were kept).
 TEST(prompt_cache, a_restart_loses_no_token_of_the_last_prompt) {
     const std::string model = dense_model();
-    const fs::path dir = temp_dir("disk-tail");
+    const test_support::temp_dir dir("disk-tail");
     engine_options o = base_options(model);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     const std::string system = words(150, 61);
     tokens first, next;
     {
@@ -698,16 +689,15 @@ TEST(prompt_cache, a_restart_loses_no_token_of_the_last_prompt) {
     EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
     EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens);
     expect_same_output(r, expected);
-    fs::remove_all(dir);
 }
 
 // Issue 33: the same prompt sent again after a restart recomputes its last token only (the one whose logits the
 // answer needs), as on a server that kept it on the device: the tail written at shutdown is restored up to it.
 TEST(prompt_cache, a_restart_recomputes_one_token_of_the_same_prompt) {
     const std::string model = dense_model();
-    const fs::path dir = temp_dir("disk-same-prompt");
+    const test_support::temp_dir dir("disk-same-prompt");
     engine_options o = base_options(model);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     tokens prompt;
     {
         engine e(o);
@@ -723,7 +713,6 @@ TEST(prompt_cache, a_restart_recomputes_one_token_of_the_same_prompt) {
     EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(prompt.size()) - 1);
     EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens);
     expect_same_output(r, expected);
-    fs::remove_all(dir);
 }
 
 // A conversation shorter than a block whose cells another one needs is kept in RAM whole: its next turn computes
@@ -755,9 +744,9 @@ TEST(prompt_cache, a_conversation_shorter_than_a_block_survives_its_demotion) {
 // recomputation either.
 TEST_P(hybrid_prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) {
     const std::string model = hybrid_model();
-    const fs::path dir = temp_dir("hybrid-disk-tail");
+    const test_support::temp_dir dir("hybrid-disk-tail");
     engine_options o = base_options(model);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     const std::string system = words(150, 81);
     tokens first, next;
     {
@@ -774,7 +763,6 @@ TEST_P(hybrid_prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) 
     EXPECT_EQ(r.stats.checkpoint_pos, static_cast<int>(first.size()));
     EXPECT_EQ(r.stats.reused_tokens, static_cast<int>(first.size()));
     expect_same_output(r, cold(model, next, 8));
-    fs::remove_all(dir);
 }
 
 // The Qwen3.5 template ends a generation prompt with "<think>\n" and renders that answer without it in the next turn,
@@ -784,11 +772,11 @@ TEST_P(hybrid_prompt_cache, a_hybrid_restart_loses_no_token_of_the_last_prompt) 
 // one the checkpoint was no use once the cells left the device: 256 reused here, not 288 and 333).
 TEST_P(hybrid_prompt_cache, the_next_turn_after_a_demotion_or_a_restart_restarts_from_the_last_message_start) {
     const std::string model = hybrid_model();
-    const fs::path dir = temp_dir("hybrid-message-start");
+    const test_support::temp_dir dir("hybrid-message-start");
     engine_options o = base_options(model);
     o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
     o.cache_block_tokens = 256;    // all three turns end inside the second block, well past its start
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     const std::string system = words(230, 101);
     const std::vector<std::string> users{words(20, 102), words(15, 103), words(15, 104)};
     const auto turn = [&](engine& e, size_t n) {
@@ -823,7 +811,6 @@ TEST_P(hybrid_prompt_cache, the_next_turn_after_a_demotion_or_a_restart_restarts
         EXPECT_GT(r.stats.reused_disk, 0);
         expect_message_start(r, second, third);
     }
-    fs::remove_all(dir);
 }
 
 // Issue 19: a checkpoint at every block cut a GPU's prefill into small batches. The checkpoint interval is a setting
@@ -884,17 +871,17 @@ namespace {
 // its last checkpoint) and answered as a cold run.
 void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_disk) {
     constexpr int block = 256;
-    const fs::path dir = temp_dir(from_disk ? "whole-blocks-disk" : "whole-blocks-ram");
+    const test_support::temp_dir dir(from_disk ? "whole-blocks-disk" : "whole-blocks-ram");
     engine_options o = base_options(model);
     o.cache_block_tokens = block;
     o.cache_parked_sequences = 0;  // the slot's content goes to RAM when another prompt takes it
-    if (from_disk) o.cache_dir = dir.string();
+    if (from_disk) o.cache_dir = dir.path.string();
     // A dense model reuses up to the last prompt token; a hybrid one up to its last checkpoint before it.
     int interval = 0;
     bool hybrid = false;
     const auto expected_reuse = [&](int k) { return hybrid ? (k * block - 1) / interval * interval : k * block - 1; };
     for (const int k : {1, 2, 4}) {
-        fs::remove_all(dir);
+        fs::remove_all(dir.path);
         tokens prompt;
         {
             engine e(o);
@@ -922,7 +909,6 @@ void check_prompts_of_exactly_whole_blocks(const std::string& model, bool from_d
         EXPECT_EQ(r.stats.reused_disk, r.stats.reused_tokens) << k << " blocks";
         expect_same_output(r, cold(model, prompt, 8));
     }
-    fs::remove_all(dir);
 }
 }  // namespace
 
@@ -942,10 +928,10 @@ TEST_P(hybrid_prompt_cache, a_hybrid_prompt_of_exactly_whole_blocks_restores_fro
 // Issue 39 (F6): blocks read back from disk are promoted to RAM, and the RAM budget holds them too, after a restart
 // as before it.
 TEST(prompt_cache, blocks_read_back_from_disk_stay_within_the_ram_budget) {
-    const fs::path dir = temp_dir("disk-promote-budget");
+    const test_support::temp_dir dir("disk-promote-budget");
     engine_options o = base_options(dense_model());
     o.cache_parked_sequences = 0;
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     std::vector<tokens> prompts;
     {
         engine e(o);
@@ -964,7 +950,6 @@ TEST(prompt_cache, blocks_read_back_from_disk_stay_within_the_ram_budget) {
         EXPECT_LE(e.cache_stats().ram.bytes, o.cache_ram_bytes);
     }
     EXPECT_GT(e.cache_stats().ram.evictions, 0u);
-    fs::remove_all(dir);
 }
 
 // Issue 39 (F4): one tenant's cache hints (ttl 1 h on everything it sends) and its flood of new prefixes no longer

@@ -14,6 +14,7 @@
 #include "generated-models.h"
 #include "greedy-runs.h"
 #include "test-prose.h"
+#include "test-temp-dir.h"
 
 using namespace keepwarm;
 using namespace std::chrono_literals;
@@ -68,12 +69,6 @@ std::string dense_model() {
     return test_models::generated_model("unit-reuse-exactness", "tiny");
 }
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / ("keepwarm-test-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    return dir;
-}
-
 // One slot and no parking: the slot's previous conversation goes to RAM when another takes it. Physical batches of
 // `ubatch` tokens, so that prompts of a few hundred tokens span several, and 64-token blocks, so that a restore can
 // end inside one.
@@ -115,9 +110,9 @@ tokens head(const tokens& t, size_t n) {
 // (a) State: the KV a RAM or disk block brings back is, byte for byte, the KV it was stored with, and the KV the
 // same positions get when computed again in the same batches. Nothing is lost or changed on the way.
 TEST(reuse_exactness, restored_blocks_hold_the_kv_they_were_stored_with) {
-    const fs::path dir = temp_dir("exact-state");
+    const test_support::temp_dir dir("exact-state");
     engine_options o = options(2048, 512);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     tokens prompt, other;
     int restorable = 0;
     std::vector<uint8_t> computed;
@@ -151,15 +146,14 @@ TEST(reuse_exactness, restored_blocks_hold_the_kv_they_were_stored_with) {
         generate(e, prompt, 1);
         EXPECT_TRUE(e.kv_bytes(0, 0, restorable) == computed) << "the same batches computed other KV";
     }
-    fs::remove_all(dir);
 }
 
 // (b) Order: a cold run fed in the cached run's split (first [0, R), then [R, N)) answers exactly as the cached run
 // from disk does, and both differ from the cold run that computes the prompt in one batch.
 TEST(reuse_exactness, a_cold_run_split_where_the_cache_ends_answers_as_the_cached_run) {
-    const fs::path dir = temp_dir("exact-order");
+    const test_support::temp_dir dir("exact-order");
     engine_options o = options(2048, 512);
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     tokens prompt;
     size_t restorable = 0;
     {
@@ -192,7 +186,6 @@ TEST(reuse_exactness, a_cold_run_split_where_the_cache_ends_answers_as_the_cache
               << logit_difference(from_disk, one_batch) << "\n";
     EXPECT_TRUE(identical(from_disk, split)) << "the cached run differs from a cold run split the same way";
     EXPECT_GT(logit_difference(from_disk, one_batch), 0.0f) << "no order effect on this model and prompt";
-    fs::remove_all(dir);
 }
 
 namespace {
@@ -208,9 +201,9 @@ struct probe_outcome {
 // (the first goes to RAM), a prompt that leaves a cached path inside a block, then a restart (disk). Each answer is
 // compared with a fresh server's.
 probe_outcome run_probe(bool exact, int parked = 0) {
-    const fs::path dir = temp_dir(exact ? "exact-probe-on" : "exact-probe-off");
+    const test_support::temp_dir dir(exact ? "exact-probe-on" : "exact-probe-off");
     engine_options o = options();
-    o.cache_dir = dir.string();
+    o.cache_dir = dir.path.string();
     o.exact_reuse = exact;
     o.cache_parked_sequences = parked;
     const int n = 12;
@@ -260,7 +253,6 @@ probe_outcome run_probe(bool exact, int parked = 0) {
         turn3.insert(turn3.end(), more.begin(), more.end());
         check(e, turn3, "a", "turn 3 after a restart (disk)");
     }
-    fs::remove_all(dir);
     return out;
 }
 
