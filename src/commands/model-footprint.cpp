@@ -59,8 +59,9 @@ footprint_settings footprint_settings_for(const footprint_settings& base, const 
             s.cache_type_k_draft = v;
         } else if (key == "spec-draft-type-v" || key == "cache-type-v-draft") {
             s.cache_type_v_draft = v;
-        } else if (key == "spec-type" && v == "none") {
-            s.draft_model.clear();  // no drafting: the draft model is not loaded
+        } else if (key == "spec-type") {
+            if (v == "none") s.draft_model.clear();  // no drafting: the draft model is not loaded
+            s.mtp_heads = v == "draft-mtp";
         }
     }
     return s;
@@ -95,6 +96,11 @@ model_footprint compute_footprint(const model_report& report, const footprint_se
                                           .sequences = 0};
         f.draft_bytes = draft->file_size + estimate_serving_memory(*draft, draft_layout).total_bytes;
     }
+    if (s.mtp_heads) {
+        f.mtp_bytes = f.context_size *
+                      mtp_kv_bytes_per_cell(report, parse_cache_type(s.cache_type_k_draft, "--spec-draft-type-k"),
+                                            parse_cache_type(s.cache_type_v_draft, "--spec-draft-type-v"));
+    }
     f.cache_ram_bytes = s.cache_ram.value_or(half_of_physical_memory());
     return f;
 }
@@ -104,7 +110,8 @@ std::string describe_footprint(const model_footprint& f) {
            " for " + std::to_string(f.context_size) + " tokens" +
            (f.auto_context ? " (-c 0: the most it sizes itself)" : "") + " + RAM tier " +
            format_bytes(f.cache_ram_bytes) +
-           (f.draft_bytes > 0 ? " + draft model " + format_bytes(f.draft_bytes) : std::string()) + ")";
+           (f.draft_bytes > 0 ? " + draft model " + format_bytes(f.draft_bytes) : std::string()) +
+           (f.mtp_bytes > 0 ? " + MTP context " + format_bytes(f.mtp_bytes) : std::string()) + ")";
 }
 
 }  // namespace keepwarm

@@ -26,6 +26,7 @@ struct footprint_settings {
     std::string draft_model;                     // -md (empty: none, or --spec-type none)
     std::string cache_type_k_draft = "f16";      // -ctkd
     std::string cache_type_v_draft = "f16";      // -ctvd
+    bool mtp_heads = false;                      // --spec-type draft-mtp: an MTP context beside the model's
 };
 
 struct model_footprint {
@@ -33,14 +34,15 @@ struct model_footprint {
     uint64_t kv_bytes = 0;         // KV cells of the whole context + recurrent states
     uint64_t cache_ram_bytes = 0;  // its RAM tier
     uint64_t draft_bytes = 0;      // a draft model's weights and the KV of its context (as many cells as the model's)
+    uint64_t mtp_bytes = 0;        // the MTP context's KV (--spec-type draft-mtp: as many cells as the model's)
     uint64_t context_size = 0;     // the context counted (every slot's)
     bool auto_context = false;     // -c 0: context_size is the most the server's own sizing can choose
-    uint64_t total() const { return weight_bytes + kv_bytes + cache_ram_bytes + draft_bytes; }
+    uint64_t total() const { return weight_bytes + kv_bytes + cache_ram_bytes + draft_bytes + mtp_bytes; }
 };
 
 // `base` with `m`'s table options (ctx-size, parallel, cache-parked, cache-type-k/v, cache-ram, spec-draft-model,
-// spec-draft-type-k/v, spec-type none) over it. Throws std::invalid_argument naming the model when one of them is not
-// a number or a cache type serve takes.
+// spec-draft-type-k/v, spec-type none or draft-mtp) over it. Throws std::invalid_argument naming the model when one of
+// them is not a number or a cache type serve takes.
 footprint_settings footprint_settings_for(const footprint_settings& base, const router::model_entry& m);
 
 // The footprint of `report`'s model served with `s`, and `draft`'s (s.draft_model's header) beside it when given.

@@ -151,6 +151,9 @@ context_choice size_default_context(const engine_options& e) {
         in = with_draft_model(in, inspect_model(e.draft_model.path), e.draft_model.cache_type_k,
                               e.draft_model.cache_type_v);
     }
+    if (e.spec_type == draft_sources::mtp_type) {
+        in = with_mtp_heads(in, report, e.draft_model.cache_type_k, e.draft_model.cache_type_v);
+    }
     return choose_default_context(in);
 }
 
@@ -872,7 +875,8 @@ void add_serve_command(CLI::App& app) {
                                                                       ? opts->engine.draft_model.path
                                                                       : std::string(),
                                                    .cache_type_k_draft = opts->cache_type_k_draft,
-                                                   .cache_type_v_draft = opts->cache_type_v_draft},
+                                                   .cache_type_v_draft = opts->cache_type_v_draft,
+                                                   .mtp_heads = opts->engine.spec_type == draft_sources::mtp_type},
                                      .cache_dir = opts->cache_dir,
                                      .shutdown_seconds = opts->shutdown_seconds,
                                      .settings_file = opts->settings_file,

@@ -84,6 +84,12 @@ context_sizing_input with_draft_model(context_sizing_input in, const model_repor
     return in;
 }
 
+context_sizing_input with_mtp_heads(context_sizing_input in, const model_report& report, ggml_type type_k,
+                                    ggml_type type_v) {
+    in.bytes_per_cell += mtp_kv_bytes_per_cell(report, type_k, type_v);
+    return in;
+}
+
 uint64_t host_available_memory() {
     std::ifstream meminfo("/proc/meminfo");
     std::string line;

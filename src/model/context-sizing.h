@@ -58,6 +58,11 @@ context_sizing_input sizing_input_for(const model_report& report, ggml_type type
 context_sizing_input with_draft_model(context_sizing_input in, const model_report& draft, ggml_type type_k,
                                       ggml_type type_v);
 
+// `in` with the model's MTP heads drafting (serve --spec-type draft-mtp): each cell of the context costs the MTP
+// context's cell too (llama.cpp gives it as many cells as the model's context, in the heads' layers alone).
+context_sizing_input with_mtp_heads(context_sizing_input in, const model_report& report, ggml_type type_k,
+                                    ggml_type type_v);
+
 // MemAvailable of /proc/meminfo (0 when it cannot be read).
 uint64_t host_available_memory();
 

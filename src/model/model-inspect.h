@@ -26,7 +26,8 @@ struct model_report {
     bool has_chat_template = false;
     std::string weight_type;  // the tensor type holding most of the bytes, e.g. "q8_0"
 
-    uint32_t n_layer = 0;
+    uint32_t n_layer = 0;       // the trunk's blocks: llama.cpp's n_layer(), the MTP heads' blocks after it not counted
+    uint32_t n_mtp_layers = 0;  // multi-token prediction heads (<arch>.nextn_predict_layers), for --spec-type draft-mtp
     uint32_t n_embd = 0;
     uint32_t n_ff = 0;
     uint32_t n_ctx_train = 0;
@@ -46,6 +47,10 @@ struct model_report {
     std::vector<uint64_t> k_per_token;
     std::vector<uint64_t> v_per_token;
     uint64_t recurrent_state_bytes = 0;  // per sequence, f32 conv + ssm state over all recurrent layers
+    // K and V values one token adds per MTP head: the context --spec-type draft-mtp makes beside the model's holds a
+    // cell per cell of the model's context in these layers alone.
+    std::vector<uint64_t> mtp_k_per_token;
+    std::vector<uint64_t> mtp_v_per_token;
 
     uint32_t count(layer_kind kind) const;
     // Bytes one token adds to the KV cache of all layers (SWA layers counted like full ones).
@@ -75,6 +80,9 @@ struct serving_memory {
 // The memory a server holding `report`'s model as `layout` says takes, as Ollama's /api/ps estimates its own. Quantized
 // KV rows are counted in whole blocks.
 serving_memory estimate_serving_memory(const model_report& report, const serving_layout& layout);
+
+// Bytes one cell of the MTP context (--spec-type draft-mtp) takes, for its cache types; 0 for a model without heads.
+uint64_t mtp_kv_bytes_per_cell(const model_report& report, ggml_type cache_type_k, ggml_type cache_type_v);
 
 // Throws std::runtime_error if the file can't be read as GGUF or lacks the basic hyperparameters.
 model_report inspect_model(const std::string& path);

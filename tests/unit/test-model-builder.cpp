@@ -478,6 +478,21 @@ TEST(ModelBuilder, HybridMtpModelHasANextnLayerLlamaCppLoads) {
         cparams.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
         llama_context_ptr mtp(llama_init_from_model(model.get(), cparams));
         EXPECT_TRUE(mtp) << arch << ": llama.cpp made no MTP context";
+
+        // keepwarm inspect, -c 0 and the router's footprints count the trunk as llama.cpp does (its caches leave the
+        // head out), and the head's attention apart: what the MTP context adds per cell.
+        model_spec without = spec;
+        without.n_mtp_layers = 0;
+        const model_report trunk = inspect_model(shared_model(without));
+        const model_report r = inspect_model(path);
+        EXPECT_EQ(r.n_layer, 4u) << arch;
+        EXPECT_EQ(r.n_mtp_layers, 1u) << arch;
+        EXPECT_EQ(r.layers, trunk.layers) << arch;
+        EXPECT_EQ(r.recurrent_state_bytes, trunk.recurrent_state_bytes) << arch << ": the head is no recurrent layer";
+        EXPECT_EQ(r.kv_bytes_per_token(kv_cache_type::f16), trunk.kv_bytes_per_token(kv_cache_type::f16)) << arch;
+        EXPECT_EQ(mtp_kv_bytes_per_cell(trunk, GGML_TYPE_F16, GGML_TYPE_F16), 0u);
+        EXPECT_EQ(mtp_kv_bytes_per_cell(r, GGML_TYPE_F16, GGML_TYPE_F16), trunk.kv_bytes_per_token(kv_cache_type::f16))
+            << arch << ": one attention block, as the trunk's only one";
     }
     EXPECT_NE(spec_hash(preset_spec("tiny-hybrid")), spec_hash(preset_spec("tiny-hybrid-mtp")));
     model_spec dense = preset_spec("tiny");

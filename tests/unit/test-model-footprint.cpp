@@ -176,3 +176,32 @@ TEST(ModelFootprint, TheDefaultContextLeavesRoomForTheDraftModel) {
     EXPECT_LT(b.context_size, a.context_size) << a.why << " / " << b.why;
     EXPECT_LE(b.cache_bytes, with.memory_for_cache);
 }
+
+// --spec-type draft-mtp: the MTP context holds a cell per cell of the context in the heads' layers, with the draft
+// cache types; the router counts it for a model whose table turns it on, and serve -c 0 sizes the context with it.
+TEST(ModelFootprint, MtpHeadsCountTheirContextsKv) {
+    const model_report report = inspect_model(test_models::generated_model("unit-footprint", "tiny-hybrid-mtp"));
+    const uint64_t per_cell = mtp_kv_bytes_per_cell(report, GGML_TYPE_F16, GGML_TYPE_F16);
+    ASSERT_GT(per_cell, 0u);
+    footprint_settings s;
+    s.context_size = 4096;
+    s.cache_ram = uint64_t{0};
+    const model_footprint alone = compute_footprint(report, s);
+    EXPECT_EQ(alone.mtp_bytes, 0u);
+    router::model_entry m;
+    m.name = "mtp";
+    m.options = {{"spec-type", {"draft-mtp"}}};
+    const model_footprint with = compute_footprint(report, footprint_settings_for(s, m));
+    EXPECT_EQ(with.mtp_bytes, 4096 * per_cell);
+    EXPECT_EQ(with.total(), alone.total() + with.mtp_bytes);
+    EXPECT_NE(describe_footprint(with).find("MTP context"), std::string::npos) << describe_footprint(with);
+    m.options = {{"spec-type", {"draft-mtp"}}, {"spec-draft-type-k", {"q8_0"}}};
+    EXPECT_LT(compute_footprint(report, footprint_settings_for(s, m)).mtp_bytes, with.mtp_bytes);
+
+    const uint64_t free_memory = report.file_size + (uint64_t{8} << 20);
+    const context_sizing_input plain =
+        sizing_input_for(report, GGML_TYPE_F16, GGML_TYPE_F16, 1, 3, free_memory, report.file_size);
+    const context_sizing_input drafting = with_mtp_heads(plain, report, GGML_TYPE_F16, GGML_TYPE_F16);
+    EXPECT_EQ(drafting.bytes_per_cell, plain.bytes_per_cell + per_cell);
+    EXPECT_LT(choose_default_context(drafting).context_size, choose_default_context(plain).context_size);
+}
