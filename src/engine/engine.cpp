@@ -170,6 +170,9 @@ engine::engine(engine_options options) : options_(std::move(options)) {
     }
     model_.reset(llama_model_load_from_file(options_.model_path.c_str(), mparams));
     if (!model_) throw std::runtime_error("failed to load model from '" + options_.model_path + "'");
+    if (const int heads = llama_model_n_layer_nextn(model_.get()); heads > 0 && !mparams.load_mtp) {
+        log::info("engine", "the model's {} MTP head(s) are not loaded: --spec-type draft-mtp drafts with them", heads);
+    }
 
     const int threads = options_.threads > 0 ? options_.threads : common_cpu_get_num_math();
     llama_context_params cparams = llama_context_default_params();

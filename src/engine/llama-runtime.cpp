@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "base/logger.h"
@@ -22,16 +23,26 @@ namespace keepwarm {
 namespace {
 std::atomic<bool> g_verbose{false};
 
-// Warnings and errors always; everything with --verbose. A continuation line (the dots of a progress bar, say)
-// follows the fate of the line it continues. llama.cpp hands over pieces of lines: each thread's pieces are joined, and
-// each whole line goes to the process's log (base/logger.h) as one line of component "llama.cpp", so that with
+// llama.cpp warns once per tensor its loader leaves out: a model's MTP heads not loaded make a dozen lines per head
+// in every server's start that does not draft with them (the engine says so in one line instead). Shown with
+// --verbose.
+bool is_unused_tensor_notice(ggml_log_level level, const char* text) {
+    return level == GGML_LOG_LEVEL_WARN && text != nullptr &&
+           std::string_view(text).starts_with("model has unused tensor ");
+}
+
+// Warnings and errors always (but unused tensors'); everything with --verbose. A continuation line (the dots of a
+// progress bar, say) follows the fate of the line it continues. llama.cpp hands over pieces of lines: each thread's
+// pieces are joined, and each whole line goes to the process's log (base/logger.h) as one line of component
+// "llama.cpp", so that with
 // --log-format json it is JSON like every other line.
 void log_callback(ggml_log_level level, const char* text, void*) {
     static thread_local bool last_shown = false;
     static thread_local log::level line_level = log::level::info;
     static thread_local std::string pending;  // the start of a line not yet ended
     const bool show = level == GGML_LOG_LEVEL_CONT ? last_shown
-                                                   : (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT) ||
+                                                   : (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT &&
+                                                      !is_unused_tensor_notice(level, text)) ||
                                                          g_verbose.load(std::memory_order_relaxed);
     last_shown = show;
     if (!show || text == nullptr) return;

@@ -41,6 +41,12 @@ test('draft-mtp: a chat answers what --spec-type none does, with drafts from the
     assert.ok(m['keepwarm_draft_tokens_total{source="mtp"}'] >= a.timings.draft_n, JSON.stringify(m));
 });
 
+test('a server not drafting with the MTP heads says so in one line, not a warning per head tensor', async () => {
+    assert.match(plain.output(), /MTP head\(s\) are not loaded: --spec-type draft-mtp drafts with them/);
+    assert.doesNotMatch(plain.output(), /unused tensor/);
+    assert.doesNotMatch(mtp.output(), /MTP head\(s\) are not loaded/);
+});
+
 test('draft-mtp on a model without MTP heads is refused at start, naming the flag', async () => {
     const model = await testModel('tiny-hybrid');
     const r = await new Promise((resolve) => {
